@@ -1,0 +1,1 @@
+"""Amaranth side-by-side benchmark harness (`python3 -m bench --help`)."""

@@ -1,0 +1,74 @@
+"""Large-file benchmarks (BetrFS micro/large-file): sequential write, cold sequential read, cold
+random 4-byte writes into the same file. One fresh FS per repetition serves all three."""
+from __future__ import annotations
+
+from . import Info, Metric
+from ._common import MiB
+
+NAMES = ["seqwrite", "seqread", "randwrite"]
+NEEDS: set[str] = set()
+
+INFO = {
+    "seqwrite": Info(
+        "seqwrite", "Sequential write",
+        "one file of `large_file` bytes written with `seq_write_block` pwrite()s of incompressible random data "
+        "(4 random buffers, rotated, so no two blocks are equal), then one fsync; MiB/s over writes+fsync "
+        "(C helper `seqio`, timed inside the helper)",
+        "BetrFS run-large-file-write.sh / sequential_write.c (10 GiB file, 40 KiB writes); here 4 GiB = 2x the "
+        "memory limit, 40 MiB writes",
+        [Metric("write", "mib_per_s", "write + fsync", "MiB/s", True)], ["write"]),
+    "seqread": Info(
+        "seqread", "Sequential read (cold)",
+        "cold cache, then the whole file read with `seq_read_block` read()s; MiB/s",
+        "BetrFS run-large-file-read.sh (dd bs=40960 after a cache clear); here 10 MiB reads",
+        [Metric("read", "mib_per_s", "cold read", "MiB/s", True)], ["read"]),
+    "randwrite": Info(
+        "randwrite", "Random 4-byte writes (cold)",
+        "cold cache, then `rand_writes` pwrite()s of `rand_write_size` bytes at offsets "
+        "((random()<<32 | random()) % (size-4)), glibc random() seeded with 42, then fsync; seconds "
+        "(C helper `randwrite`, offsets precomputed, timed inside the helper)",
+        "BetrFS run-large-file-random_write.sh / random_write.c (262,144 4-byte writes into a 10 GiB file, "
+        "srand(42)); FAST'18 Table 2",
+        [Metric("randwrite", "seconds", "writes + fsync", "s", False)], ["randwrite"]),
+}
+
+
+def check(env, names):
+    pass
+
+
+def run(ctx, names):
+    p = ctx.p
+    f = ctx.mnt / "large.file"
+    seqio = str(ctx.helpers["seqio"])
+    write_cmd = [seqio, "write", str(f), str(p.large_file), str(p.seq_write_block)]
+    if "seqwrite" in names:
+        r = ctx.timed("seqwrite", "write", write_cmd, kind="write", logical_bytes=p.large_file,
+                      record_seconds=False, label=f"write {p.large_file >> 20} MiB")
+        j = ctx.helper_json(r)
+        total = j["write_s"] + j["fsync_s"]
+        ctx.record("seqwrite", "write", "mib_per_s", j["bytes"] / MiB / total, "MiB/s")
+        ctx.record("seqwrite", "write", "seconds", total, "s")
+        ctx.record("seqwrite", "write", "write_s", j["write_s"], "s")
+        ctx.record("seqwrite", "write", "fsync_s", j["fsync_s"], "s")
+    else:
+        ctx.untimed(write_cmd, f"write the {p.large_file >> 20} MiB file (untimed)", logical_bytes=p.large_file)
+    if "seqread" in names:
+        r = ctx.timed("seqread", "read", [seqio, "read", str(f), str(p.seq_read_block)], cold=True,
+                      record_seconds=False, label="cold sequential read")
+        j = ctx.helper_json(r)
+        if j["bytes"] != p.large_file:
+            raise RuntimeError(f"read {j['bytes']} bytes, expected {p.large_file}")
+        ctx.record("seqread", "read", "mib_per_s", j["bytes"] / MiB / j["read_s"], "MiB/s")
+        ctx.record("seqread", "read", "seconds", j["read_s"], "s")
+    if "randwrite" in names:
+        r = ctx.timed("randwrite", "randwrite",
+                      [str(ctx.helpers["randwrite"]), str(f), str(p.rand_writes), str(p.rand_write_size),
+                       str(p.rand_seed)],
+                      kind="write", cold=True, logical_bytes=p.rand_writes * p.rand_write_size,
+                      record_seconds=False, label=f"cold {p.rand_writes:,} random {p.rand_write_size}-byte writes")
+        j = ctx.helper_json(r)
+        ctx.record("randwrite", "randwrite", "seconds", j["total_s"], "s")
+        ctx.record("randwrite", "randwrite", "write_s", j["write_s"], "s")
+        ctx.record("randwrite", "randwrite", "fsync_s", j["fsync_s"], "s")
+        ctx.record("randwrite", "randwrite", "writes_per_s", j["count"] / j["total_s"], "ops/s")

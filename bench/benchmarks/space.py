@@ -1,0 +1,72 @@
+"""Disk space: after writing incompressible files, after deleting half, after background work settles."""
+from __future__ import annotations
+
+import time
+
+from . import Info, Metric
+from ..util import PROGRESS
+
+NAMES = ["space"]
+NEEDS: set[str] = set()
+
+INFO = {
+    "space": Info(
+        "space", "Space use after write, delete, settle",
+        "`space_files` files of `space_file_size` random bytes (each fsynced), syncfs -> [written]; every other "
+        "file deleted, syncfs -> [deleted]; then statfs polled every `space_settle_interval` s until "
+        "`space_settle_samples` equal readings in a row or `space_settle_max` s -> [settled]. Each stage: statfs "
+        "used bytes minus the empty FS's, the image file's allocated bytes, and used/live data",
+        "FAST'15 Table 8 (BetrFS disk usage after writing large incompressible files, deleting half, flushing)",
+        [Metric("written", "used_over_live", "after write", "x live", False),
+         Metric("deleted", "used_over_live", "after deleting half", "x live", False),
+         Metric("settled", "used_over_live", "after settling", "x live", False)]),
+}
+
+
+def check(env, names):
+    pass
+
+
+def run(ctx, names):
+    p = ctx.p
+    d = ctx.mnt / "space"
+    d.mkdir()
+    ctx.sync()
+    base_used = ctx.statfs_used()
+    base_img = ctx.loop.allocated_bytes()
+    ctx.record("space", "empty", "used_bytes", base_used, "B")
+    ctx.record("space", "empty", "image_bytes", base_img, "B")
+
+    def measure(stage: str, live: int) -> int:
+        ctx.sync()
+        used = ctx.statfs_used()
+        ctx.record("space", stage, "used_bytes", used - base_used, "B")
+        ctx.record("space", stage, "image_bytes", ctx.loop.allocated_bytes(), "B")
+        ctx.record("space", stage, "live_bytes", live, "B")
+        ctx.record("space", stage, "used_over_live", (used - base_used) / live, "x")
+        return used
+
+    files = [d / f"file{i}" for i in range(p.space_files)]
+    for f in files:
+        ctx.untimed([str(ctx.helpers["seqio"]), "write", str(f), str(p.space_file_size), str(1 << 20)],
+                    f"write {f.name} ({p.space_file_size >> 20} MiB, fsync)", logical_bytes=p.space_file_size)
+    measure("written", p.space_files * p.space_file_size)
+    with PROGRESS.step(f"delete {len(files[::2])} of {len(files)} files + syncfs"):
+        for f in files[::2]:
+            f.unlink()
+    live = len(files[1::2]) * p.space_file_size
+    last = measure("deleted", live)
+    with PROGRESS.step(f"wait until used space settles (<= {p.space_settle_max}s)") as info:
+        t0 = time.monotonic()
+        same = 1
+        while time.monotonic() - t0 < p.space_settle_max and same < p.space_settle_samples:
+            time.sleep(p.space_settle_interval)
+            ctx.sync()
+            now = ctx.statfs_used()
+            same = same + 1 if now == last else 1
+            last = now
+        waited = time.monotonic() - t0
+        info["result"] = f"after {waited:.0f}s" + ("" if same >= p.space_settle_samples else " (not settled)")
+    measure("settled", live)
+    ctx.record("space", "settled", "settle_s", waited, "s")
+    ctx.record("space", "settled", "settled", 1.0 if same >= p.space_settle_samples else 0.0, "")

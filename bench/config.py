@@ -1,0 +1,141 @@
+"""Benchmark parameters: full defaults (about an hour for all four file systems on the 2-core/24 GiB
+machine) and the --quick preset (a few minutes, tiny sizes, every code path)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from .util import parse_size
+
+G, M, K = 1 << 30, 1 << 20, 1 << 10
+
+
+@dataclass
+class Params:
+    # environment
+    image_size: int = 16 * G  # every FS gets a sparse image file of this size on a loop device
+    mem_limit: int = 2 * G  # cgroup v1 memory limit for the workload (and the Amaranth daemon)
+    amaranth_cache_size: int = 0  # 0 = same as mem_limit
+    repeat: int = 3
+    timeout: int = 3600  # per command, seconds
+    hdd_seek_ms: float = 8.0
+    hdd_mb_s: float = 150.0
+    trace_buffer_kb: int = 16384  # per CPU, tracing instance
+    fio_size: int = 2 * G
+    fio_runtime: int = 8
+    # seqwrite / seqread / randwrite
+    large_file: int = 4 * G
+    seq_write_block: int = 40 * M
+    seq_read_block: int = 10 * M
+    rand_writes: int = 262_144
+    rand_write_size: int = 4
+    rand_seed: int = 42
+    # tokubench
+    toku_files: int = 500_000
+    toku_threads: int = 4
+    toku_fanout: int = 128
+    toku_iosize: int = 200
+    toku_sample: int = 10_000
+    # rename-by-size
+    rename_min: int = 4 * K
+    rename_max: int = 64 * M
+    rename_step: int = 2  # multiply the size by this
+    rename_count: int = 100
+    # dirrename
+    dirrename_count: int = 100
+    # the Linux tree: '' = the whole linux-source-6.1, else comma-separated subdirectories of it
+    tree_subset: str = ""
+    # dirclone
+    clone_dirs: int = 8
+    clone_files: int = 8
+    clone_file_size: int = 4 * M
+    clone_copies: int = 8
+    # git
+    git_stages: int = 8
+    # mailserver
+    mail_boxes: int = 10
+    mail_msgs: int = 1000
+    mail_clients: int = 4
+    mail_ops: int = 2500  # per client
+    # nanobench
+    nano_iters: int = 100_000
+    nano_meta_iters: int = 10_000
+    # space
+    space_files: int = 8
+    space_file_size: int = 512 * M
+    space_settle_max: int = 90
+    space_settle_interval: int = 5
+    space_settle_samples: int = 3  # this many equal readings in a row = settled
+
+    def cache_size(self) -> int:
+        return self.amaranth_cache_size or self.mem_limit
+
+
+QUICK = dict(
+    image_size=3 * G,
+    mem_limit=256 * M,
+    repeat=1,
+    timeout=600,
+    fio_size=256 * M,
+    fio_runtime=2,
+    large_file=384 * M,
+    rand_writes=8192,
+    toku_files=20_000,
+    toku_sample=2_000,
+    rename_max=1 * M,
+    rename_step=4,
+    rename_count=20,
+    dirrename_count=10,
+    tree_subset="kernel,lib",
+    clone_dirs=2,
+    clone_files=2,
+    clone_file_size=1 * M,
+    clone_copies=3,
+    git_stages=3,
+    mail_boxes=2,
+    mail_msgs=40,
+    mail_clients=2,
+    mail_ops=60,
+    nano_iters=5_000,
+    nano_meta_iters=500,
+    space_files=4,
+    space_file_size=16 * M,
+    space_settle_max=6,
+    space_settle_interval=1,
+    space_settle_samples=2,
+)
+
+SIZE_FIELDS = {"image_size", "mem_limit", "amaranth_cache_size", "fio_size", "large_file", "seq_write_block",
+               "seq_read_block", "rename_min", "rename_max", "clone_file_size", "space_file_size"}
+
+
+def set_param(p: Params, key: str, value: str) -> Params:
+    names = {f.name: f for f in fields(Params)}
+    if key not in names:
+        raise ValueError(f"unknown parameter {key!r}; known: {', '.join(sorted(names))}")
+    typ = names[key].type
+    if key in SIZE_FIELDS:
+        v = parse_size(value)
+    elif typ in ("int", int):
+        v = int(value.replace("_", ""))
+    elif typ in ("float", float):
+        v = float(value)
+    else:
+        v = value
+    return replace(p, **{key: v})
+
+
+def make_params(quick: bool) -> Params:
+    p = Params()
+    if quick:
+        p = replace(p, **QUICK)
+    return p
+
+
+def describe(p: Params) -> list[tuple[str, str]]:
+    from .util import fmt_size
+
+    out = []
+    for f in fields(Params):
+        v = getattr(p, f.name)
+        out.append((f.name, fmt_size(v) if f.name in SIZE_FIELDS and v else str(v)))
+    return out

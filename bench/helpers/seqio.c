@@ -1,0 +1,83 @@
+/*
+ * seqio: sequential write / read of one file, timed by the helper itself.
+ *
+ *   seqio write FILE SIZE BLOCK   pwrite SIZE bytes of incompressible random data in BLOCK-sized
+ *                                  writes (taken at rotating offsets from one random pool, so no two
+ *                                  blocks are identical), then one fsync.
+ *   seqio read FILE BLOCK                 read the whole file in BLOCK-sized reads.
+ *
+ * Prints one JSON object on stdout: bytes, seconds for the writes/reads, seconds for the fsync.
+ * Buffer generation happens before the clock starts.
+ */
+#include "common.h"
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define ROT_SPAN (1u << 20)
+
+static int do_write(const char *path, unsigned long long size, size_t block) {
+    /* One pool of BLOCK + 1 MiB random bytes; write i starts at a different, not 4 KiB-aligned
+     * offset inside it (i * 4099 mod 1 MiB), so consecutive blocks differ at every block
+     * alignment while the memory cost stays at one block. */
+    size_t span = size < block ? (size_t)size : block;
+    size_t pool_len = span + ROT_SPAN;
+    char *pool = xmalloc(pool_len);
+    fill_random(pool, pool_len);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) die("open %s", path);
+    double t0 = now_s();
+    unsigned long long off = 0, i = 0;
+    while (off < size) {
+        size_t len = block;
+        if (size - off < len) len = (size_t)(size - off);
+        const char *src = pool + (size_t)((i * 4099u) % ROT_SPAN);
+        size_t done = 0;
+        while (done < len) {
+            ssize_t n = pwrite(fd, src + done, len - done, (off_t)(off + done));
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                die("pwrite %s at %llu", path, off + done);
+            }
+            done += (size_t)n;
+        }
+        off += len;
+        i++;
+    }
+    double t1 = now_s();
+    if (fsync(fd)) die("fsync %s", path);
+    double t2 = now_s();
+    if (close(fd)) die("close %s", path);
+    printf("{\"bytes\": %llu, \"block\": %zu, \"write_s\": %.6f, \"fsync_s\": %.6f, \"total_s\": %.6f}\n",
+           size, block, t1 - t0, t2 - t1, t2 - t0);
+    return 0;
+}
+
+static int do_read(const char *path, size_t block) {
+    char *buf = xmalloc(block);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) die("open %s", path);
+    double t0 = now_s();
+    unsigned long long total = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf, block);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            die("read %s", path);
+        }
+        if (n == 0) break;
+        total += (unsigned long long)n;
+    }
+    double t1 = now_s();
+    close(fd);
+    printf("{\"bytes\": %llu, \"block\": %zu, \"read_s\": %.6f}\n", total, block, t1 - t0);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 5 && !strcmp(argv[1], "write"))
+        return do_write(argv[2], parse_u64(argv[3]), (size_t)parse_u64(argv[4]));
+    if (argc == 4 && !strcmp(argv[1], "read")) return do_read(argv[2], (size_t)parse_u64(argv[3]));
+    fprintf(stderr, "usage: seqio write FILE SIZE BLOCK | seqio read FILE BLOCK\n");
+    return 2;
+}

@@ -1,0 +1,57 @@
+"""Description of the machine and software the run used."""
+from __future__ import annotations
+
+import os
+import platform
+import re
+from pathlib import Path
+
+from .util import read_file, run
+
+
+def _first(cmd) -> str:
+    try:
+        r = run(cmd, log=False, check=False, timeout=20)
+        out = (r.stdout or r.stderr).strip().splitlines()
+        return out[0] if out else ""
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def describe(workdir: Path, repo: Path) -> dict[str, str]:
+    d: dict[str, str] = {}
+    cpuinfo = read_file("/proc/cpuinfo", "")
+    m = re.search(r"model name\s*:\s*(.+)", cpuinfo)
+    d["CPU"] = f"{m.group(1).strip() if m else platform.processor()} x {os.cpu_count()} logical CPUs"
+    mem = re.search(r"MemTotal:\s*(\d+) kB", read_file("/proc/meminfo", ""))
+    d["RAM"] = f"{int(mem.group(1)) / (1 << 20):.1f} GiB" if mem else "?"
+    d["Kernel"] = f"{platform.release()} ({platform.version()})"
+    osr = re.search(r'PRETTY_NAME="(.+)"', read_file("/etc/os-release", ""))
+    d["OS"] = osr.group(1) if osr else "?"
+    src = _first(["findmnt", "-n", "-o", "SOURCE,FSTYPE,OPTIONS", "-T", str(workdir)])
+    d["Work dir"] = f"{workdir} on {src}"
+    dev = src.split()[0] if src else ""
+    name = os.path.basename(dev)
+    base = re.sub(r"p?\d+$", "", name) if not Path(f"/sys/block/{name}").exists() else name
+    sysb = Path(f"/sys/block/{base}")
+    if sysb.exists():
+        size = int(read_file(sysb / "size", "0")) * 512
+        rot = read_file(sysb / "queue/rotational", "?").strip()
+        model = read_file(sysb / "device/model", "").strip() or read_file(sysb / "device/vendor", "").strip()
+        sched = read_file(sysb / "queue/scheduler", "").strip()
+        d["Disk"] = (f"/dev/{base}: {size / 1e9:.0f} GB, rotational={rot}"
+                     f"{', model ' + model if model else ''}{', scheduler ' + sched if sched else ''}"
+                     f"{' (virtio)' if base.startswith('vd') else ''}")
+    d["Python"] = platform.python_version()
+    for label, cmd in [("fio", ["fio", "--version"]), ("mkfs.ext4", ["mkfs.ext4", "-V"]),
+                       ("mkfs.xfs", ["mkfs.xfs", "-V"]), ("mkfs.btrfs", ["mkfs.btrfs", "--version"]),
+                       ("git", ["git", "--version"]), ("rsync", ["rsync", "--version"]),
+                       ("tar", ["tar", "--version"]), ("grep", ["grep", "--version"]),
+                       ("coreutils", ["cp", "--version"]), ("dovecot", ["dovecot", "--version"]),
+                       ("gcc", ["gcc", "--version"])]:
+        v = _first(cmd)
+        if v:
+            d[label] = v
+    commit = _first(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"])
+    d["Repository commit"] = commit if re.fullmatch(r"[0-9a-f]{4,40}", commit or "") else "(none yet)"
+    return d

@@ -1,0 +1,276 @@
+"""Runs benchmark groups on file systems: fresh image + loop device + mkfs per run, cgroups, timed
+phases with block traces and device counters, and the per-run bookkeeping."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from . import fs as fsmod
+from .cgroup import BlkioCgroup, MemoryCgroup
+from .config import Params
+from .device import LoopDevice, Tracer
+from .results import ResultWriter, Row
+from .util import CMDLOG, PROGRESS, CommandError, Result, fmt_secs, fmt_size, run
+
+
+class BenchFailure(RuntimeError):
+    pass
+
+
+@dataclass
+class Env:
+    """Everything shared by all runs."""
+
+    params: Params
+    workdir: Path
+    results: Path
+    writer: ResultWriter
+    tracer: Tracer
+    helpers: dict[str, Path]
+    data: dict  # prepared datasets: "tree", "git", "mail_user"
+    args: object
+
+
+class RunContext:
+    """What a benchmark module sees: the mounted FS and ways to time phases on it."""
+
+    def __init__(self, env: Env, fs_name: str, rep: int, view: str, mounted: fsmod.Mounted,
+                 loop: LoopDevice, cgroups: list, memcg: MemoryCgroup):
+        self.env = env
+        self.p = env.params
+        self.fs = fs_name
+        self.rep = rep
+        self.view = view
+        self.m = mounted
+        self.loop = loop
+        self.cgroups = cgroups
+        self.memcg = memcg
+        self.mnt = mounted.mnt
+        self.helpers = env.helpers
+        self.data = env.data
+        self.logical_written = 0  # bytes the benchmark itself wrote (setup included), for write amp
+        self.phase = ""
+        self.recorded: set[str] = set()  # benchmarks that produced at least one number
+
+    @property
+    def is_amaranth(self) -> bool:
+        return isinstance(self.m.driver, fsmod.Amaranth)
+
+    # -- recording -----------------------------------------------------------------------------
+    def record(self, bench: str, phase: str, metric: str, value: float, unit: str = "", x: float | None = None):
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return
+        self.env.writer.add(Row(bench, self.fs, phase, self.rep, metric, float(value), unit, "", x, self.view))
+        self.recorded.add(bench)
+
+    def save_json(self, name: str, obj) -> None:
+        d = self.env.results / "raw" / self.fs
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{name}-r{self.rep}{'-' + self.view if self.view != 'disk' else ''}.json").write_text(
+            json.dumps(obj, indent=1))
+
+    # -- steps -----------------------------------------------------------------------------------
+    def cold(self) -> None:
+        with PROGRESS.step("cold cache: sync, unmount, drop caches, mount"):
+            if self.is_amaranth:
+                self.m.driver.sample_daemon()
+            self.m.cold()
+
+    def sync(self) -> float:
+        return fsmod.syncfs(self.mnt)
+
+    def untimed(self, cmd, what: str, logical_bytes: int = 0, **kw) -> Result:
+        """Setup work, not measured, run outside the cgroup."""
+        with PROGRESS.step(what):
+            r = run(cmd, timeout=self.p.timeout, **kw)
+        self.logical_written += logical_bytes
+        return r
+
+    def note_written(self, nbytes: int) -> None:
+        self.logical_written += nbytes
+
+    def warm(self, paths: Sequence[Path]) -> None:
+        """Read benchmark *sources* on the host disk into the host page cache (outside the cgroup),
+        so the timed phase measures the FS under test, not the work dir's disk."""
+        for p in paths:
+            if p.is_dir():
+                run(f"tar -C {p.parent} -cf - {p.name} | cat > /dev/null", timeout=self.p.timeout)
+            else:
+                run(f"cat {p} > /dev/null", timeout=self.p.timeout)
+
+    def timed(self, bench: str, phase: str, cmd, *, kind: str = "read", cold: bool = False,
+              warm: Sequence[Path] = (), logical_bytes: int = 0, label: str = "", record_seconds: bool = True,
+              x: float | None = None, **kw) -> Result:
+        """Run one timed phase in the cgroup(s), with the block trace on and device counters read.
+
+        kind='write': after the command, syncfs is run (and timed separately), and the trace and the
+        device counters cover it too, so 'seconds_incl_sync', the modeled disk time and the written
+        bytes include the flush. Records: seconds, cpu_s, device bytes, write amplification (if
+        logical_bytes), block requests, layout score, modeled HDD seconds.
+        """
+        self.phase = phase
+        if cold:
+            self.cold()
+        if warm:
+            self.warm(warm)
+        amaranth = self.is_amaranth
+        tracer = self.env.tracer
+        with PROGRESS.step(f"{bench}: {label or phase}") as info:
+            dcpu0 = self.m.driver.daemon_cpu_now() if amaranth else 0.0
+            st0 = self.loop.stat()
+            tracer.start()
+            try:
+                res = run(cmd, cgroups=self.cgroups, timeout=self.p.timeout, **kw)
+                sync_s = fsmod.syncfs(self.mnt, cgroups=self.cgroups) if kind == "write" else 0.0
+            finally:
+                tr = tracer.stop(self.p.hdd_seek_ms, self.p.hdd_mb_s)
+            st1 = self.loop.stat()
+            info["result"] = f"{res.elapsed:.3f}s, {tr.requests:,} requests"
+        self.logical_written += logical_bytes
+        rec = lambda metric, v, unit: self.record(bench, phase, metric, v, unit, x)  # noqa: E731
+        if record_seconds:
+            rec("seconds", res.elapsed, "s")
+            if kind == "write":
+                rec("seconds_incl_sync", res.elapsed + sync_s, "s")
+        rec("cpu_s", res.cpu_user + res.cpu_sys, "s")
+        if amaranth:
+            rec("daemon_cpu_s", max(0.0, self.m.driver.daemon_cpu_now() - dcpu0), "s")
+        rd = (st1["read_sectors"] - st0["read_sectors"]) * 512
+        wr = (st1["write_sectors"] - st0["write_sectors"]) * 512
+        rec("dev_read_bytes", rd, "B")
+        rec("dev_write_bytes", wr, "B")
+        if logical_bytes:
+            rec("write_amp", wr / logical_bytes, "x")
+        rec("requests", tr.requests, "")
+        rec("read_requests", tr.read_requests, "")
+        rec("write_requests", tr.write_requests, "")
+        rec("request_bytes", tr.bytes, "B")
+        rec("layout_score", tr.layout_score, "")
+        rec("hdd_model_s", tr.hdd_model_s, "s")
+        if tr.lost_events:
+            rec("trace_lost_events", tr.lost_events, "")
+        res.extra["sync_s"] = sync_s
+        res.extra["trace"] = tr
+        return res
+
+    def helper_json(self, res: Result) -> dict:
+        try:
+            return json.loads(res.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError) as e:
+            raise BenchFailure(f"helper output not JSON: {res.stdout[-300:]!r} {res.stderr[-300:]!r}") from e
+
+    def statfs_used(self) -> int:
+        st = os.statvfs(self.mnt)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+class Group:
+    """One benchmark module run on a fresh FS; `names` = the requested benchmark names it covers."""
+
+    def __init__(self, module, names: list[str]):
+        self.module = module
+        self.names = names
+
+    @property
+    def label(self) -> str:
+        return "+".join(self.names)
+
+
+def run_group(env: Env, group: Group, fs_name: str, rep: int, view: str) -> None:
+    p = env.params
+    w = env.writer
+    PROGRESS.context = f"{fs_name}{'@' + str(env.args.hdd_throttle) + 'iops' if view == 'throttle' else ''} | " \
+                       f"{group.label} r{rep}/{p.repeat}"
+    CMDLOG.context = f"{fs_name} {view} {group.label} r{rep}"
+    driver = fsmod.make_driver(fs_name, env.args)
+    rundir = env.workdir / f"run-{os.getpid()}"
+    mnt = rundir / "mnt"
+    log = env.results / "logs" / f"{fs_name}-{group.label}-r{rep}-{view}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    mounted = loop = memcg = blkcg = None
+    ctx = None
+    error = ""
+    try:
+        driver.check()
+        group.module.check(env, group.names)
+        rundir.mkdir(parents=True, exist_ok=True)
+        memcg = MemoryCgroup(p.mem_limit, label=fs_name)
+        with PROGRESS.step(f"fresh {fmt_size(p.image_size)} image, loop device (direct I/O), mkfs, mount"):
+            loop = LoopDevice(rundir / f"{fs_name}.img", p.image_size)
+            cgroups = [memcg]
+            if view == "throttle":
+                blkcg = BlkioCgroup(loop.devno, env.args.hdd_throttle, label=fs_name)
+                cgroups.append(blkcg)
+            env.tracer.set_device(loop.kdev)
+            mounted = fsmod.Mounted(driver, loop, mnt, cgroups, log)
+            mounted.mkfs_and_mount()
+        if isinstance(driver, fsmod.Amaranth):
+            driver.reset_stats()
+        st0 = loop.stat()
+        ctx = RunContext(env, fs_name, rep, view, mounted, loop, cgroups, memcg)
+        group.module.run(ctx, group.names)
+        if isinstance(driver, fsmod.Amaranth):
+            try:
+                ctx.save_json(f"amaranth-stat-{group.label}", driver.stat_json(mnt))
+            except Exception as e:  # noqa: BLE001 - optional
+                (log).open("a").write(f"amaranth stat --json failed: {e}\n")
+        with PROGRESS.step("unmount"):
+            mounted.close()
+        st1 = loop.stat()
+        for name in group.names:
+            if name not in ctx.recorded:
+                continue
+            wr = (st1["write_sectors"] - st0["write_sectors"]) * 512
+            ctx.record(name, "run", "dev_write_bytes_total", wr, "B")
+            if ctx.logical_written:
+                ctx.record(name, "run", "logical_write_bytes_total", ctx.logical_written, "B")
+                ctx.record(name, "run", "write_amp_total", wr / ctx.logical_written, "x")
+    except fsmod.FsUnavailable as e:
+        error = str(e)
+    except Exception as e:  # noqa: BLE001 - any failure of one run is recorded, the harness goes on
+        error = f"{type(e).__name__}: {e}"
+        log.open("a").write(traceback.format_exc())
+    finally:
+        # whatever happened: unmount, detach, remove cgroups (each step guarded)
+        if mounted is not None:
+            try:
+                if isinstance(driver, fsmod.Amaranth) and mounted.mounted:
+                    driver.sample_daemon()
+                mounted.close()
+            except Exception as e:  # noqa: BLE001
+                error = error or f"unmount failed: {e}"
+        if memcg is not None:
+            for name in group.names:
+                if ctx is None or name not in ctx.recorded:
+                    continue
+                st = memcg.stats()
+                if "max_usage_in_bytes" in st:
+                    ctx.record(name, "run", "cgroup_peak_bytes", st["max_usage_in_bytes"], "B")
+                if "oom_kill" in st:
+                    ctx.record(name, "run", "oom_kills", st["oom_kill"], "")
+                if isinstance(driver, fsmod.Amaranth):
+                    if driver.hwm_kb:
+                        ctx.record(name, "run", "daemon_vmhwm_bytes", driver.hwm_kb * 1024, "B")
+                    ctx.record(name, "run", "daemon_cpu_s_total", driver.daemon_cpu_s, "s")
+        for thing in (loop, blkcg, memcg):
+            if thing is None:
+                continue
+            try:
+                thing.detach() if isinstance(thing, LoopDevice) else thing.remove()
+            except Exception as e:  # noqa: BLE001
+                error = error or f"cleanup failed: {e}"
+        shutil.rmtree(rundir, ignore_errors=True)
+        if error:
+            phase = ctx.phase if ctx else "setup"
+            first = error.strip().splitlines()[0] if error.strip() else error
+            PROGRESS.log(f"FAILED in {phase}: {first[:300]}")
+            for name in group.names:
+                w.add(Row(name, fs_name, phase or "setup", rep, "error", None, "", error.strip()[:2000], None, view))
+        PROGRESS.context = ""
+        CMDLOG.context = ""

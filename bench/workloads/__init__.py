@@ -1,0 +1,1 @@
+"""Workload programs run as subprocesses inside the benchmark cgroup."""
