@@ -159,7 +159,7 @@ def git_repo(cache: Path, tree: Tree, stages: int) -> GitRepo:
     directories; each later tag adds an equal share of the rest (like new subsystems arriving),
     edits ~2% of the .c/.h files committed so far and deletes ~0.3% of them. vN holds the whole
     tree (minus the deleted files). Built once, repacked (`git gc`), kept as a bare repository."""
-    key = hashlib.sha256(f"{tree.root}|{tree.files}|{tree.bytes}|{stages}|v2".encode()).hexdigest()[:10]
+    key = hashlib.sha256(f"{tree.root}|{tree.files}|{tree.bytes}|{stages}|v3".encode()).hexdigest()[:10]
     bare = cache / f"git-history-{key}.git"
     meta = cache / f"git-history-{key}.json"
     if meta.exists() and bare.exists():
@@ -186,6 +186,7 @@ def git_repo(cache: Path, tree: Tree, stages: int) -> GitRepo:
         work.mkdir(parents=True)
         run(["git", "init", "-q", "-b", "main", str(work)])
         run(["git", "-C", str(work), "config", "core.autocrlf", "false"])
+        run(["git", "-C", str(work), "config", "gc.auto", "0"])  # no background auto-gc while building
         for k, group in enumerate(groups, start=1):
             tag = f"v{k}"
             if k > 1:
@@ -198,7 +199,8 @@ def git_repo(cache: Path, tree: Tree, stages: int) -> GitRepo:
                     deletes += 1
             for unit in group:
                 _copy_unit(tree.root, work, unit)
-            run(["git", "-C", str(work), "add", "-A"], timeout=7200, env=env)
+            # -f: the Debian tree's top-level .gitignore ignores everything ("/*")
+            run(["git", "-C", str(work), "add", "-A", "-f"], timeout=7200, env=env)
             run(["git", "-C", str(work), "commit", "-q", "-m", f"{tag}: stage {k} of {stages}"], timeout=7200,
                 env=env)
             run(["git", "-C", str(work), "tag", tag], env=env)

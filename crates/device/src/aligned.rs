@@ -1,0 +1,97 @@
+//! A heap buffer aligned to 4 KiB, as `O_DIRECT` requires.
+
+use std::alloc::{self, Layout};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+use crate::BLOCK_SIZE;
+
+/// A zero-initialised byte buffer whose address and length are multiples of [`BLOCK_SIZE`].
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared references only allow reads of plain bytes.
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// Allocates `len` zeroed bytes, rounded up to a whole number of blocks.
+    pub fn zeroed(len: usize) -> AlignedBuf {
+        let len = round_up(len.max(1));
+        let layout = Layout::from_size_align(len, BLOCK_SIZE).expect("aligned buffer layout");
+        // SAFETY: layout has non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, len }
+    }
+
+    /// Copies `data` into a new buffer, zero-padded to a whole number of blocks.
+    pub fn from_slice(data: &[u8]) -> AlignedBuf {
+        let mut buf = AlignedBuf::zeroed(data.len());
+        buf[..data.len()].copy_from_slice(data);
+        buf
+    }
+
+    /// Length in bytes (a multiple of [`BLOCK_SIZE`]).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: a buffer holds at least one block.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+/// Rounds `n` up to a multiple of [`BLOCK_SIZE`].
+pub fn round_up(n: usize) -> usize {
+    n.div_ceil(BLOCK_SIZE) * BLOCK_SIZE
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        let layout = Layout::from_size_align(self.len, BLOCK_SIZE).expect("aligned buffer layout");
+        // SAFETY: allocated in `zeroed` with this exact layout.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) }
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len initialised bytes for the lifetime of self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is valid for len initialised bytes and uniquely borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AlignedBuf({} bytes)", self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_and_rounded() {
+        let b = AlignedBuf::zeroed(5000);
+        assert_eq!(b.len(), 8192);
+        assert_eq!(b.as_ptr() as usize % BLOCK_SIZE, 0);
+        assert!(b.iter().all(|&x| x == 0));
+        let c = AlignedBuf::from_slice(b"hello");
+        assert_eq!(&c[..5], b"hello");
+        assert_eq!(c.len(), BLOCK_SIZE);
+    }
+}

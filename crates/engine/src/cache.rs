@@ -1,0 +1,247 @@
+//! The node cache: nodes in memory, their latches, and the byte accounting behind the memory bound.
+//!
+//! Every resident node is an `Arc<CachedNode>` in one map. Holding a clone of the `Arc` pins the
+//! node (the evictor only removes nodes nobody else holds). Content is behind a reader-writer latch;
+//! bookkeeping (dirty, version, pending-checkpoint, accounted bytes) is behind a small mutex so it
+//! can change without the latch.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
+use parking_lot::{Condvar, Mutex, RawRwLock, RwLock};
+
+use crate::node::{Node, NodeId};
+
+/// A read latch on a node, owned (can be held while moving to the next node).
+pub type ReadGuard = ArcRwLockReadGuard<RawRwLock, Node>;
+/// A write latch on a node.
+pub type WriteGuard = ArcRwLockWriteGuard<RawRwLock, Node>;
+
+/// Bookkeeping of a cached node.
+#[derive(Debug, Default)]
+pub struct NodeMeta {
+    /// Changed since last written.
+    pub dirty: bool,
+    /// Dirty when the running checkpoint began and not yet written for it.
+    pub pending: bool,
+    /// Incremented by every modification.
+    pub version: u64,
+    /// Bytes currently counted against the cache bound.
+    pub mem: usize,
+    /// Merged away: must never be written or reloaded.
+    pub deleted: bool,
+}
+
+/// A node in the cache.
+#[derive(Debug)]
+pub struct CachedNode {
+    /// The node's id.
+    pub id: NodeId,
+    /// The contents.
+    pub latch: Arc<RwLock<Node>>,
+    /// Bookkeeping.
+    pub meta: Mutex<NodeMeta>,
+    /// Logical time of the last use (for LRU eviction).
+    pub last_used: AtomicU64,
+}
+
+impl CachedNode {
+    /// Read latch that never queues behind a waiting writer (readers must not wait for writers).
+    pub fn read(&self) -> ReadGuard {
+        self.latch.read_arc_recursive()
+    }
+    /// Write latch.
+    pub fn write(&self) -> WriteGuard {
+        self.latch.write_arc()
+    }
+    /// Whether the node is dirty.
+    pub fn is_dirty(&self) -> bool {
+        self.meta.lock().dirty
+    }
+}
+
+/// Counters of cache activity.
+#[derive(Debug, Default)]
+pub struct CacheCounters {
+    /// Node lookups answered from memory.
+    pub hits: AtomicU64,
+    /// Node loads from disk.
+    pub misses: AtomicU64,
+    /// Partition loads from disk.
+    pub partition_loads: AtomicU64,
+    /// Nodes evicted.
+    pub evictions: AtomicU64,
+    /// Dirty nodes written back by eviction.
+    pub writebacks: AtomicU64,
+    /// Highest accounted usage seen.
+    pub peak: AtomicUsize,
+}
+
+/// The cache of nodes.
+#[derive(Debug)]
+pub struct Cache {
+    map: Mutex<HashMap<NodeId, Arc<CachedNode>>>,
+    loading: Mutex<HashSet<NodeId>>,
+    loaded: Condvar,
+    used: AtomicUsize,
+    budget: usize,
+    tick: AtomicU64,
+    /// Activity counters.
+    pub counters: CacheCounters,
+}
+
+impl Cache {
+    /// An empty cache bounded to `budget` bytes.
+    pub fn new(budget: usize) -> Cache {
+        Cache {
+            map: Mutex::new(HashMap::new()),
+            loading: Mutex::new(HashSet::new()),
+            loaded: Condvar::new(),
+            used: AtomicUsize::new(0),
+            budget,
+            tick: AtomicU64::new(0),
+            counters: CacheCounters::default(),
+        }
+    }
+
+    /// The memory bound.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// Bytes accounted now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Whether usage is above the bound.
+    pub fn over_budget(&self) -> bool {
+        self.used() > self.budget
+    }
+
+    fn touch(&self, cn: &CachedNode) {
+        cn.last_used
+            .store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    /// The node if resident (pinned by the returned `Arc`).
+    pub fn get(&self, id: NodeId) -> Option<Arc<CachedNode>> {
+        let cn = self.map.lock().get(&id).cloned();
+        if let Some(c) = &cn {
+            self.touch(c);
+            self.counters.hits.fetch_add(1, Ordering::Relaxed);
+        }
+        cn
+    }
+
+    /// Inserts a node (new, or just loaded) and accounts its memory.
+    pub fn insert(&self, id: NodeId, node: Node, dirty: bool) -> Arc<CachedNode> {
+        let mem = node.mem();
+        let cn = Arc::new(CachedNode {
+            id,
+            latch: Arc::new(RwLock::new(node)),
+            meta: Mutex::new(NodeMeta {
+                dirty,
+                pending: false,
+                version: 1,
+                mem,
+                deleted: false,
+            }),
+            last_used: AtomicU64::new(0),
+        });
+        self.touch(&cn);
+        let prev = self.map.lock().insert(id, cn.clone());
+        assert!(prev.is_none(), "node {id} inserted twice into the cache");
+        self.add_used(mem as isize);
+        cn
+    }
+
+    /// Adjusts the accounted bytes.
+    pub fn add_used(&self, delta: isize) {
+        if delta >= 0 {
+            let now = self.used.fetch_add(delta as usize, Ordering::Relaxed) + delta as usize;
+            self.counters.peak.fetch_max(now, Ordering::Relaxed);
+        } else {
+            self.used.fetch_sub((-delta) as usize, Ordering::Relaxed);
+        }
+    }
+
+    /// Re-measures a node after a change and adjusts the accounting.
+    pub fn remeasure(&self, cn: &CachedNode, node: &Node) {
+        let new = node.mem();
+        let mut m = cn.meta.lock();
+        let old = std::mem::replace(&mut m.mem, new);
+        drop(m);
+        self.add_used(new as isize - old as isize);
+    }
+
+    /// Removes a node from the map (merged away); its memory is no longer counted.
+    pub fn forget(&self, cn: &CachedNode) {
+        self.map.lock().remove(&cn.id);
+        let mem = std::mem::take(&mut cn.meta.lock().mem);
+        self.add_used(-(mem as isize));
+    }
+
+    /// Removes `cn` if nobody but the caller (holding `cn`) pins it and it is clean and not pending.
+    pub fn evict_if_idle(&self, cn: &Arc<CachedNode>) -> bool {
+        let mut map = self.map.lock();
+        // One reference in the map, one held by the caller.
+        if Arc::strong_count(cn) != 2 {
+            return false;
+        }
+        let mut m = cn.meta.lock();
+        if m.dirty || m.pending {
+            return false;
+        }
+        map.remove(&cn.id);
+        let mem = std::mem::take(&mut m.mem);
+        drop(m);
+        drop(map);
+        self.add_used(-(mem as isize));
+        self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Eviction candidates, least recently used first: nodes nobody pins.
+    pub fn victims(&self) -> Vec<Arc<CachedNode>> {
+        let map = self.map.lock();
+        let mut v: Vec<Arc<CachedNode>> = map
+            .values()
+            .filter(|c| Arc::strong_count(c) == 1)
+            .cloned()
+            .collect();
+        drop(map);
+        v.sort_by_key(|c| c.last_used.load(Ordering::Relaxed));
+        v
+    }
+
+    /// Every resident node.
+    pub fn all(&self) -> Vec<Arc<CachedNode>> {
+        self.map.lock().values().cloned().collect()
+    }
+
+    /// Claims the right to load `id`. Returns `Ok(node)` if it became resident meanwhile, `Err(())`
+    /// when the caller must load it (and then call [`Cache::finish_load`]).
+    pub fn begin_load(&self, id: NodeId) -> Result<Arc<CachedNode>, ()> {
+        let mut loading = self.loading.lock();
+        loop {
+            if let Some(cn) = self.get(id) {
+                return Ok(cn);
+            }
+            if !loading.contains(&id) {
+                loading.insert(id);
+                self.counters.misses.fetch_add(1, Ordering::Relaxed);
+                return Err(());
+            }
+            self.loaded.wait(&mut loading);
+        }
+    }
+
+    /// Ends a load started by [`Cache::begin_load`] (successful or not).
+    pub fn finish_load(&self, id: NodeId) {
+        self.loading.lock().remove(&id);
+        self.loaded.notify_all();
+    }
+}

@@ -1,0 +1,56 @@
+//! Sub-block compression (none, LZ4, Zstandard).
+
+use crate::config::Compression;
+use crate::error::{Error, Result};
+
+/// Compresses `raw` with `codec`. Returns the codec actually used: data that does not shrink by at
+/// least 1/16 is stored raw, so reading it costs nothing.
+pub fn compress(codec: Compression, raw: &[u8]) -> (Compression, Vec<u8>) {
+    let out = match codec {
+        Compression::None => return (Compression::None, raw.to_vec()),
+        Compression::Lz4 => lz4_flex::block::compress(raw),
+        Compression::Zstd => match zstd::bulk::compress(raw, 1) {
+            Ok(v) => v,
+            Err(_) => return (Compression::None, raw.to_vec()),
+        },
+    };
+    if out.len() + raw.len() / 16 >= raw.len() {
+        (Compression::None, raw.to_vec())
+    } else {
+        (codec, out)
+    }
+}
+
+/// Decompresses `stored` into exactly `raw_len` bytes.
+pub fn decompress(codec: Compression, stored: &[u8], raw_len: usize) -> Result<Vec<u8>> {
+    let out = match codec {
+        Compression::None => stored.to_vec(),
+        Compression::Lz4 => lz4_flex::block::decompress(stored, raw_len)
+            .map_err(|e| Error::Corrupt(format!("lz4 sub-block does not decompress: {e}")))?,
+        Compression::Zstd => zstd::bulk::decompress(stored, raw_len)
+            .map_err(|e| Error::Corrupt(format!("zstd sub-block does not decompress: {e}")))?,
+    };
+    if out.len() != raw_len {
+        return Err(Error::Corrupt(format!(
+            "sub-block decompressed to {} bytes, expected {}",
+            out.len(),
+            raw_len
+        )));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips() {
+        let raw: Vec<u8> = (0..10000u32).flat_map(|i| (i % 97).to_le_bytes()).collect();
+        for c in [Compression::None, Compression::Lz4, Compression::Zstd] {
+            let (used, stored) = compress(c, &raw);
+            assert_eq!(decompress(used, &stored, raw.len()).unwrap(), raw);
+        }
+        assert!(decompress(Compression::Lz4, b"garbage", 100).is_err());
+    }
+}

@@ -1,0 +1,1258 @@
+//! The engine: public API, write path, checkpoints, recovery and background threads.
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Bound;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use amaranth_device::{BlockDevice, IoStats, BLOCK_SIZE};
+use parking_lot::{Condvar, Mutex};
+
+use crate::config::{Format, Options};
+use crate::error::{Error, Result};
+use crate::msg::{Patch, PointOp};
+use crate::node::{Node, ROOT_ID};
+use crate::ops::{self, Batch, Op};
+use crate::read::Target;
+use crate::store::{self, Allocator, Btt, Store, StoreCounters};
+use crate::superblock::{Extent, Superblock};
+use crate::tree::{Msg, Tree};
+use crate::wal::{self, Log, LogPosition, LogStats, Lsn, Space};
+
+/// Messages per injection when a prefix move or copy is expanded.
+const EXPAND_CHUNK: usize = 2048;
+/// The log buffer is written (not synced) once it holds this much.
+const LOG_WRITE_THRESHOLD: usize = 1 << 20;
+
+/// A write-optimized key-value store on a block device.
+///
+/// Share it between threads with an `Arc`; every method takes `&self`. Dropping it without
+/// [`Engine::close`] stops the background threads and makes acknowledged operations durable in the
+/// log, but leaves recovery work for the next open.
+pub struct Engine {
+    inner: Arc<Inner>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+struct Inner {
+    dev: Arc<dyn BlockDevice>,
+    tree: Tree,
+    log: Log,
+    options: Options,
+    sb: Mutex<Superblock>,
+    ckpt_lock: Mutex<()>,
+    failed: Mutex<Option<Error>>,
+    closed: AtomicBool,
+    stop: AtomicBool,
+    wake: Condvar,
+    wake_state: Mutex<WakeState>,
+    counters: EngineCounters,
+    opened_after_crash: bool,
+    recovered_records: u64,
+    recovery_stop: String,
+}
+
+#[derive(Default)]
+struct WakeState {
+    flush_wanted: bool,
+    checkpoint_wanted: bool,
+    last_write: Option<Instant>,
+}
+
+#[derive(Default)]
+struct EngineCounters {
+    checkpoints: AtomicU64,
+    checkpoint_nanos: AtomicU64,
+    syncs: AtomicU64,
+    writes: AtomicU64,
+    user_bytes: AtomicU64,
+}
+
+/// A snapshot of the engine's state and activity.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    /// Height of the tree (0: the root is a leaf).
+    pub height: u32,
+    /// Nodes with an on-disk location plus nodes not yet written.
+    pub nodes: u64,
+    /// Nodes in memory.
+    pub cached_nodes: usize,
+    /// Dirty nodes in memory.
+    pub dirty_nodes: usize,
+    /// Bytes of nodes accounted in memory.
+    pub cache_bytes: usize,
+    /// Highest cache usage seen.
+    pub cache_peak_bytes: usize,
+    /// The cache bound.
+    pub cache_budget: usize,
+    /// Node loads answered from memory / from disk.
+    pub cache_hits: u64,
+    /// Node loads from disk.
+    pub cache_misses: u64,
+    /// Partition loads from disk.
+    pub partition_loads: u64,
+    /// Nodes evicted.
+    pub evictions: u64,
+    /// Dirty nodes written by eviction.
+    pub writebacks: u64,
+    /// Operations written.
+    pub writes: u64,
+    /// Bytes of keys and values the user wrote.
+    pub user_bytes_written: u64,
+    /// Device I/O.
+    pub device: IoStats,
+    /// Node images written / bytes.
+    pub node_writes: u64,
+    /// Bytes of node images written.
+    pub node_bytes_written: u64,
+    /// Node reads / bytes.
+    pub node_reads: u64,
+    /// Bytes read for nodes.
+    pub node_bytes_read: u64,
+    /// Device bytes written per byte of user data.
+    pub write_amplification: f64,
+    /// Log activity.
+    pub log: LogStats,
+    /// Buffer flushes.
+    pub flushes: u64,
+    /// Bytes moved by flushes.
+    pub bytes_flushed: u64,
+    /// Leaf pieces created by splits.
+    pub leaf_splits: u64,
+    /// Internal pieces created by splits.
+    pub internal_splits: u64,
+    /// Merges.
+    pub merges: u64,
+    /// Completed checkpoints (this session).
+    pub checkpoints: u64,
+    /// Time spent in checkpoints (this session).
+    pub checkpoint_seconds: f64,
+    /// `sync` calls.
+    pub syncs: u64,
+    /// Checkpoint generation on disk.
+    pub generation: u64,
+    /// Free bytes in the data area.
+    pub free_bytes: u64,
+    /// Size of the data area.
+    pub data_bytes: u64,
+    /// Free extents (fragmentation).
+    pub free_extents: usize,
+    /// Size of the device.
+    pub device_bytes: u64,
+    /// The image was not closed cleanly before this open.
+    pub opened_after_crash: bool,
+    /// Log records replayed at open.
+    pub recovered_records: u64,
+    /// Why log replay stopped where it did at open.
+    pub recovery_stop: String,
+    /// The error that made the engine read-only, if any.
+    pub failure: Option<String>,
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most 8 bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 8, 0) };
+    if n != 8 {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        return t.as_nanos() as u64 ^ (std::process::id() as u64) << 32;
+    }
+    u64::from_le_bytes(b)
+}
+
+/// Applies operations to the tree (and, unless replaying, logs them as one record).
+fn apply_ops(
+    tree: &Tree,
+    log: Option<&Log>,
+    ops: &[Op],
+    replay_first_msn: Option<u64>,
+) -> Result<Option<Lsn>> {
+    let mut record = log.map(|_| ops::encode_record(ops));
+    let mut lsn = None;
+    let mut check_first = replay_first_msn;
+    let mut before = |first: u64| -> Result<()> {
+        if let Some(expect) = check_first.take() {
+            if expect != first {
+                return Err(Error::Corrupt(format!(
+                    "log record expects message number {expect} but the tree is at {first}"
+                )));
+            }
+        }
+        if let (Some(log), Some(mut rec)) = (log, record.take()) {
+            rec[..8].copy_from_slice(&first.to_le_bytes());
+            lsn = Some(log.append(&rec)?);
+        }
+        Ok(())
+    };
+    if !ops.iter().any(|o| o.reads_tree()) {
+        let msgs: Vec<Msg> = ops.iter().filter_map(|o| o.to_msg()).collect();
+        let _w = tree.writers.read();
+        let (_, needs_flush) = tree.inject(msgs, &mut before)?;
+        drop(_w);
+        if needs_flush && log.is_none() {
+            flush_root(tree, false)?;
+        }
+        return Ok(lsn);
+    }
+    // Prefix operations read the tree: nothing else may write meanwhile, so that replaying the record
+    // reads exactly what was read now.
+    let _w = tree.writers.write();
+    let inject = |msgs: Vec<Msg>, before: &mut dyn FnMut(u64) -> Result<()>| -> Result<()> {
+        let (_, needs_flush) = tree.inject(msgs, before)?;
+        if needs_flush {
+            flush_root(tree, true)?;
+        }
+        tree.make_room()
+    };
+    let mut simple: Vec<Msg> = Vec::new();
+    for op in ops {
+        let (from, to, keep) = match op {
+            Op::MovePrefix { from, to } => (from, to, false),
+            Op::CopyPrefix { from, to } => (from, to, true),
+            other => {
+                simple.extend(other.to_msg());
+                continue;
+            }
+        };
+        if !simple.is_empty() {
+            inject(std::mem::take(&mut simple), &mut before)?;
+        }
+        let end = ops::prefix_end(from, tree.format.max_key_len);
+        let mut cursor = from.clone();
+        loop {
+            let mut msgs = Vec::new();
+            let mut last: Option<Vec<u8>> = None;
+            scan_tree(tree, &cursor, Some(&end), &mut |k, v| {
+                let mut nk = to.clone();
+                nk.extend_from_slice(&k[from.len()..]);
+                msgs.push(Msg::Point {
+                    key: nk,
+                    op: PointOp::Put(v.to_vec()),
+                });
+                last = Some(k.to_vec());
+                msgs.len() < EXPAND_CHUNK
+            })?;
+            let Some(mut l) = last else { break };
+            inject(msgs, &mut before)?;
+            l.push(0);
+            cursor = l;
+        }
+        if !keep {
+            simple.push(Msg::Range {
+                lo: from.clone(),
+                hi: end,
+            });
+        }
+    }
+    inject(simple, &mut before)?;
+    Ok(lsn)
+}
+
+/// Flushes until the root is back under its size bound. `exclusive`: the caller holds `writers`.
+fn flush_root(tree: &Tree, exclusive: bool) -> Result<()> {
+    for _ in 0..10_000 {
+        let over = tree.root_bytes()? > tree.format.node_size;
+        if !over {
+            return Ok(());
+        }
+        let did = if exclusive {
+            tree.flush_step(tree.format.node_size)?
+        } else {
+            let _w = tree.writers.read();
+            tree.flush_step(tree.format.node_size)?
+        };
+        tree.make_room()?;
+        if !did {
+            return Ok(());
+        }
+    }
+    Err(Error::Corrupt(
+        "the root stays over its bound after many flushes".into(),
+    ))
+}
+
+/// Walks live entries of `[lo, hi)` in order until `f` returns false.
+fn scan_tree(
+    tree: &Tree,
+    lo: &[u8],
+    hi: Option<&[u8]>,
+    f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+) -> Result<()> {
+    let mut cursor = lo.to_vec();
+    loop {
+        let chunk = tree.chunk(Target::AtOrAfter(&cursor))?;
+        if !chunk.walk(&cursor, hi, true, f) {
+            return Ok(());
+        }
+        match &chunk.hi {
+            Some(h) if hi.is_none_or(|e| h.as_slice() < e) => cursor = h.clone(),
+            _ => return Ok(()),
+        }
+    }
+}
+
+impl Inner {
+    fn check_writable(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        if self.options.read_only {
+            return Err(Error::ReadOnly("opened read-only".into()));
+        }
+        if let Some(e) = &*self.failed.lock() {
+            return Err(Error::ReadOnly(e.to_string()));
+        }
+        Ok(())
+    }
+
+    fn fail(&self, e: &Error) {
+        if matches!(
+            e,
+            Error::Io { .. } | Error::Corrupt(_) | Error::Checksum { .. }
+        ) {
+            let mut f = self.failed.lock();
+            if f.is_none() {
+                log::error!("amaranth engine: refusing further writes after: {e}");
+                *f = Some(e.clone());
+            }
+        }
+    }
+
+    fn note(&self, r: Result<()>) -> Result<()> {
+        if let Err(e) = &r {
+            self.fail(e);
+        }
+        r
+    }
+
+    /// Makes room in the log for `len` more bytes, checkpointing if needed.
+    fn admit(&self, len: usize) -> Result<()> {
+        match self.log.space(len) {
+            Space::Ok => Ok(()),
+            Space::CheckpointSoon => {
+                if self.options.background_threads {
+                    self.request(false, true);
+                    Ok(())
+                } else {
+                    self.checkpoint(false)
+                }
+            }
+            Space::Full => {
+                if !self.options.background_threads {
+                    return self.checkpoint(false);
+                }
+                self.request(false, true);
+                match self.log.wait_space(len, Duration::from_secs(120)) {
+                    Space::Full => Err(Error::NoSpace(
+                        "the redo log stayed full (checkpoints are failing?)".into(),
+                    )),
+                    _ => Ok(()),
+                }
+            }
+        }
+    }
+
+    fn request(&self, flush: bool, checkpoint: bool) {
+        let mut w = self.wake_state.lock();
+        w.flush_wanted |= flush;
+        w.checkpoint_wanted |= checkpoint;
+        self.wake.notify_all();
+    }
+
+    fn write_ops(&self, ops: &[Op]) -> Result<Lsn> {
+        self.check_writable()?;
+        for op in ops {
+            op.validate(&self.tree.format)?;
+        }
+        let estimate = 16 + ops.iter().map(|o| o.user_bytes() + 16).sum::<usize>();
+        if estimate > self.log.max_record() {
+            return Err(Error::InvalidArgument(format!(
+                "a batch of {estimate} bytes exceeds the largest log record ({} bytes)",
+                self.log.max_record()
+            )));
+        }
+        self.admit(estimate)?;
+        let r = apply_ops(&self.tree, Some(&self.log), ops, None);
+        let lsn = match r {
+            Ok(l) => l.expect("a logged batch has an LSN"),
+            Err(e) => {
+                self.fail(&e);
+                return Err(e);
+            }
+        };
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        self.counters.user_bytes.fetch_add(
+            ops.iter().map(|o| o.user_bytes() as u64).sum(),
+            Ordering::Relaxed,
+        );
+        self.after_write()?;
+        Ok(lsn)
+    }
+
+    fn after_write(&self) -> Result<()> {
+        let node_size = self.tree.format.node_size;
+        let root_bytes = match self.tree.root_bytes() {
+            Ok(b) => b,
+            Err(e) => {
+                self.fail(&e);
+                return Err(e);
+            }
+        };
+        if root_bytes > node_size {
+            if self.options.background_threads && root_bytes <= 2 * node_size {
+                self.request(true, false);
+            } else {
+                self.note(flush_root(&self.tree, false))?;
+            }
+        }
+        self.note(self.tree.make_room())?;
+        if self.log.buffered() > LOG_WRITE_THRESHOLD.min(self.log.max_record()) {
+            self.note(self.log.flush(false))?;
+        }
+        if self.options.background_threads {
+            self.wake_state.lock().last_write = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        if self.options.read_only {
+            return Ok(());
+        }
+        self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+        let r = self.log.flush(true);
+        if let Err(e) = &r {
+            self.fail(e);
+        }
+        r
+    }
+
+    /// Writes every dirty node copy-on-write, then the table and a superblock that points at them.
+    fn checkpoint(&self, clean: bool) -> Result<()> {
+        if self.options.read_only {
+            return Ok(());
+        }
+        if let Some(e) = &*self.failed.lock() {
+            return Err(Error::ReadOnly(e.to_string()));
+        }
+        let _c = self.ckpt_lock.lock();
+        let started = Instant::now();
+        let tree = &self.tree;
+        // Records buffered now are covered by this checkpoint; writing them first lets the log's
+        // tail move past them.
+        self.log.flush(false)?;
+        let (tail_voff, tail_lsn, ckpt_lsn, next_msn, next_node_id, pending) = {
+            let _w = tree.writers.write();
+            let (tail_voff, tail_lsn) = self.log.replay_start();
+            let ckpt_lsn = self.log.next_lsn();
+            let mut btt = tree.store.btt.lock();
+            btt.in_progress = Some(btt.current.clone());
+            drop(btt);
+            let mut pending = Vec::new();
+            for cn in tree.cache.all() {
+                let mut m = cn.meta.lock();
+                if m.dirty && !m.deleted {
+                    m.pending = true;
+                    drop(m);
+                    pending.push(cn);
+                }
+            }
+            (
+                tail_voff,
+                tail_lsn,
+                ckpt_lsn,
+                tree.next_msn.load(Ordering::Relaxed),
+                tree.next_node_id.load(Ordering::Relaxed),
+                pending,
+            )
+        };
+        let mut table_ext: Option<Extent> = None;
+        let result = (|| -> Result<Superblock> {
+            for cn in &pending {
+                tree.checkpoint_write(cn)?;
+            }
+            tree.drain_checkpoint_queue()?;
+            let (table, count) = {
+                let btt = tree.store.btt.lock();
+                let ip = btt.in_progress.as_ref().expect("checkpoint in progress");
+                if !ip.contains_key(&ROOT_ID) {
+                    return Err(Error::Corrupt("checkpoint without a root".into()));
+                }
+                (store::encode_btt(ip), ip.len() as u64)
+            };
+            let ext = tree.store.write_new(&table, "block translation table")?;
+            table_ext = Some(ext);
+            tree.store.flush("checkpoint nodes")?;
+            let mut sb = self.sb.lock().clone();
+            sb.generation += 1;
+            sb.clean = clean;
+            sb.log_epoch = self.log.epoch();
+            sb.log_tail_voff = tail_voff;
+            sb.log_tail_lsn = tail_lsn;
+            sb.ckpt_lsn = ckpt_lsn;
+            sb.next_msn = next_msn;
+            sb.next_node_id = next_node_id;
+            sb.btt = ext;
+            sb.btt_crc = store::table_crc(&table[..32 + count as usize * 24]);
+            sb.btt_count = count;
+            sb.checkpoint_unix = now_unix();
+            sb.write(&*self.dev)?;
+            tree.store.flush("superblock")?;
+            Ok(sb)
+        })();
+        match result {
+            Ok(sb) => {
+                tree.store.btt.lock().complete_checkpoint(sb.btt);
+                self.log.set_tail(tail_voff);
+                *self.sb.lock() = sb;
+                self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .checkpoint_nanos
+                    .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                tree.store.btt.lock().abort_checkpoint(table_ext);
+                for cn in &pending {
+                    cn.meta.lock().pending = false;
+                }
+                tree.clear_checkpoint_queue();
+                self.fail(&e);
+                Err(e)
+            }
+        }
+    }
+
+    fn background_checkpointer(self: &Arc<Inner>) {
+        let mut last = Instant::now();
+        loop {
+            let wanted = {
+                let mut w = self.wake_state.lock();
+                let deadline = last + self.options.checkpoint_interval;
+                while !self.stop.load(Ordering::Acquire)
+                    && !w.checkpoint_wanted
+                    && Instant::now() < deadline
+                {
+                    self.wake.wait_until(&mut w, deadline);
+                }
+                std::mem::take(&mut w.checkpoint_wanted)
+            };
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            if self.failed.lock().is_some() {
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+            let _ = wanted;
+            let _ = self.checkpoint(false);
+            last = Instant::now();
+        }
+    }
+
+    fn background_log_flusher(self: &Arc<Inner>) {
+        loop {
+            {
+                let mut w = self.wake_state.lock();
+                if !self.stop.load(Ordering::Acquire) {
+                    self.wake.wait_for(&mut w, self.options.log_flush_interval);
+                }
+            }
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let st = self.log.stats();
+            if st.durable_lsn < st.next_lsn && self.failed.lock().is_none() {
+                let _ = self.sync();
+            }
+        }
+    }
+
+    fn background_cleaner(self: &Arc<Inner>) {
+        let node_size = self.tree.format.node_size;
+        loop {
+            let (flush, idle) = {
+                let mut w = self.wake_state.lock();
+                if !self.stop.load(Ordering::Acquire) && !w.flush_wanted {
+                    self.wake.wait_for(&mut w, Duration::from_secs(1));
+                }
+                let idle = w
+                    .last_write
+                    .is_none_or(|t| t.elapsed() > Duration::from_secs(1));
+                (std::mem::take(&mut w.flush_wanted), idle)
+            };
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            if self.failed.lock().is_some() {
+                continue;
+            }
+            if flush {
+                let _ = self.note(flush_root(&self.tree, false));
+            } else if idle {
+                // Idle: drain heavy buffers a little at a time (bounded work per tick).
+                for _ in 0..8 {
+                    let step = {
+                        let _w = self.tree.writers.read();
+                        self.tree.flush_step(node_size / 2)
+                    };
+                    match step {
+                        Ok(true) => {}
+                        Ok(false) => break,
+                        Err(e) => {
+                            self.fail(&e);
+                            break;
+                        }
+                    }
+                    if self.stop.load(Ordering::Acquire)
+                        || self
+                            .wake_state
+                            .lock()
+                            .last_write.is_some_and(|t| t.elapsed() <= Duration::from_secs(1))
+                    {
+                        break;
+                    }
+                }
+            }
+            let _ = self.note(self.tree.make_room());
+        }
+    }
+}
+
+impl Engine {
+    /// Creates a new, empty store on `dev` (everything on the device is lost).
+    pub fn create(dev: Arc<dyn BlockDevice>, format: Format, options: Options) -> Result<Engine> {
+        format.validate()?;
+        options.validate(&format)?;
+        let dev_len = dev.len();
+        let dev_blocks = dev_len / BLOCK_SIZE as u64;
+        let log_size = format
+            .log_size
+            .unwrap_or_else(|| (dev_len / 16).clamp(4 << 20, 256 << 20))
+            .max(16 * BLOCK_SIZE as u64)
+            / BLOCK_SIZE as u64
+            * BLOCK_SIZE as u64;
+        let log_blocks = log_size / BLOCK_SIZE as u64;
+        let data_start = 2 + log_blocks;
+        let min_data = (8 * format.node_size / BLOCK_SIZE) as u64;
+        if dev_blocks < data_start + min_data {
+            return Err(Error::TooSmall(format!(
+                "{} has {} bytes; an image with a {} MiB log and {} KiB nodes needs at least {} bytes",
+                dev.describe(),
+                dev_len,
+                log_size >> 20,
+                format.node_size >> 10,
+                (data_start + min_data) * BLOCK_SIZE as u64
+            )));
+        }
+        // Invalidate whatever image was there before.
+        let zero = amaranth_device::AlignedBuf::zeroed(2 * BLOCK_SIZE);
+        dev.write_at(0, &zero)
+            .map_err(|e| Error::io("clearing the superblocks", e))?;
+        dev.flush()
+            .map_err(|e| Error::io("clearing the superblocks", e))?;
+        let mut uuid = [0u8; 16];
+        uuid[..8].copy_from_slice(&random_u64().to_le_bytes());
+        uuid[8..].copy_from_slice(&random_u64().to_le_bytes());
+        let epoch = random_u64() >> 1;
+        let sb = Superblock {
+            generation: 0,
+            uuid,
+            device_blocks: dev_blocks,
+            node_size: format.node_size as u32,
+            partition_size: format.partition_size as u32,
+            max_fanout: format.max_fanout as u32,
+            max_key_len: format.max_key_len as u32,
+            max_value_len: format.max_value_len as u32,
+            compression: format.compression.code(),
+            clean: false,
+            log_start_block: 2,
+            log_blocks,
+            log_epoch: epoch,
+            log_tail_voff: 0,
+            log_tail_lsn: 1,
+            ckpt_lsn: 1,
+            next_msn: 1,
+            next_node_id: ROOT_ID + 1,
+            root_id: ROOT_ID,
+            btt: Extent {
+                block: data_start,
+                blocks: 1,
+            },
+            btt_crc: 0,
+            btt_count: 0,
+            created_unix: now_unix(),
+            checkpoint_unix: 0,
+        };
+        let btt = Btt {
+            current: HashMap::new(),
+            checkpointed: HashMap::new(),
+            in_progress: None,
+            checkpointed_table: None,
+            alloc: Allocator::new(data_start, dev_blocks),
+        };
+        let store = Arc::new(Store {
+            dev: dev.clone(),
+            btt: Mutex::new(btt),
+            counters: StoreCounters::default(),
+        });
+        let tree = Tree::new(format, store, options.cache_size, ROOT_ID + 1, 1);
+        tree.cache.insert(ROOT_ID, Node::empty_leaf(), true);
+        let log = Log::new(
+            dev.clone(),
+            2 * BLOCK_SIZE as u64,
+            log_size,
+            options.checkpoint_log_fraction,
+            LogPosition {
+                epoch,
+                voff: 0,
+                next_lsn: 1,
+            },
+        );
+        let engine = Engine::assemble(dev, tree, log, options, sb, false, 0);
+        engine.inner.checkpoint(false)?;
+        engine.start_threads();
+        Ok(engine)
+    }
+
+    /// Opens an existing store, replaying the log after its last checkpoint.
+    pub fn open(dev: Arc<dyn BlockDevice>, options: Options) -> Result<Engine> {
+        let sb = Superblock::read_newest(&*dev)?;
+        let format = sb.format()?;
+        options.validate(&format)?;
+        let data_start = sb.data_start_block();
+        let store_probe = Store {
+            dev: dev.clone(),
+            btt: Mutex::new(empty_btt()),
+            counters: StoreCounters::default(),
+        };
+        let raw = store_probe.read(sb.btt.offset(), sb.btt.len(), "block translation table")?;
+        let table_len = 32 + sb.btt_count as usize * 24;
+        if table_len > raw.len() || store::table_crc(&raw[..table_len]) != sb.btt_crc {
+            return Err(Error::Checksum {
+                what: "block translation table".into(),
+                offset: sb.btt.offset(),
+            });
+        }
+        let table = store::decode_btt(
+            &raw,
+            sb.btt_count,
+            data_start,
+            sb.device_blocks,
+            sb.btt.offset(),
+        )?;
+        if !table.contains_key(&sb.root_id) {
+            return Err(Error::Corrupt(
+                "the block translation table has no root".into(),
+            ));
+        }
+        let mut alloc = Allocator::new(data_start, sb.device_blocks);
+        let mut claimed: Vec<(u64, Extent)> = table.iter().map(|(id, e)| (*id, *e)).collect();
+        claimed.sort_by_key(|(_, e)| e.block);
+        for (id, e) in claimed.iter().copied().chain(std::iter::once((0, sb.btt))) {
+            if id >= sb.next_node_id {
+                return Err(Error::Corrupt(format!(
+                    "node id {id} is not below the next id {}",
+                    sb.next_node_id
+                )));
+            }
+            if !alloc.claim(e) {
+                return Err(Error::Corrupt(format!(
+                    "extent of node {id} (blocks {}..{}) overlaps another",
+                    e.block,
+                    e.block + e.blocks
+                )));
+            }
+        }
+        let btt = Btt {
+            current: table.clone(),
+            checkpointed: table,
+            in_progress: None,
+            checkpointed_table: Some(sb.btt),
+            alloc,
+        };
+        let store = Arc::new(Store {
+            dev: dev.clone(),
+            btt: Mutex::new(btt),
+            counters: StoreCounters::default(),
+        });
+        let tree = Tree::new(
+            format.clone(),
+            store,
+            options.cache_size,
+            sb.next_node_id,
+            sb.next_msn,
+        );
+        let region_start = sb.log_start_block * BLOCK_SIZE as u64;
+        let region_len = sb.log_blocks * BLOCK_SIZE as u64;
+        let ckpt_lsn = sb.ckpt_lsn;
+        let recovered = wal::recover(
+            &*dev,
+            region_start,
+            region_len,
+            sb.log_epoch,
+            sb.log_tail_voff,
+            sb.log_tail_lsn,
+            |lsn, payload| {
+                if lsn < ckpt_lsn {
+                    return Ok(());
+                }
+                let (first_msn, ops) = ops::decode_record(payload, &tree.format)?;
+                apply_ops(&tree, None, &ops, Some(first_msn))?;
+                tree.make_room()
+            },
+        )?;
+        let replayed = recovered
+            .records
+            .min(recovered.next_lsn.saturating_sub(ckpt_lsn));
+        let epoch = if options.read_only {
+            sb.log_epoch
+        } else {
+            sb.log_epoch.wrapping_add(1)
+        };
+        let log = Log::new(
+            dev.clone(),
+            region_start,
+            region_len,
+            options.checkpoint_log_fraction,
+            LogPosition {
+                epoch,
+                voff: recovered.resume_voff,
+                next_lsn: recovered.next_lsn.max(ckpt_lsn),
+            },
+        );
+        let after_crash = !sb.clean;
+        let read_only = options.read_only;
+        let mut engine = Engine::assemble(dev, tree, log, options, sb, after_crash, replayed);
+        if let Some(inner) = Arc::get_mut(&mut engine.inner) {
+            inner.recovery_stop = recovered.stop_reason;
+        }
+        if !read_only {
+            // A checkpoint starts a new log epoch: chunks left from before can never be replayed.
+            engine.inner.checkpoint(false)?;
+            engine.start_threads();
+        }
+        Ok(engine)
+    }
+
+    fn assemble(
+        dev: Arc<dyn BlockDevice>,
+        tree: Tree,
+        log: Log,
+        options: Options,
+        sb: Superblock,
+        opened_after_crash: bool,
+        recovered_records: u64,
+    ) -> Engine {
+        Engine {
+            inner: Arc::new(Inner {
+                dev,
+                tree,
+                log,
+                options,
+                sb: Mutex::new(sb),
+                ckpt_lock: Mutex::new(()),
+                failed: Mutex::new(None),
+                closed: AtomicBool::new(false),
+                stop: AtomicBool::new(false),
+                wake: Condvar::new(),
+                wake_state: Mutex::new(WakeState::default()),
+                counters: EngineCounters::default(),
+                opened_after_crash,
+                recovered_records,
+                recovery_stop: String::new(),
+            }),
+            threads: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn start_threads(&self) {
+        if !self.inner.options.background_threads || self.inner.options.read_only {
+            return;
+        }
+        let mut t = self.threads.lock();
+        let spawn = |name: &str, f: fn(&Arc<Inner>)| {
+            let inner = self.inner.clone();
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || f(&inner))
+                .expect("spawning an engine thread")
+        };
+        t.push(spawn("amaranth-log", Inner::background_log_flusher));
+        t.push(spawn("amaranth-ckpt", Inner::background_checkpointer));
+        t.push(spawn("amaranth-clean", Inner::background_cleaner));
+    }
+
+    fn stop_threads(&self) {
+        self.inner.stop.store(true, Ordering::Release);
+        {
+            let _w = self.inner.wake_state.lock();
+            self.inner.wake.notify_all();
+        }
+        for h in self.threads.lock().drain(..) {
+            let _ = h.join();
+        }
+    }
+
+    /// Sets `key` to `value`.
+    pub fn put(&self, key: &[u8], value: &[u8]) -> Result<Lsn> {
+        self.inner.write_ops(&[Op::Put {
+            key: key.to_vec(),
+            value: value.to_vec(),
+        }])
+    }
+
+    /// Removes `key` (a no-op if absent).
+    pub fn delete(&self, key: &[u8]) -> Result<Lsn> {
+        self.inner.write_ops(&[Op::Delete { key: key.to_vec() }])
+    }
+
+    /// Patches the value of `key` without reading it.
+    pub fn upsert(&self, key: &[u8], patch: Patch) -> Result<Lsn> {
+        self.inner.write_ops(&[Op::Upsert {
+            key: key.to_vec(),
+            patch,
+        }])
+    }
+
+    /// Removes every key in `[lo, hi)`.
+    pub fn range_delete(&self, lo: &[u8], hi: &[u8]) -> Result<Lsn> {
+        self.inner.write_ops(&[Op::RangeDelete {
+            lo: lo.to_vec(),
+            hi: hi.to_vec(),
+        }])
+    }
+
+    /// Applies a batch atomically (one log record) and returns its LSN.
+    pub fn write(&self, batch: &Batch) -> Result<Lsn> {
+        self.inner.write_ops(&batch.ops)
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        if key.len() > self.inner.tree.format.max_key_len {
+            return Err(Error::KeyTooLong {
+                len: key.len(),
+                max: self.inner.tree.format.max_key_len,
+            });
+        }
+        let r = self.inner.tree.get(key);
+        let _ = self.inner.tree.make_room();
+        r
+    }
+
+    /// Calls `f(key, value)` for every live entry of the range in key order until it returns false.
+    /// Not a snapshot: each leaf's range is read consistently, and every key is visited at most once.
+    pub fn scan(
+        &self,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        mut f: impl FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<()> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        let (lo, hi) = normalize(lo, hi);
+        let Some(lo) = lo else { return Ok(()) };
+        scan_tree(&self.inner.tree, &lo, hi.as_deref(), &mut f)?;
+        self.inner.tree.make_room()
+    }
+
+    /// Iterates over the range in increasing key order (owned copies; see [`Engine::scan`]).
+    pub fn range(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> RangeIter<'_> {
+        RangeIter::new(self, lo, hi, true)
+    }
+
+    /// Iterates over the range in decreasing key order.
+    pub fn range_rev(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> RangeIter<'_> {
+        RangeIter::new(self, lo, hi, false)
+    }
+
+    /// Returns once every operation acknowledged before the call is on stable storage.
+    pub fn sync(&self) -> Result<()> {
+        self.inner.sync()
+    }
+
+    /// Returns once the operation with LSN `lsn` (and everything before it) is on stable storage.
+    pub fn sync_to(&self, lsn: Lsn) -> Result<()> {
+        self.inner
+            .log
+            .flush_to(lsn + 1, true)
+            .inspect_err(|e| self.inner.fail(e))
+    }
+
+    /// Writes a checkpoint now (every dirty node, the table, a superblock), freeing log space.
+    pub fn checkpoint(&self) -> Result<()> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        self.inner.checkpoint(false)
+    }
+
+    /// Flushes buffers until none holds more than `threshold` bytes along the heaviest paths
+    /// (what the background cleaner does when idle). Returns the number of flush steps.
+    pub fn flush_buffers(&self, threshold: usize, max_steps: usize) -> Result<usize> {
+        self.inner.check_writable()?;
+        let mut n = 0;
+        while n < max_steps {
+            let did = {
+                let _w = self.inner.tree.writers.read();
+                self.inner.tree.flush_step(threshold)?
+            };
+            self.inner.tree.make_room()?;
+            if !did {
+                break;
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// A snapshot of counters and sizes.
+    pub fn stats(&self) -> Stats {
+        let i = &self.inner;
+        let t = &i.tree;
+        let height = t.pin(ROOT_ID).map(|r| r.read().height).unwrap_or(0);
+        let (nodes_on_disk, free, total, frag) = {
+            let b = t.store.btt.lock();
+            (
+                b.current.len() as u64,
+                b.alloc.free_blocks(),
+                b.alloc.total_blocks(),
+                b.alloc.free_extents(),
+            )
+        };
+        let all = t.cache.all();
+        let dirty = all.iter().filter(|c| c.is_dirty()).count();
+        let unwritten = all
+            .iter()
+            .filter(|c| t.store.location(c.id).is_none())
+            .count() as u64;
+        let device = i.dev.io_stats();
+        let user = i.counters.user_bytes.load(Ordering::Relaxed);
+        let sc = &t.store.counters;
+        let cc = &t.cache.counters;
+        let tc = &t.counters;
+        Stats {
+            height,
+            nodes: nodes_on_disk + unwritten,
+            cached_nodes: all.len(),
+            dirty_nodes: dirty,
+            cache_bytes: t.cache.used(),
+            cache_peak_bytes: cc.peak.load(Ordering::Relaxed),
+            cache_budget: t.cache.budget(),
+            cache_hits: cc.hits.load(Ordering::Relaxed),
+            cache_misses: cc.misses.load(Ordering::Relaxed),
+            partition_loads: cc.partition_loads.load(Ordering::Relaxed),
+            evictions: cc.evictions.load(Ordering::Relaxed),
+            writebacks: cc.writebacks.load(Ordering::Relaxed),
+            writes: i.counters.writes.load(Ordering::Relaxed),
+            user_bytes_written: user,
+            device,
+            node_writes: sc.nodes_written.load(Ordering::Relaxed),
+            node_bytes_written: sc.node_bytes_written.load(Ordering::Relaxed),
+            node_reads: sc.node_reads.load(Ordering::Relaxed),
+            node_bytes_read: sc.node_bytes_read.load(Ordering::Relaxed),
+            write_amplification: if user > 0 {
+                device.bytes_written as f64 / user as f64
+            } else {
+                0.0
+            },
+            log: i.log.stats(),
+            flushes: tc.flushes.load(Ordering::Relaxed),
+            bytes_flushed: tc.bytes_flushed.load(Ordering::Relaxed),
+            leaf_splits: tc.leaf_splits.load(Ordering::Relaxed),
+            internal_splits: tc.internal_splits.load(Ordering::Relaxed),
+            merges: tc.merges.load(Ordering::Relaxed),
+            checkpoints: i.counters.checkpoints.load(Ordering::Relaxed),
+            checkpoint_seconds: i.counters.checkpoint_nanos.load(Ordering::Relaxed) as f64 / 1e9,
+            syncs: i.counters.syncs.load(Ordering::Relaxed),
+            generation: i.sb.lock().generation,
+            free_bytes: free * BLOCK_SIZE as u64,
+            data_bytes: total * BLOCK_SIZE as u64,
+            free_extents: frag,
+            device_bytes: i.dev.len(),
+            opened_after_crash: i.opened_after_crash,
+            recovered_records: i.recovered_records,
+            recovery_stop: i.recovery_stop.clone(),
+            failure: i.failed.lock().as_ref().map(|e| e.to_string()),
+        }
+    }
+
+    /// The format parameters of the open image.
+    pub fn format(&self) -> &Format {
+        &self.inner.tree.format
+    }
+
+    /// Whether the engine stopped accepting writes after a failure (and why).
+    pub fn failure(&self) -> Option<Error> {
+        self.inner.failed.lock().clone()
+    }
+
+    /// Stops the background threads, writes a final checkpoint and marks the image clean.
+    pub fn close(self) -> Result<()> {
+        self.stop_threads();
+        let r = if self.inner.options.read_only || self.inner.failed.lock().is_some() {
+            match self.inner.failed.lock().clone() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        } else {
+            self.inner.checkpoint(true)
+        };
+        self.inner.closed.store(true, Ordering::Release);
+        r
+    }
+
+    /// Simulates a crash for tests: stops the threads and abandons everything in memory without
+    /// writing anything more.
+    pub fn abandon(self) {
+        self.stop_threads();
+        self.inner.closed.store(true, Ordering::Release);
+    }
+
+    /// Checks every invariant of the tree on disk and in memory: node checksums, pivot order, message
+    /// placement, heights, entry counts and the table. Returns the number of nodes and entries seen.
+    pub fn verify(&self) -> Result<crate::verify::Report> {
+        crate::verify::verify(&self.inner.tree)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return;
+        }
+        self.stop_threads();
+        if !self.inner.options.read_only && self.inner.failed.lock().is_none() {
+            let _ = self.inner.log.flush(true);
+        }
+        self.inner.closed.store(true, Ordering::Release);
+    }
+}
+
+fn empty_btt() -> Btt {
+    Btt {
+        current: HashMap::new(),
+        checkpointed: HashMap::new(),
+        in_progress: None,
+        checkpointed_table: None,
+        alloc: Allocator::default(),
+    }
+}
+
+/// Converts bounds to an inclusive low key and an exclusive high key (`None` low: empty range).
+fn normalize(lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+    let lo = match lo {
+        Bound::Included(k) => Some(k.to_vec()),
+        Bound::Excluded(k) => {
+            let mut v = k.to_vec();
+            v.push(0);
+            Some(v)
+        }
+        Bound::Unbounded => Some(Vec::new()),
+    };
+    let hi = match hi {
+        Bound::Included(k) => {
+            let mut v = k.to_vec();
+            v.push(0);
+            Some(v)
+        }
+        Bound::Excluded(k) => Some(k.to_vec()),
+        Bound::Unbounded => None,
+    };
+    match (&lo, &hi) {
+        (Some(l), Some(h)) if l >= h => (None, hi),
+        _ => (lo, hi),
+    }
+}
+
+/// An iterator over a key range, one leaf at a time.
+pub struct RangeIter<'a> {
+    engine: &'a Engine,
+    lo: Vec<u8>,
+    hi: Option<Vec<u8>>,
+    forward: bool,
+    /// Next position: forward, the inclusive start; reverse, the exclusive end.
+    cursor: Option<Option<Vec<u8>>>,
+    buf: VecDeque<(Vec<u8>, Vec<u8>)>,
+}
+
+impl<'a> RangeIter<'a> {
+    fn new(engine: &'a Engine, lo: Bound<&[u8]>, hi: Bound<&[u8]>, forward: bool) -> RangeIter<'a> {
+        let (lo, hi) = normalize(lo, hi);
+        let cursor = lo.as_ref().map(|l| if forward { Some(l.clone()) } else { hi.clone() });
+        RangeIter {
+            engine,
+            lo: lo.unwrap_or_default(),
+            hi,
+            forward,
+            cursor,
+            buf: VecDeque::new(),
+        }
+    }
+
+    fn refill(&mut self) -> Result<()> {
+        let tree = &self.engine.inner.tree;
+        while self.buf.is_empty() {
+            let Some(cur) = self.cursor.take() else {
+                return Ok(());
+            };
+            let buf = &mut self.buf;
+            let mut push = |k: &[u8], v: &[u8]| {
+                buf.push_back((k.to_vec(), v.to_vec()));
+                true
+            };
+            if self.forward {
+                let start = cur.expect("forward cursor");
+                let chunk = tree.chunk(Target::AtOrAfter(&start))?;
+                chunk.walk(&start, self.hi.as_deref(), true, &mut push);
+                self.cursor = match &chunk.hi {
+                    Some(h) if self.hi.as_ref().is_none_or(|e| h < e) => Some(Some(h.clone())),
+                    _ => None,
+                };
+            } else {
+                let chunk = tree.chunk(Target::Before(cur.as_deref()))?;
+                chunk.walk(&self.lo, cur.as_deref(), false, &mut push);
+                self.cursor = if !chunk.lo.is_empty() && chunk.lo > self.lo {
+                    Some(Some(chunk.lo.clone()))
+                } else {
+                    None
+                };
+            }
+            tree.make_room()?;
+        }
+        Ok(())
+    }
+}
+
+impl Iterator for RangeIter<'_> {
+    type Item = Result<(Vec<u8>, Vec<u8>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.buf.is_empty() {
+            if let Err(e) = self.refill() {
+                self.cursor = None;
+                return Some(Err(e));
+            }
+        }
+        self.buf.pop_front().map(Ok)
+    }
+}

@@ -1,0 +1,159 @@
+//! The engine's typed errors.
+
+use std::io;
+
+/// Everything that can go wrong in the engine. Each variant says what is wrong in words a user can
+/// act on; none of them is ever replaced by a panic or by silently wrong data.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The device failed an I/O request.
+    #[error("I/O error during {context}: {source}")]
+    Io {
+        /// What the engine was doing.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// The image is already open in another process.
+    #[error("the image is in use by another process: {0}")]
+    InUse(String),
+    /// A key longer than the configured maximum.
+    #[error("key of {len} bytes is longer than the maximum of {max} bytes")]
+    KeyTooLong {
+        /// Length of the rejected key.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// A value (or an upsert's result) longer than the configured maximum.
+    #[error("value of {len} bytes is longer than the maximum of {max} bytes")]
+    ValueTooLarge {
+        /// Length of the rejected value.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// A range whose low bound is above its high bound, or another malformed argument.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The device does not hold an Amaranth image.
+    #[error("not an Amaranth image ({0})")]
+    BadMagic(String),
+    /// The image was written by an incompatible format version.
+    #[error("unsupported format version {found} (this build reads version {supported})")]
+    UnsupportedVersion {
+        /// Version found on disk.
+        found: u32,
+        /// Version this build supports.
+        supported: u32,
+    },
+    /// A structure failed its checksum.
+    #[error("checksum mismatch in {what} at byte {offset}")]
+    Checksum {
+        /// Which structure.
+        what: String,
+        /// Byte offset on the device.
+        offset: u64,
+    },
+    /// A structure is internally inconsistent (checksummed correctly but impossible).
+    #[error("corrupt image: {0}")]
+    Corrupt(String),
+    /// The device is smaller than the image needs.
+    #[error("device too small: {0}")]
+    TooSmall(String),
+    /// No free space left on the device.
+    #[error("no space left on the device ({0})")]
+    NoSpace(String),
+    /// A configuration value out of range.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// An earlier device failure made the engine refuse further writes to protect the image.
+    #[error("the engine is read-only after an earlier failure: {0}")]
+    ReadOnly(String),
+    /// The engine is closed.
+    #[error("the engine is closed")]
+    Closed,
+}
+
+/// Result type of the engine.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Wraps a device error with what the engine was doing.
+    pub fn io(context: impl Into<String>, source: io::Error) -> Error {
+        if source.kind() == io::ErrorKind::ResourceBusy {
+            return Error::InUse(source.to_string());
+        }
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// The closest `errno` for a file system to return.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::InUse(_) => libc::EBUSY,
+            Error::KeyTooLong { .. } => libc::ENAMETOOLONG,
+            Error::ValueTooLarge { .. } => libc::EFBIG,
+            Error::InvalidArgument(_) | Error::InvalidConfig(_) => libc::EINVAL,
+            Error::NoSpace(_) => libc::ENOSPC,
+            Error::ReadOnly(_) => libc::EROFS,
+            Error::Closed => libc::ESHUTDOWN,
+            Error::BadMagic(_)
+            | Error::UnsupportedVersion { .. }
+            | Error::Checksum { .. }
+            | Error::Corrupt(_)
+            | Error::TooSmall(_) => libc::EIO,
+        }
+    }
+
+    /// Whether this error means the image itself is damaged (as opposed to a transient or usage error).
+    pub fn is_corruption(&self) -> bool {
+        matches!(
+            self,
+            Error::Checksum { .. } | Error::Corrupt(_) | Error::BadMagic(_)
+        )
+    }
+}
+
+impl Clone for Error {
+    fn clone(&self) -> Error {
+        match self {
+            Error::Io { context, source } => Error::Io {
+                context: context.clone(),
+                source: match source.raw_os_error() {
+                    Some(code) => io::Error::from_raw_os_error(code),
+                    None => io::Error::new(source.kind(), source.to_string()),
+                },
+            },
+            Error::InUse(s) => Error::InUse(s.clone()),
+            Error::KeyTooLong { len, max } => Error::KeyTooLong {
+                len: *len,
+                max: *max,
+            },
+            Error::ValueTooLarge { len, max } => Error::ValueTooLarge {
+                len: *len,
+                max: *max,
+            },
+            Error::InvalidArgument(s) => Error::InvalidArgument(s.clone()),
+            Error::BadMagic(s) => Error::BadMagic(s.clone()),
+            Error::UnsupportedVersion { found, supported } => Error::UnsupportedVersion {
+                found: *found,
+                supported: *supported,
+            },
+            Error::Checksum { what, offset } => Error::Checksum {
+                what: what.clone(),
+                offset: *offset,
+            },
+            Error::Corrupt(s) => Error::Corrupt(s.clone()),
+            Error::TooSmall(s) => Error::TooSmall(s.clone()),
+            Error::NoSpace(s) => Error::NoSpace(s.clone()),
+            Error::InvalidConfig(s) => Error::InvalidConfig(s.clone()),
+            Error::ReadOnly(s) => Error::ReadOnly(s.clone()),
+            Error::Closed => Error::Closed,
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! Amaranth's storage engine: a write-optimized Bε-tree key-value store.
+//!
+//! Keys and values are byte strings; keys sort in `memcmp` order. Writes are *messages* (put,
+//! delete, upsert, range delete) injected at the root and moved down in batches when a node's
+//! buffers overflow (the heaviest child's buffer is flushed first), so a small write costs a small
+//! fraction of a node write. Queries apply pending messages on the way down without flushing.
+//!
+//! Durability comes from a redo log in the image (group commit; [`Engine::sync`] waits for it) and
+//! from copy-on-write checkpoints: nodes are never written over blocks the last checkpoint
+//! references, and a superblock switch makes a checkpoint current. After a crash, [`Engine::open`]
+//! replays the longest valid prefix of the log, so the state is always that of a prefix of the
+//! operations, and includes every operation acknowledged before a completed `sync`.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use amaranth_device::MemDevice;
+//! use amaranth_engine::{Engine, Format, Options, Patch};
+//!
+//! let dev = Arc::new(MemDevice::new(128 << 20));
+//! let opts = Options { cache_size: 32 << 20, background_threads: false, ..Options::default() };
+//! let engine = Engine::create(dev.clone(), Format::default(), opts.clone()).unwrap();
+//! engine.put(b"a", b"hello").unwrap();
+//! engine.upsert(b"a", Patch::Write { offset: 5, data: b" world".to_vec() }).unwrap();
+//! assert_eq!(engine.get(b"a").unwrap().as_deref(), Some(&b"hello world"[..]));
+//! engine.close().unwrap();
+//! let engine = Engine::open(dev, opts).unwrap();
+//! assert_eq!(engine.get(b"a").unwrap().as_deref(), Some(&b"hello world"[..]));
+//! ```
+
+mod cache;
+mod codec;
+mod compress;
+mod config;
+mod engine;
+mod error;
+mod msg;
+mod node;
+mod ops;
+mod partition;
+mod read;
+mod store;
+mod superblock;
+mod tree;
+mod verify;
+mod wal;
+mod writeback;
+
+pub use config::{Compression, Format, Options};
+pub use engine::{Engine, RangeIter, Stats};
+pub use error::{Error, Result};
+pub use msg::Patch;
+pub use ops::{prefix_end, Batch, Op};
+pub use superblock::{Superblock, FORMAT_VERSION};
+pub use verify::Report;
+pub use wal::{LogStats, Lsn};

@@ -1,0 +1,669 @@
+//! Messages, upsert patches and the per-child message buffers of internal nodes.
+//!
+//! A buffer receives messages in increasing MSN order (from the root, or from its parent's buffer in
+//! a flush, whose messages are all newer than anything below). That lets it keep, per key, one
+//! folded state ([`KeyMsgs`]) and a set of non-overlapping range deletes, with one rule: a range
+//! delete in a buffer is older than every point message on the keys it covers (a new range delete
+//! annihilates the older messages it covers, and trims older range deletes).
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use crate::codec::{Dec, Enc};
+use crate::error::Result;
+
+/// Message sequence number: a total order over every message ever applied.
+pub type Msn = u64;
+
+/// A byte-range patch applied to a value without reading it first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Patch {
+    /// Write `data` at `offset`, zero-filling any gap after the old end; the value grows as needed.
+    Write {
+        /// Byte offset in the value.
+        offset: u32,
+        /// Bytes to write.
+        data: Vec<u8>,
+    },
+    /// Cut the value to at most `len` bytes (a missing value stays missing, a shorter one unchanged).
+    Truncate {
+        /// New maximum length.
+        len: u32,
+    },
+}
+
+impl Patch {
+    /// Applies the patch to an optional old value.
+    pub fn apply(&self, old: Option<Vec<u8>>) -> Option<Vec<u8>> {
+        match self {
+            Patch::Write { offset, data } => {
+                let mut v = old.unwrap_or_default();
+                let off = *offset as usize;
+                let end = off + data.len();
+                if v.len() < end {
+                    v.resize(end, 0);
+                }
+                v[off..end].copy_from_slice(data);
+                Some(v)
+            }
+            Patch::Truncate { len } => old.map(|mut v| {
+                v.truncate(*len as usize);
+                v
+            }),
+        }
+    }
+
+    /// Length of the value after the patch, at most (for size checks).
+    pub fn result_len_bound(&self) -> usize {
+        match self {
+            Patch::Write { offset, data } => *offset as usize + data.len(),
+            Patch::Truncate { len } => *len as usize,
+        }
+    }
+
+    /// Bytes this patch costs in a buffer.
+    pub fn size(&self) -> usize {
+        match self {
+            Patch::Write { data, .. } => 9 + data.len(),
+            Patch::Truncate { .. } => 5,
+        }
+    }
+
+    /// Tries to fold `next` (applied after `self`) into `self`; returns false if they must stay apart.
+    fn absorb(&mut self, next: &Patch) -> bool {
+        match (self, next) {
+            (
+                Patch::Write {
+                    offset: o1,
+                    data: d1,
+                },
+                Patch::Write {
+                    offset: o2,
+                    data: d2,
+                },
+            ) => {
+                let (s1, e1) = (*o1 as usize, *o1 as usize + d1.len());
+                let (s2, e2) = (*o2 as usize, *o2 as usize + d2.len());
+                if s2 > e1 || e2 < s1 {
+                    return false;
+                }
+                let start = s1.min(s2);
+                let end = e1.max(e2);
+                let mut merged = vec![0u8; end - start];
+                merged[s1 - start..e1 - start].copy_from_slice(d1);
+                merged[s2 - start..e2 - start].copy_from_slice(d2);
+                *o1 = start as u32;
+                *d1 = merged;
+                true
+            }
+            (Patch::Truncate { len: l1 }, Patch::Truncate { len: l2 }) => {
+                *l1 = (*l1).min(*l2);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub(crate) fn encode(&self, e: &mut Enc) {
+        match self {
+            Patch::Write { offset, data } => {
+                e.u8(0);
+                e.u32(*offset);
+                e.bytes(data);
+            }
+            Patch::Truncate { len } => {
+                e.u8(1);
+                e.u32(*len);
+            }
+        }
+    }
+
+    pub(crate) fn decode(d: &mut Dec<'_>, max_value: usize) -> Result<Patch> {
+        match d.u8()? {
+            0 => {
+                let offset = d.u32()?;
+                let data = d.bytes(max_value)?.to_vec();
+                if offset as usize + data.len() > max_value {
+                    return Err(d.corrupt("upsert beyond the maximum value length"));
+                }
+                Ok(Patch::Write { offset, data })
+            }
+            1 => Ok(Patch::Truncate { len: d.u32()? }),
+            t => Err(d.corrupt(format!("unknown patch type {t}"))),
+        }
+    }
+}
+
+/// What a point message does to one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PointOp {
+    /// Set the value.
+    Put(Vec<u8>),
+    /// Remove the key.
+    Delete,
+    /// Patch the value in place.
+    Upsert(Patch),
+}
+
+/// The folded pending messages of one key inside one buffer, oldest first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyMsgs {
+    /// The key is set to this value (possibly after folding later upserts in).
+    Put {
+        /// Newest MSN folded in.
+        msn: Msn,
+        /// The value.
+        value: Vec<u8>,
+    },
+    /// The key is deleted.
+    Delete {
+        /// Newest MSN folded in.
+        msn: Msn,
+    },
+    /// Patches to apply, in order, to whatever lies below.
+    Upserts(Vec<(Msn, Patch)>),
+}
+
+impl KeyMsgs {
+    fn from_op(msn: Msn, op: PointOp) -> KeyMsgs {
+        match op {
+            PointOp::Put(value) => KeyMsgs::Put { msn, value },
+            PointOp::Delete => KeyMsgs::Delete { msn },
+            PointOp::Upsert(p) => KeyMsgs::Upserts(vec![(msn, p)]),
+        }
+    }
+
+    /// Adds a newer message, folding where the result is the same.
+    fn push(&mut self, msn: Msn, op: PointOp) {
+        debug_assert!(msn > self.max_msn(), "messages must arrive in MSN order");
+        match op {
+            PointOp::Put(_) | PointOp::Delete => *self = KeyMsgs::from_op(msn, op),
+            PointOp::Upsert(p) => match self {
+                KeyMsgs::Put { msn: m, value } => {
+                    let v = std::mem::take(value);
+                    *value = p
+                        .apply(Some(v))
+                        .expect("a write or truncate of a present value is present");
+                    *m = msn;
+                }
+                KeyMsgs::Delete { msn: m } => match p.apply(None) {
+                    Some(value) => *self = KeyMsgs::Put { msn, value },
+                    None => *m = msn,
+                },
+                KeyMsgs::Upserts(list) => {
+                    let last = list.last_mut().expect("upsert list is never empty");
+                    if last.1.absorb(&p) {
+                        last.0 = msn;
+                    } else {
+                        list.push((msn, p));
+                    }
+                }
+            },
+        }
+    }
+
+    /// Appends `newer` (all of whose messages are newer than ours).
+    fn push_all(&mut self, newer: KeyMsgs) {
+        match newer {
+            KeyMsgs::Put { .. } | KeyMsgs::Delete { .. } => *self = newer,
+            KeyMsgs::Upserts(list) => {
+                for (m, p) in list {
+                    self.push(m, PointOp::Upsert(p));
+                }
+            }
+        }
+    }
+
+    /// Applies these messages on top of `base`.
+    pub fn apply(&self, base: Option<Vec<u8>>) -> Option<Vec<u8>> {
+        match self {
+            KeyMsgs::Put { value, .. } => Some(value.clone()),
+            KeyMsgs::Delete { .. } => None,
+            KeyMsgs::Upserts(list) => list.iter().fold(base, |v, (_, p)| p.apply(v)),
+        }
+    }
+
+    /// The newest MSN in the set.
+    pub fn max_msn(&self) -> Msn {
+        match self {
+            KeyMsgs::Put { msn, .. } | KeyMsgs::Delete { msn } => *msn,
+            KeyMsgs::Upserts(list) => list.last().map_or(0, |(m, _)| *m),
+        }
+    }
+
+    /// The oldest MSN in the set.
+    pub fn min_msn(&self) -> Msn {
+        match self {
+            KeyMsgs::Put { msn, .. } | KeyMsgs::Delete { msn } => *msn,
+            KeyMsgs::Upserts(list) => list.first().map_or(0, |(m, _)| *m),
+        }
+    }
+
+    /// Serialized size in bytes (without the key).
+    pub fn size(&self) -> usize {
+        match self {
+            KeyMsgs::Put { value, .. } => 13 + value.len(),
+            KeyMsgs::Delete { .. } => 9,
+            KeyMsgs::Upserts(list) => 5 + list.iter().map(|(_, p)| 8 + p.size()).sum::<usize>(),
+        }
+    }
+
+    fn encode(&self, e: &mut Enc) {
+        match self {
+            KeyMsgs::Put { msn, value } => {
+                e.u8(1);
+                e.u64(*msn);
+                e.bytes(value);
+            }
+            KeyMsgs::Delete { msn } => {
+                e.u8(2);
+                e.u64(*msn);
+            }
+            KeyMsgs::Upserts(list) => {
+                e.u8(3);
+                e.u32(list.len() as u32);
+                for (m, p) in list {
+                    e.u64(*m);
+                    p.encode(e);
+                }
+            }
+        }
+    }
+
+    fn decode(d: &mut Dec<'_>, max_value: usize) -> Result<KeyMsgs> {
+        match d.u8()? {
+            1 => {
+                let msn = d.u64()?;
+                Ok(KeyMsgs::Put {
+                    msn,
+                    value: d.bytes(max_value)?.to_vec(),
+                })
+            }
+            2 => Ok(KeyMsgs::Delete { msn: d.u64()? }),
+            3 => {
+                let n = d.u32()? as usize;
+                if n == 0 || n > d.remaining() {
+                    return Err(d.corrupt(format!("bad upsert count {n}")));
+                }
+                let mut list = Vec::with_capacity(n);
+                let mut last = 0;
+                for _ in 0..n {
+                    let m = d.u64()?;
+                    if m <= last {
+                        return Err(d.corrupt("upserts out of MSN order"));
+                    }
+                    last = m;
+                    list.push((m, Patch::decode(d, max_value)?));
+                }
+                Ok(KeyMsgs::Upserts(list))
+            }
+            // Codes 4.. are reserved (GOTO messages for range-clone).
+            t => Err(d.corrupt(format!("unknown message type {t}"))),
+        }
+    }
+}
+
+/// A pending deletion of every key in `[lo, hi)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeDel {
+    /// Sequence number.
+    pub msn: Msn,
+    /// Inclusive low bound.
+    pub lo: Vec<u8>,
+    /// Exclusive high bound.
+    pub hi: Vec<u8>,
+}
+
+impl RangeDel {
+    /// Whether `key` lies in the range.
+    pub fn covers(&self, key: &[u8]) -> bool {
+        self.lo.as_slice() <= key && key < self.hi.as_slice()
+    }
+    fn size(&self) -> usize {
+        16 + self.lo.len() + self.hi.len()
+    }
+}
+
+/// Per-entry bookkeeping overhead counted in memory estimates (map node, vector headers).
+const ENTRY_OVERHEAD: usize = 96;
+
+/// The messages an internal node holds for one child.
+#[derive(Clone, Debug, Default)]
+pub struct Buffer {
+    points: BTreeMap<Vec<u8>, KeyMsgs>,
+    /// Non-overlapping, sorted by `lo`.
+    ranges: Vec<RangeDel>,
+    bytes: usize,
+    max_msn: Msn,
+}
+
+impl Buffer {
+    /// An empty buffer.
+    pub fn new() -> Buffer {
+        Buffer::default()
+    }
+
+    /// Serialized size of the messages held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Estimated memory footprint.
+    pub fn mem(&self) -> usize {
+        self.bytes + (self.points.len() + self.ranges.len()) * ENTRY_OVERHEAD
+    }
+
+    /// Whether the buffer holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty() && self.ranges.is_empty()
+    }
+
+    /// Newest MSN ever added.
+    pub fn max_msn(&self) -> Msn {
+        self.max_msn
+    }
+
+    /// Number of keys with point messages, and number of range deletes.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.points.len(), self.ranges.len())
+    }
+
+    /// Adds a point message (newer than everything held).
+    pub fn add_point(&mut self, key: &[u8], msn: Msn, op: PointOp) {
+        assert!(
+            msn > self.max_msn,
+            "buffer messages out of order: {msn} after {}",
+            self.max_msn
+        );
+        self.max_msn = msn;
+        match self.points.get_mut(key) {
+            Some(km) => {
+                self.bytes -= km.size();
+                km.push(msn, op);
+                self.bytes += km.size();
+            }
+            None => {
+                let km = KeyMsgs::from_op(msn, op);
+                self.bytes += key.len() + 4 + km.size();
+                self.points.insert(key.to_vec(), km);
+            }
+        }
+    }
+
+    /// Adds folded messages for a key (all newer than what the buffer holds for it).
+    pub fn add_key_msgs(&mut self, key: Vec<u8>, km: KeyMsgs) {
+        let max = km.max_msn();
+        assert!(km.min_msn() > 0 && max >= km.min_msn(), "bad message MSNs");
+        match self.points.get_mut(&key) {
+            Some(old) => {
+                assert!(km.min_msn() > old.max_msn(), "key messages out of order");
+                self.bytes -= old.size();
+                old.push_all(km);
+                self.bytes += old.size();
+            }
+            None => {
+                self.bytes += key.len() + 4 + km.size();
+                self.points.insert(key, km);
+            }
+        }
+        self.max_msn = self.max_msn.max(max);
+    }
+
+    /// Adds a range delete of `[lo, hi)` (newer than everything held): removes the older point
+    /// messages it covers and trims older range deletes.
+    pub fn add_range(&mut self, msn: Msn, lo: &[u8], hi: &[u8]) {
+        // Equal numbers happen: a range trimmed by a newer one leaves two pieces of one message.
+        assert!(
+            msn >= self.max_msn,
+            "buffer messages out of order: {msn} after {}",
+            self.max_msn
+        );
+        assert!(lo < hi, "empty range delete");
+        self.max_msn = msn;
+        // Annihilate covered point messages.
+        let covered: Vec<Vec<u8>> = self
+            .points
+            .range::<[u8], _>((Bound::Included(lo), Bound::Excluded(hi)))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in covered {
+            let km = self.points.remove(&k).expect("key just seen");
+            self.bytes -= k.len() + 4 + km.size();
+        }
+        // Trim overlapping older ranges.
+        let mut kept = Vec::with_capacity(self.ranges.len() + 2);
+        for r in self.ranges.drain(..) {
+            if r.hi.as_slice() <= lo || r.lo.as_slice() >= hi {
+                kept.push(r);
+                continue;
+            }
+            self.bytes -= r.size();
+            if r.lo.as_slice() < lo {
+                let left = RangeDel {
+                    msn: r.msn,
+                    lo: r.lo.clone(),
+                    hi: lo.to_vec(),
+                };
+                self.bytes += left.size();
+                kept.push(left);
+            }
+            if r.hi.as_slice() > hi {
+                let right = RangeDel {
+                    msn: r.msn,
+                    lo: hi.to_vec(),
+                    hi: r.hi,
+                };
+                self.bytes += right.size();
+                kept.push(right);
+            }
+        }
+        let new = RangeDel {
+            msn,
+            lo: lo.to_vec(),
+            hi: hi.to_vec(),
+        };
+        self.bytes += new.size();
+        kept.push(new);
+        kept.sort_by(|a, b| a.lo.cmp(&b.lo));
+        self.ranges = kept;
+        self.check_ranges();
+    }
+
+    fn check_ranges(&self) {
+        if cfg!(debug_assertions) {
+            for w in self.ranges.windows(2) {
+                assert!(w[0].hi <= w[1].lo, "range deletes overlap in a buffer");
+            }
+        }
+    }
+
+    /// The range delete covering `key`, if any.
+    pub fn range_covering(&self, key: &[u8]) -> Option<&RangeDel> {
+        let i = self.ranges.partition_point(|r| r.lo.as_slice() <= key);
+        if i == 0 {
+            return None;
+        }
+        let r = &self.ranges[i - 1];
+        r.covers(key).then_some(r)
+    }
+
+    /// The folded point messages for `key`, if any.
+    pub fn point(&self, key: &[u8]) -> Option<&KeyMsgs> {
+        self.points.get(key)
+    }
+
+    /// Point messages with keys in `[lo, hi)` (`hi = None`: unbounded), in key order.
+    pub fn points_in<'a>(
+        &'a self,
+        lo: &'a [u8],
+        hi: Option<&'a [u8]>,
+    ) -> impl Iterator<Item = (&'a Vec<u8>, &'a KeyMsgs)> + 'a {
+        let upper = match hi {
+            Some(h) => Bound::Excluded(h),
+            None => Bound::Unbounded,
+        };
+        self.points.range::<[u8], _>((Bound::Included(lo), upper))
+    }
+
+    /// Range deletes intersecting `[lo, hi)`, clipped to it.
+    pub fn ranges_in(&self, lo: &[u8], hi: Option<&[u8]>) -> Vec<RangeDel> {
+        self.ranges
+            .iter()
+            .filter(|r| r.hi.as_slice() > lo && hi.is_none_or(|h| r.lo.as_slice() < h))
+            .map(|r| RangeDel {
+                msn: r.msn,
+                lo: r.lo.clone().max(lo.to_vec()),
+                hi: match hi {
+                    Some(h) if r.hi.as_slice() > h => h.to_vec(),
+                    _ => r.hi.clone(),
+                },
+            })
+            .collect()
+    }
+
+    /// Takes every message out, leaving the buffer empty (its max MSN is kept).
+    pub fn take(&mut self) -> Buffer {
+        let max = self.max_msn;
+        let out = std::mem::take(self);
+        self.max_msn = max;
+        out
+    }
+
+    /// Consumes the buffer into (range deletes, point messages), both sorted by key.
+    pub fn into_parts(self) -> (Vec<RangeDel>, Vec<(Vec<u8>, KeyMsgs)>) {
+        (self.ranges, self.points.into_iter().collect())
+    }
+
+    /// Serializes the buffer.
+    pub fn encode(&self, e: &mut Enc) {
+        e.u64(self.max_msn);
+        e.u32(self.ranges.len() as u32);
+        for r in &self.ranges {
+            e.u64(r.msn);
+            e.bytes(&r.lo);
+            e.bytes(&r.hi);
+        }
+        e.u32(self.points.len() as u32);
+        for (k, km) in &self.points {
+            e.bytes(k);
+            km.encode(e);
+        }
+    }
+
+    /// Parses a serialized buffer, checking order and bounds.
+    pub fn decode(d: &mut Dec<'_>, max_key: usize, max_value: usize) -> Result<Buffer> {
+        let mut b = Buffer {
+            max_msn: d.u64()?,
+            ..Buffer::default()
+        };
+        let nr = d.u32()? as usize;
+        if nr > d.remaining() {
+            return Err(d.corrupt(format!("bad range count {nr}")));
+        }
+        for _ in 0..nr {
+            let msn = d.u64()?;
+            let lo = d.bytes(max_key)?.to_vec();
+            let hi = d.bytes(max_key)?.to_vec();
+            if lo >= hi || msn > b.max_msn {
+                return Err(d.corrupt("bad range delete"));
+            }
+            if let Some(prev) = b.ranges.last() {
+                if prev.hi > lo {
+                    return Err(d.corrupt("range deletes overlap"));
+                }
+            }
+            let r = RangeDel { msn, lo, hi };
+            b.bytes += r.size();
+            b.ranges.push(r);
+        }
+        let np = d.u32()? as usize;
+        if np > d.remaining() {
+            return Err(d.corrupt(format!("bad message count {np}")));
+        }
+        let mut last: Option<Vec<u8>> = None;
+        for _ in 0..np {
+            let k = d.bytes(max_key)?.to_vec();
+            if last.as_ref().is_some_and(|l| *l >= k) {
+                return Err(d.corrupt("buffer keys out of order"));
+            }
+            let km = KeyMsgs::decode(d, max_value)?;
+            if km.max_msn() > b.max_msn {
+                return Err(d.corrupt("message newer than its buffer"));
+            }
+            b.bytes += k.len() + 4 + km.size();
+            last = Some(k.clone());
+            b.points.insert(k, km);
+        }
+        Ok(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(offset: u32, data: &[u8]) -> Patch {
+        Patch::Write {
+            offset,
+            data: data.to_vec(),
+        }
+    }
+
+    #[test]
+    fn patch_semantics() {
+        assert_eq!(w(2, b"ab").apply(None), Some(b"\0\0ab".to_vec()));
+        assert_eq!(
+            w(1, b"Z").apply(Some(b"xyz".to_vec())),
+            Some(b"xZz".to_vec())
+        );
+        assert_eq!(
+            Patch::Truncate { len: 1 }.apply(Some(b"xyz".to_vec())),
+            Some(b"x".to_vec())
+        );
+        assert_eq!(Patch::Truncate { len: 1 }.apply(None), None);
+        assert_eq!(
+            Patch::Truncate { len: 9 }.apply(Some(b"xyz".to_vec())),
+            Some(b"xyz".to_vec())
+        );
+    }
+
+    #[test]
+    fn folding_matches_sequential_application() {
+        let base = Some(b"0123456789".to_vec());
+        let ops = [
+            w(0, b"ab"),
+            w(2, b"cd"),
+            w(8, b"XYZW"),
+            Patch::Truncate { len: 5 },
+            w(1, b"q"),
+        ];
+        let mut expect = base.clone();
+        for p in &ops {
+            expect = p.apply(expect);
+        }
+        let mut b = Buffer::new();
+        for (i, p) in ops.iter().enumerate() {
+            b.add_point(b"k", i as u64 + 1, PointOp::Upsert(p.clone()));
+        }
+        assert_eq!(b.point(b"k").unwrap().apply(base), expect);
+    }
+
+    #[test]
+    fn range_delete_annihilates_and_trims() {
+        let mut b = Buffer::new();
+        b.add_point(b"a", 1, PointOp::Put(b"1".to_vec()));
+        b.add_point(b"c", 2, PointOp::Put(b"2".to_vec()));
+        b.add_range(3, b"a", b"d");
+        b.add_range(4, b"b", b"z");
+        assert!(b.point(b"a").is_none());
+        assert_eq!(b.range_covering(b"a").unwrap().msn, 3);
+        assert_eq!(b.range_covering(b"c").unwrap().msn, 4);
+        assert!(b.range_covering(b"z").is_none());
+        b.add_point(b"c", 5, PointOp::Put(b"3".to_vec()));
+        let mut e = Enc::default();
+        b.encode(&mut e);
+        let back = Buffer::decode(&mut Dec::new(&e.buf, "buf"), 100, 100).unwrap();
+        assert_eq!(back.bytes(), b.bytes());
+        assert_eq!(back.point(b"c"), b.point(b"c"));
+    }
+}

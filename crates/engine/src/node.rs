@@ -1,0 +1,1198 @@
+//! Tree nodes in memory and on disk.
+//!
+//! An internal node holds pivots, child ids and one message [`Buffer`] per child. A leaf holds
+//! pivots and partitions ([`Partition`]) that can be loaded one at a time: the leaf "skeleton"
+//! (header, pivots, partition locations) is small and stays cached while partitions come and go.
+//!
+//! On-disk image (see docs/FORMAT.md): a 64-byte header, an index (pivots, child ids, sub-block
+//! descriptors), then one 4 KiB-aligned sub-block per child: the partition payload of a leaf or the
+//! encoded buffer of an internal node. The header and index share one crc32c; each sub-block has
+//! its own, so a partition can be read and verified alone.
+
+use std::sync::Arc;
+
+use amaranth_device::{round_up, AlignedBuf, BLOCK_SIZE};
+use parking_lot::Mutex;
+
+use crate::codec::{crc, crc_with_hole, Dec, Enc};
+use crate::compress;
+use crate::config::{Compression, Format};
+use crate::error::{Error, Result};
+use crate::msg::{Buffer, KeyMsgs, Msn, RangeDel};
+use crate::partition::{Partition, PartitionBuilder};
+
+/// Identifies a node; the block translation table maps it to its current extent.
+pub type NodeId = u64;
+
+/// The root keeps this id for the life of the tree (splits move its contents into new children).
+pub const ROOT_ID: NodeId = 1;
+
+/// Magic number at the start of every node image.
+pub const NODE_MAGIC: [u8; 4] = *b"AMND";
+/// Version of the node image layout.
+pub const NODE_VERSION: u16 = 1;
+/// Size of the fixed node header.
+pub const HEADER_LEN: usize = 64;
+const HEADER_CRC_AT: usize = 60;
+const KIND_LEAF: u8 = 0;
+const KIND_INTERNAL: u8 = 1;
+
+/// Where a sub-block lives inside its node's image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SubLoc {
+    /// Byte offset from the start of the node image (4 KiB-aligned).
+    pub offset: u32,
+    /// Stored (possibly compressed) length.
+    pub stored_len: u32,
+    /// Length after decompression.
+    pub raw_len: u32,
+    /// crc32c of the stored bytes.
+    pub crc: u32,
+    /// Compression code.
+    pub codec: u8,
+    /// Number of entries (leaf) or messages (internal).
+    pub count: u32,
+}
+
+impl SubLoc {
+    /// The aligned byte range to read for this sub-block, relative to the node image.
+    pub fn aligned_range(&self) -> (u64, usize) {
+        (self.offset as u64, round_up(self.stored_len as usize))
+    }
+}
+
+/// Residency and disk location of one leaf partition.
+#[derive(Debug, Default)]
+pub struct PartState {
+    /// The entries, when in memory.
+    pub data: Option<Arc<Partition>>,
+    /// Where the partition lies in the node's current image (`None`: only in memory).
+    pub loc: Option<SubLoc>,
+}
+
+/// One partition of a leaf.
+#[derive(Debug)]
+pub struct PartSlot {
+    /// Residency and location, changed under the leaf's read latch (partition loads).
+    pub state: Mutex<PartState>,
+    /// Encoded size of the entries (known even when not resident).
+    pub bytes: usize,
+    /// Number of entries.
+    pub entries: usize,
+}
+
+impl PartSlot {
+    /// A resident partition not yet written anywhere.
+    pub fn resident(p: Partition) -> PartSlot {
+        PartSlot {
+            bytes: p.bytes(),
+            entries: p.len(),
+            state: Mutex::new(PartState {
+                data: Some(Arc::new(p)),
+                loc: None,
+            }),
+        }
+    }
+
+    /// The partition if resident.
+    pub fn data(&self) -> Option<Arc<Partition>> {
+        self.state.lock().data.clone()
+    }
+}
+
+/// A leaf: partitions of sorted entries.
+#[derive(Debug)]
+pub struct Leaf {
+    /// `pivots[i]` is the lowest key of partition `i + 1`.
+    pub pivots: Vec<Vec<u8>>,
+    /// The partitions.
+    pub parts: Vec<PartSlot>,
+}
+
+/// An internal node: pivots, children and their buffers.
+#[derive(Debug)]
+pub struct Internal {
+    /// `pivots[i]` is the lowest key of child `i + 1`.
+    pub pivots: Vec<Vec<u8>>,
+    /// Child node ids.
+    pub children: Vec<NodeId>,
+    /// Pending messages for each child.
+    pub buffers: Vec<Buffer>,
+}
+
+/// A node's contents.
+#[derive(Debug)]
+pub enum Body {
+    /// Height 0.
+    Leaf(Leaf),
+    /// Height >= 1.
+    Internal(Internal),
+}
+
+/// A node.
+#[derive(Debug)]
+pub struct Node {
+    /// 0 for leaves.
+    pub height: u32,
+    /// Every message with a lower or equal MSN for this node's key range has been delivered into it.
+    pub max_msn: Msn,
+    /// Contents.
+    pub body: Body,
+}
+
+/// Index of the child (or partition) whose range holds `key`, given `pivots`.
+pub fn child_index(pivots: &[Vec<u8>], key: &[u8]) -> usize {
+    pivots.partition_point(|p| p.as_slice() <= key)
+}
+
+/// The shortest key `s` with `left < s <= right` (a compact pivot between two runs).
+pub fn separator(left: &[u8], right: &[u8]) -> Vec<u8> {
+    debug_assert!(left < right);
+    let common = left.iter().zip(right).take_while(|(a, b)| a == b).count();
+    right[..(common + 1).min(right.len())].to_vec()
+}
+
+fn pivot_bytes(pivots: &[Vec<u8>]) -> usize {
+    pivots.iter().map(|p| p.len() + 2).sum()
+}
+
+impl Leaf {
+    /// An empty leaf with one empty partition.
+    pub fn empty() -> Leaf {
+        Leaf {
+            pivots: Vec::new(),
+            parts: vec![PartSlot::resident(Partition::empty())],
+        }
+    }
+
+    /// Encoded size of all entries and pivots.
+    pub fn bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.bytes).sum::<usize>() + pivot_bytes(&self.pivots)
+    }
+
+    /// Number of entries.
+    #[cfg(test)]
+    pub fn entries(&self) -> usize {
+        self.parts.iter().map(|p| p.entries).sum()
+    }
+
+    /// Whether every partition is in memory.
+    pub fn fully_resident(&self) -> bool {
+        self.parts.iter().all(|p| p.state.lock().data.is_some())
+    }
+
+    /// Estimated memory footprint of what is resident.
+    pub fn mem(&self) -> usize {
+        let parts: usize = self
+            .parts
+            .iter()
+            .map(|p| p.state.lock().data.as_ref().map_or(0, |d| d.mem()) + 96)
+            .sum();
+        parts + pivot_bytes(&self.pivots) + self.pivots.len() * 24 + 128
+    }
+
+    /// All partitions, which must be resident.
+    fn resident_parts(&self) -> Vec<Arc<Partition>> {
+        self.parts
+            .iter()
+            .map(|p| p.data().expect("leaf partition must be resident here"))
+            .collect()
+    }
+
+    /// Applies flushed messages (range deletes first, then point messages, both sorted by key and all
+    /// newer than the leaf's contents). Partitions without messages are kept as they are; the others
+    /// are rebuilt and re-cut at `format.partition_size`. Every touched partition must be resident.
+    pub fn apply(&mut self, ranges: &[RangeDel], points: &[(Vec<u8>, KeyMsgs)], format: &Format) {
+        let old_parts = std::mem::take(&mut self.parts);
+        let old_pivots = std::mem::take(&mut self.pivots);
+        let mut out = LeafBuilder::new(format.partition_size);
+        let mut pi = 0usize; // next point message
+        for (i, slot) in old_parts.into_iter().enumerate() {
+            let lo: Option<&[u8]> = if i == 0 {
+                None
+            } else {
+                Some(&old_pivots[i - 1])
+            };
+            let hi: Option<&[u8]> = old_pivots.get(i).map(|v| v.as_slice());
+            let p_start = pi;
+            while pi < points.len() && hi.is_none_or(|h| points[pi].0.as_slice() < h) {
+                pi += 1;
+            }
+            let my_points = &points[p_start..pi];
+            let my_ranges: Vec<&RangeDel> = ranges
+                .iter()
+                .filter(|r| {
+                    hi.is_none_or(|h| r.lo.as_slice() < h) && lo.is_none_or(|l| r.hi.as_slice() > l)
+                })
+                .collect();
+            if my_points.is_empty() && my_ranges.is_empty() {
+                out.keep(lo, slot);
+                continue;
+            }
+            // A partition wholly inside one range delete is dropped without being read.
+            // (Range deletes are older than the point messages beside them, so the base is not needed.)
+            let whole = my_ranges.iter().any(|r| {
+                lo.is_some_and(|l| r.lo.as_slice() <= l) && hi.is_some_and(|h| r.hi.as_slice() >= h)
+            });
+            let base = if whole {
+                None
+            } else {
+                Some(slot.data().expect("touched partition must be resident"))
+            };
+            out.merge(lo, base.as_deref(), &my_ranges, my_points);
+        }
+        debug_assert_eq!(
+            pi,
+            points.len(),
+            "every point message belongs to a partition"
+        );
+        let (pivots, parts) = out.finish();
+        self.pivots = pivots;
+        self.parts = parts;
+    }
+
+    /// Splits into pieces of at most about half a node each (at partition boundaries). Returns the
+    /// pieces after the first, each with its lowest key; `self` keeps the first piece.
+    pub fn split(&mut self, format: &Format) -> Vec<(Vec<u8>, Leaf)> {
+        let target = format.node_size / 2;
+        let mut pieces: Vec<(Vec<u8>, Leaf)> = Vec::new();
+        let parts = std::mem::take(&mut self.parts);
+        let mut pivots = std::mem::take(&mut self.pivots).into_iter();
+        let mut cur = Leaf {
+            pivots: Vec::new(),
+            parts: Vec::new(),
+        };
+        let mut cur_low: Option<Vec<u8>> = None;
+        let mut cur_bytes = 0usize;
+        let mut first: Option<Leaf> = None;
+        for (i, slot) in parts.into_iter().enumerate() {
+            let low = if i == 0 { None } else { pivots.next() };
+            if !cur.parts.is_empty() && cur_bytes + slot.bytes > target {
+                let done = std::mem::replace(
+                    &mut cur,
+                    Leaf {
+                        pivots: Vec::new(),
+                        parts: Vec::new(),
+                    },
+                );
+                match cur_low.take() {
+                    None => first = Some(done),
+                    Some(l) => pieces.push((l, done)),
+                }
+                cur_low = low.clone();
+                cur_bytes = 0;
+            } else if let Some(l) = low {
+                cur.pivots.push(l);
+            }
+            cur_bytes += slot.bytes;
+            cur.parts.push(slot);
+        }
+        match (first.is_none(), cur_low) {
+            (true, _) => first = Some(cur),
+            (false, Some(l)) => pieces.push((l, cur)),
+            (false, None) => unreachable!("a later piece always has a low key"),
+        }
+        *self = first.expect("first piece");
+        pieces
+    }
+
+    /// Appends `right` (whose keys are all `>= pivot`) to this leaf.
+    pub fn absorb(&mut self, pivot: Vec<u8>, right: Leaf) {
+        self.pivots.push(pivot);
+        self.pivots.extend(right.pivots);
+        self.parts.extend(right.parts);
+        self.drop_empty_partitions();
+    }
+
+    /// Removes empty partitions (a leaf keeps one only when it has no entries at all): searches
+    /// assume every partition of a multi-partition leaf holds its pivot range's keys.
+    fn drop_empty_partitions(&mut self) {
+        if self.parts.len() < 2 || self.parts.iter().all(|p| p.entries > 0) {
+            return;
+        }
+        let parts = std::mem::take(&mut self.parts);
+        let pivots = std::mem::take(&mut self.pivots);
+        let mut lows = std::iter::once(None).chain(pivots.into_iter().map(Some));
+        for slot in parts {
+            let low = lows.next().expect("a low key per partition");
+            if slot.entries == 0 {
+                continue;
+            }
+            if !self.parts.is_empty() {
+                self.pivots
+                    .push(low.expect("a non-first partition has a low key"));
+            }
+            self.parts.push(slot);
+        }
+        if self.parts.is_empty() {
+            self.parts.push(PartSlot::resident(Partition::empty()));
+        }
+    }
+}
+
+/// Assembles the partitions of a rebuilt leaf.
+struct LeafBuilder {
+    partition_size: usize,
+    pivots: Vec<Vec<u8>>,
+    parts: Vec<PartSlot>,
+    cur: Option<(Option<Vec<u8>>, PartitionBuilder)>,
+    last_key: Option<Vec<u8>>,
+}
+
+impl LeafBuilder {
+    fn new(partition_size: usize) -> LeafBuilder {
+        LeafBuilder {
+            partition_size,
+            pivots: Vec::new(),
+            parts: Vec::new(),
+            cur: None,
+            last_key: None,
+        }
+    }
+
+    fn seal(&mut self) {
+        if let Some((low, b)) = self.cur.take() {
+            if b.is_empty() {
+                return;
+            }
+            self.push_slot(low, PartSlot::resident(b.finish()));
+        }
+    }
+
+    fn push_slot(&mut self, low: Option<Vec<u8>>, slot: PartSlot) {
+        if !self.parts.is_empty() {
+            // The first partition of a leaf has no pivot; later ones need one.
+            self.pivots
+                .push(low.expect("a non-first partition has a low key"));
+        }
+        self.parts.push(slot);
+    }
+
+    /// Keeps an untouched partition whose range starts at `lo`.
+    fn keep(&mut self, lo: Option<&[u8]>, slot: PartSlot) {
+        self.seal();
+        if slot.entries == 0 {
+            return;
+        }
+        let low = if self.parts.is_empty() {
+            None
+        } else {
+            Some(lo.expect("non-first partition").to_vec())
+        };
+        self.push_slot(low, slot);
+        self.last_key = None;
+    }
+
+    fn push_entry(&mut self, range_lo: Option<&[u8]>, key: &[u8], value: &[u8]) {
+        let size = crate::partition::entry_size(key, value);
+        let full = self
+            .cur
+            .as_ref()
+            .is_some_and(|(_, b)| !b.is_empty() && b.bytes() + size > self.partition_size);
+        if full {
+            self.seal();
+        }
+        if self.cur.is_none() {
+            let low = if self.parts.is_empty() {
+                None
+            } else {
+                Some(match (&self.last_key, range_lo) {
+                    // Inside a rebuilt partition: a short separator from the previous entry.
+                    (Some(prev), _) => separator(prev, key),
+                    // First entry of a rebuilt partition: keep the old lower bound.
+                    (None, Some(l)) => l.to_vec(),
+                    (None, None) => key.to_vec(),
+                })
+            };
+            self.cur = Some((low, PartitionBuilder::with_capacity(self.partition_size)));
+        }
+        self.cur
+            .as_mut()
+            .expect("current partition")
+            .1
+            .push(key, value);
+        self.last_key = Some(key.to_vec());
+    }
+
+    /// Merges a partition's base entries with messages and appends the result.
+    fn merge(
+        &mut self,
+        lo: Option<&[u8]>,
+        base: Option<&Partition>,
+        ranges: &[&RangeDel],
+        points: &[(Vec<u8>, KeyMsgs)],
+    ) {
+        self.seal();
+        self.last_key = None;
+        let covered = |k: &[u8]| ranges.iter().any(|r| r.covers(k));
+        let empty = Partition::empty();
+        let base = base.unwrap_or(&empty);
+        let (mut bi, mut pi) = (0usize, 0usize);
+        // The first entry of this range keeps the partition's old lower bound as its pivot.
+        let mut range_lo = lo;
+        while bi < base.len() || pi < points.len() {
+            let take_base =
+                pi >= points.len() || (bi < base.len() && base.key(bi) < points[pi].0.as_slice());
+            if take_base {
+                let k = base.key(bi);
+                if !covered(k) {
+                    self.push_entry(range_lo, k, base.value(bi));
+                    range_lo = None;
+                }
+                bi += 1;
+            } else {
+                let (k, km) = &points[pi];
+                let old = if bi < base.len() && base.key(bi) == k.as_slice() {
+                    bi += 1;
+                    if covered(k) {
+                        None
+                    } else {
+                        Some(base.value(bi - 1).to_vec())
+                    }
+                } else {
+                    None
+                };
+                if let Some(v) = km.apply(old) {
+                    self.push_entry(range_lo, k, &v);
+                    range_lo = None;
+                }
+                pi += 1;
+            }
+        }
+        self.seal();
+        self.last_key = None;
+    }
+
+    fn finish(mut self) -> (Vec<Vec<u8>>, Vec<PartSlot>) {
+        self.seal();
+        if self.parts.is_empty() {
+            self.parts.push(PartSlot::resident(Partition::empty()));
+        }
+        // Coalesce neighbours that fit together in one partition (both resident).
+        let mut pivots = Vec::with_capacity(self.pivots.len());
+        let mut parts: Vec<PartSlot> = Vec::with_capacity(self.parts.len());
+        for (i, slot) in self.parts.into_iter().enumerate() {
+            let low = if i == 0 {
+                None
+            } else {
+                Some(self.pivots[i - 1].clone())
+            };
+            if let Some(prev) = parts.last_mut() {
+                let small = prev.bytes + slot.bytes <= self.partition_size
+                    && (prev.bytes < self.partition_size / 4
+                        || slot.bytes < self.partition_size / 4);
+                if small {
+                    if let (Some(a), Some(b)) = (prev.data(), slot.data()) {
+                        let mut bld = PartitionBuilder::with_capacity(prev.bytes + slot.bytes);
+                        for j in 0..a.len() {
+                            bld.push(a.key(j), a.value(j));
+                        }
+                        for j in 0..b.len() {
+                            bld.push(b.key(j), b.value(j));
+                        }
+                        *prev = PartSlot::resident(bld.finish());
+                        continue;
+                    }
+                }
+            }
+            if let Some(l) = low {
+                if !parts.is_empty() {
+                    pivots.push(l);
+                }
+            }
+            parts.push(slot);
+        }
+        debug_assert_eq!(pivots.len() + 1, parts.len());
+        (pivots, parts)
+    }
+}
+
+impl Internal {
+    /// Serialized size of all buffers.
+    pub fn buffered_bytes(&self) -> usize {
+        self.buffers.iter().map(|b| b.bytes()).sum()
+    }
+
+    /// Total serialized size.
+    pub fn bytes(&self) -> usize {
+        self.buffered_bytes() + pivot_bytes(&self.pivots) + self.children.len() * 29
+    }
+
+    /// Estimated memory footprint.
+    pub fn mem(&self) -> usize {
+        self.buffers.iter().map(|b| b.mem()).sum::<usize>()
+            + pivot_bytes(&self.pivots)
+            + self.children.len() * 128
+            + 128
+    }
+
+    /// Index of the child with the most buffered bytes.
+    pub fn heaviest_child(&self) -> usize {
+        let mut best = 0;
+        for (i, b) in self.buffers.iter().enumerate() {
+            if b.bytes() > self.buffers[best].bytes() {
+                best = i;
+            }
+        }
+        best
+    }
+
+    /// Low (inclusive) and high (exclusive, `None` = unbounded) keys of child `i`, within the node's
+    /// own bounds `lo`/`hi`.
+    pub fn child_bounds<'a>(
+        &'a self,
+        i: usize,
+        lo: &'a [u8],
+        hi: Option<&'a [u8]>,
+    ) -> (&'a [u8], Option<&'a [u8]>) {
+        let l = if i == 0 {
+            lo
+        } else {
+            self.pivots[i - 1].as_slice()
+        };
+        let h = if i < self.pivots.len() {
+            Some(self.pivots[i].as_slice())
+        } else {
+            hi
+        };
+        (l, h)
+    }
+
+    /// Appends `right` (whose keys are all `>= pivot`).
+    pub fn absorb(&mut self, pivot: Vec<u8>, right: Internal) {
+        self.pivots.push(pivot);
+        self.pivots.extend(right.pivots);
+        self.children.extend(right.children);
+        self.buffers.extend(right.buffers);
+    }
+}
+
+impl Node {
+    /// An empty leaf.
+    pub fn empty_leaf() -> Node {
+        Node {
+            height: 0,
+            max_msn: 0,
+            body: Body::Leaf(Leaf::empty()),
+        }
+    }
+
+    /// Total serialized size (entries or buffered messages, plus pivots).
+    pub fn bytes(&self) -> usize {
+        match &self.body {
+            Body::Leaf(l) => l.bytes(),
+            Body::Internal(n) => n.bytes(),
+        }
+    }
+
+    /// Estimated memory footprint of what is resident.
+    pub fn mem(&self) -> usize {
+        match &self.body {
+            Body::Leaf(l) => l.mem(),
+            Body::Internal(n) => n.mem(),
+        }
+    }
+
+    /// The leaf, if this is one.
+    pub fn leaf(&self) -> Option<&Leaf> {
+        match &self.body {
+            Body::Leaf(l) => Some(l),
+            Body::Internal(_) => None,
+        }
+    }
+
+    /// Checks structural invariants (pivot order, buffer placement, sizes). Panics when broken:
+    /// a broken invariant must stop the engine before it writes anything wrong.
+    pub fn check_invariants(&self, id: NodeId) {
+        match &self.body {
+            Body::Leaf(l) => {
+                assert_eq!(
+                    self.height, 0,
+                    "node {id}: leaf with height {}",
+                    self.height
+                );
+                assert_eq!(
+                    l.pivots.len() + 1,
+                    l.parts.len(),
+                    "node {id}: leaf pivot count"
+                );
+                for w in l.pivots.windows(2) {
+                    assert!(w[0] < w[1], "node {id}: leaf pivots out of order");
+                }
+                for (i, slot) in l.parts.iter().enumerate() {
+                    assert!(
+                        slot.entries > 0 || l.parts.len() == 1,
+                        "node {id}: empty partition {i} in a multi-partition leaf"
+                    );
+                    if let Some(p) = slot.data() {
+                        assert_eq!(
+                            p.len(),
+                            slot.entries,
+                            "node {id}: partition {i} entry count"
+                        );
+                        assert_eq!(p.bytes(), slot.bytes, "node {id}: partition {i} size");
+                        if p.is_empty() {
+                            continue;
+                        }
+                        if i > 0 {
+                            assert!(
+                                p.key(0) >= l.pivots[i - 1].as_slice(),
+                                "node {id}: partition {i} below its pivot"
+                            );
+                        }
+                        if i < l.pivots.len() {
+                            assert!(
+                                p.key(p.len() - 1) < l.pivots[i].as_slice(),
+                                "node {id}: partition {i} above next pivot"
+                            );
+                        }
+                    }
+                }
+            }
+            Body::Internal(n) => {
+                assert!(self.height >= 1, "node {id}: internal node with height 0");
+                assert_eq!(
+                    n.pivots.len() + 1,
+                    n.children.len(),
+                    "node {id}: pivot count"
+                );
+                assert_eq!(n.children.len(), n.buffers.len(), "node {id}: buffer count");
+                for w in n.pivots.windows(2) {
+                    assert!(w[0] < w[1], "node {id}: pivots out of order");
+                }
+                for (i, b) in n.buffers.iter().enumerate() {
+                    let (lo, hi) = n.child_bounds(i, &[], None);
+                    for (k, _) in b.points_in(&[], None) {
+                        assert!(
+                            k.as_slice() >= lo && hi.is_none_or(|h| k.as_slice() < h),
+                            "node {id}: message in the wrong buffer"
+                        );
+                    }
+                    assert!(
+                        b.max_msn() <= self.max_msn || b.is_empty(),
+                        "node {id}: buffer newer than node"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A node serialized for writing.
+pub struct NodeImage {
+    /// The image, padded to whole blocks.
+    pub buf: AlignedBuf,
+    /// Locations of the sub-blocks (for leaves: the new partition locations).
+    pub sublocs: Vec<SubLoc>,
+}
+
+/// Serializes a node. A leaf must be fully resident.
+pub fn serialize(id: NodeId, node: &Node, codec: Compression) -> NodeImage {
+    let mut index = Enc::with_capacity(256);
+    let mut subs: Vec<(u8, Vec<u8>, usize, u32)> = Vec::new(); // (codec, stored, raw_len, count)
+    let (kind, pivots, n) = match &node.body {
+        Body::Leaf(l) => {
+            for p in l.resident_parts() {
+                let (used, stored) = compress::compress(codec, p.raw());
+                subs.push((used.code(), stored, p.bytes(), p.len() as u32));
+            }
+            (KIND_LEAF, &l.pivots, l.parts.len())
+        }
+        Body::Internal(int) => {
+            for b in &int.buffers {
+                let mut e = Enc::with_capacity(b.bytes() + 16);
+                b.encode(&mut e);
+                let (used, stored) = compress::compress(codec, &e.buf);
+                let (np, nr) = b.counts();
+                subs.push((used.code(), stored, e.buf.len(), (np + nr) as u32));
+            }
+            (KIND_INTERNAL, &int.pivots, int.children.len())
+        }
+    };
+    for p in pivots {
+        index.u16(p.len() as u16);
+        index.raw(p);
+    }
+    // Sub-block offsets depend on the index length, which is known once pivots and the fixed-size
+    // descriptors are counted.
+    let desc_len = if kind == KIND_INTERNAL { 8 + 21 } else { 21 };
+    let index_len = index.len() + n * desc_len;
+    let mut offset = round_up(HEADER_LEN + index_len);
+    let mut sublocs = Vec::with_capacity(n);
+    for (i, (c, stored, raw_len, count)) in subs.iter().enumerate() {
+        if let Body::Internal(int) = &node.body {
+            index.u64(int.children[i]);
+        }
+        let loc = SubLoc {
+            offset: offset as u32,
+            stored_len: stored.len() as u32,
+            raw_len: *raw_len as u32,
+            crc: crc(stored),
+            codec: *c,
+            count: *count,
+        };
+        index.u32(loc.offset);
+        index.u32(loc.stored_len);
+        index.u32(loc.raw_len);
+        index.u32(loc.crc);
+        index.u8(loc.codec);
+        index.u32(loc.count);
+        sublocs.push(loc);
+        offset += round_up(stored.len().max(1));
+    }
+    assert_eq!(index.len(), index_len, "node index length");
+    let total = offset;
+    let mut buf = AlignedBuf::zeroed(total);
+    let mut h = Enc::with_capacity(HEADER_LEN);
+    h.raw(&NODE_MAGIC);
+    h.u16(NODE_VERSION);
+    h.u8(kind);
+    h.u8(0);
+    h.u64(id);
+    h.u32(node.height);
+    h.u32(n as u32);
+    h.u64(node.max_msn);
+    h.u32(index_len as u32);
+    h.u16(0); // lifted prefix length: reserved for key lifting
+    h.u16(0); // flags
+    h.u32(total as u32);
+    h.raw(&[0u8; 16]);
+    h.u32(0); // crc placeholder
+    assert_eq!(h.len(), HEADER_LEN);
+    buf[..HEADER_LEN].copy_from_slice(&h.buf);
+    buf[HEADER_LEN..HEADER_LEN + index_len].copy_from_slice(&index.buf);
+    let c = crc_with_hole(&buf[..HEADER_LEN + index_len], HEADER_CRC_AT);
+    buf[HEADER_CRC_AT..HEADER_CRC_AT + 4].copy_from_slice(&c.to_le_bytes());
+    for ((_, stored, _, _), loc) in subs.iter().zip(&sublocs) {
+        let o = loc.offset as usize;
+        buf[o..o + stored.len()].copy_from_slice(stored);
+    }
+    NodeImage { buf, sublocs }
+}
+
+/// The parsed header and index of a node image.
+#[derive(Debug)]
+pub struct NodeHeader {
+    /// Node id recorded in the image.
+    pub id: NodeId,
+    /// Height.
+    pub height: u32,
+    /// Max applied MSN.
+    pub max_msn: Msn,
+    /// Whether it is a leaf.
+    pub is_leaf: bool,
+    /// Pivots.
+    pub pivots: Vec<Vec<u8>>,
+    /// Child ids (internal nodes).
+    pub children: Vec<NodeId>,
+    /// Sub-block locations.
+    pub sublocs: Vec<SubLoc>,
+    /// Total image length.
+    pub image_len: usize,
+}
+
+/// Bytes needed to hold the header and index, given the first block of the image.
+pub fn header_span(first_block: &[u8], what: &str, dev_offset: u64) -> Result<usize> {
+    let mut d = Dec::new(first_block, "node header");
+    let magic = d.raw(4)?;
+    if magic != NODE_MAGIC {
+        return Err(Error::Corrupt(format!(
+            "{what} at byte {dev_offset}: bad node magic"
+        )));
+    }
+    let _ = d.raw(28)?;
+    let index_len = d.u32()? as usize;
+    Ok(HEADER_LEN + index_len)
+}
+
+/// Parses and verifies a node's header and index. `bytes` must hold at least
+/// [`header_span`] bytes.
+pub fn parse_header(
+    bytes: &[u8],
+    format: &Format,
+    what: &str,
+    dev_offset: u64,
+) -> Result<NodeHeader> {
+    let span = header_span(bytes, what, dev_offset)?;
+    if span > bytes.len() {
+        return Err(Error::Corrupt(format!("{what}: index runs past the image")));
+    }
+    let stored_crc = u32::from_le_bytes(
+        bytes[HEADER_CRC_AT..HEADER_CRC_AT + 4]
+            .try_into()
+            .expect("4 bytes"),
+    );
+    if crc_with_hole(&bytes[..span], HEADER_CRC_AT) != stored_crc {
+        return Err(Error::Checksum {
+            what: format!("{what} header"),
+            offset: dev_offset,
+        });
+    }
+    let mut d = Dec::new(&bytes[..span], "node header");
+    d.raw(4)?;
+    let version = d.u16()?;
+    if version != NODE_VERSION {
+        return Err(Error::UnsupportedVersion {
+            found: version as u32,
+            supported: NODE_VERSION as u32,
+        });
+    }
+    let kind = d.u8()?;
+    d.u8()?;
+    let id = d.u64()?;
+    let height = d.u32()?;
+    let n = d.u32()? as usize;
+    let max_msn = d.u64()?;
+    let _index_len = d.u32()?;
+    let lifted = d.u16()?;
+    let _flags = d.u16()?;
+    let image_len = d.u32()? as usize;
+    d.raw(16)?;
+    d.u32()?;
+    if lifted != 0 {
+        return Err(d.corrupt("key lifting is not supported by this version"));
+    }
+    let is_leaf = match kind {
+        KIND_LEAF => true,
+        KIND_INTERNAL => false,
+        k => return Err(d.corrupt(format!("unknown node kind {k}"))),
+    };
+    if is_leaf != (height == 0) || n == 0 || n > 1 << 20 || height > 64 {
+        return Err(d.corrupt(format!(
+            "impossible node shape (kind {kind}, height {height}, {n} children)"
+        )));
+    }
+    let mut pivots = Vec::with_capacity(n - 1);
+    for _ in 0..n - 1 {
+        let len = d.u16()? as usize;
+        if len > format.max_key_len {
+            return Err(d.corrupt("pivot longer than the maximum key"));
+        }
+        let p = d.raw(len)?.to_vec();
+        if pivots.last().is_some_and(|l: &Vec<u8>| *l >= p) {
+            return Err(d.corrupt("pivots out of order"));
+        }
+        pivots.push(p);
+    }
+    let mut children = Vec::new();
+    let mut sublocs = Vec::with_capacity(n);
+    for _ in 0..n {
+        if !is_leaf {
+            children.push(d.u64()?);
+        }
+        let loc = SubLoc {
+            offset: d.u32()?,
+            stored_len: d.u32()?,
+            raw_len: d.u32()?,
+            crc: d.u32()?,
+            codec: d.u8()?,
+            count: d.u32()?,
+        };
+        let (off, len) = loc.aligned_range();
+        if !(off as usize).is_multiple_of(BLOCK_SIZE)
+            || off as usize + len > image_len
+            || (off as usize) < span
+            || Compression::from_code(loc.codec).is_none()
+            || loc.raw_len > 1 << 30
+        {
+            return Err(d.corrupt(format!(
+                "sub-block descriptor out of bounds ({loc:?}, span {span}, image {image_len}, node {id})"
+            )));
+        }
+        sublocs.push(loc);
+    }
+    d.finish()?;
+    Ok(NodeHeader {
+        id,
+        height,
+        max_msn,
+        is_leaf,
+        pivots,
+        children,
+        sublocs,
+        image_len,
+    })
+}
+
+/// Verifies and decodes one sub-block from its stored bytes (which may extend past `stored_len`).
+pub fn decode_sub(stored: &[u8], loc: &SubLoc, what: &str, dev_offset: u64) -> Result<Vec<u8>> {
+    let stored = &stored[..loc.stored_len as usize];
+    if crc(stored) != loc.crc {
+        return Err(Error::Checksum {
+            what: what.to_string(),
+            offset: dev_offset,
+        });
+    }
+    let codec = Compression::from_code(loc.codec)
+        .ok_or_else(|| Error::Corrupt(format!("{what}: bad codec")))?;
+    compress::decompress(codec, stored, loc.raw_len as usize)
+}
+
+/// Decodes a leaf partition sub-block.
+pub fn decode_partition(
+    stored: &[u8],
+    loc: &SubLoc,
+    format: &Format,
+    what: &str,
+    dev_offset: u64,
+) -> Result<Partition> {
+    let raw = decode_sub(stored, loc, what, dev_offset)?;
+    let p = Partition::decode(raw, format.max_key_len, format.max_value_len)?;
+    if p.len() != loc.count as usize {
+        return Err(Error::Corrupt(format!(
+            "{what}: {} entries, index says {}",
+            p.len(),
+            loc.count
+        )));
+    }
+    Ok(p)
+}
+
+/// Builds a node from its parsed header and (for internal nodes, or fully read leaves) the whole image.
+/// Leaf partitions are left non-resident unless `image` is given.
+pub fn build_node(
+    h: &NodeHeader,
+    image: Option<&[u8]>,
+    format: &Format,
+    dev_offset: u64,
+) -> Result<Node> {
+    if h.is_leaf {
+        let mut parts = Vec::with_capacity(h.sublocs.len());
+        for (i, loc) in h.sublocs.iter().enumerate() {
+            let data = match image {
+                Some(img) => {
+                    let o = loc.offset as usize;
+                    let what = format!("node {} partition {}", h.id, i);
+                    Some(Arc::new(decode_partition(
+                        &img[o..],
+                        loc,
+                        format,
+                        &what,
+                        dev_offset + o as u64,
+                    )?))
+                }
+                None => None,
+            };
+            parts.push(PartSlot {
+                state: Mutex::new(PartState {
+                    data,
+                    loc: Some(*loc),
+                }),
+                bytes: loc.raw_len as usize,
+                entries: loc.count as usize,
+            });
+        }
+        let leaf = Leaf {
+            pivots: h.pivots.clone(),
+            parts,
+        };
+        let node = Node {
+            height: 0,
+            max_msn: h.max_msn,
+            body: Body::Leaf(leaf),
+        };
+        check_pivot_ranges(&node, h.id)?;
+        Ok(node)
+    } else {
+        let img = image.expect("internal nodes are read whole");
+        let mut buffers = Vec::with_capacity(h.sublocs.len());
+        for (i, loc) in h.sublocs.iter().enumerate() {
+            let o = loc.offset as usize;
+            let what = format!("node {} buffer {}", h.id, i);
+            let raw = decode_sub(&img[o..], loc, &what, dev_offset + o as u64)?;
+            let mut d = Dec::new(&raw, "message buffer");
+            let b = Buffer::decode(&mut d, format.max_key_len, format.max_value_len)?;
+            d.finish()?;
+            if b.max_msn() > h.max_msn {
+                return Err(Error::Corrupt(format!(
+                    "{what}: messages newer than the node"
+                )));
+            }
+            buffers.push(b);
+        }
+        let int = Internal {
+            pivots: h.pivots.clone(),
+            children: h.children.clone(),
+            buffers,
+        };
+        let node = Node {
+            height: h.height,
+            max_msn: h.max_msn,
+            body: Body::Internal(int),
+        };
+        check_pivot_ranges(&node, h.id)?;
+        Ok(node)
+    }
+}
+
+/// Checks that every buffered message lies within its child's pivots (as a typed error: the data
+/// came from disk).
+fn check_pivot_ranges(node: &Node, id: NodeId) -> Result<()> {
+    if let Body::Internal(n) = &node.body {
+        for (i, b) in n.buffers.iter().enumerate() {
+            let (lo, hi) = n.child_bounds(i, &[], None);
+            let bad_point = b
+                .points_in(&[], None)
+                .any(|(k, _)| k.as_slice() < lo || hi.is_some_and(|h| k.as_slice() >= h));
+            let bad_range = b
+                .ranges_in(&[], None)
+                .iter()
+                .any(|r| r.lo.as_slice() < lo || hi.is_some_and(|h| r.hi.as_slice() > h));
+            if bad_point || bad_range {
+                return Err(Error::Corrupt(format!(
+                    "node {id}: buffer {i} holds messages outside its child's range"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msg::PointOp;
+
+    fn fmt() -> Format {
+        Format::small_for_tests()
+    }
+
+    fn leaf_with(n: u32) -> Leaf {
+        let mut l = Leaf::empty();
+        let points: Vec<(Vec<u8>, KeyMsgs)> = (0..n)
+            .map(|i| {
+                (
+                    format!("key{i:05}").into_bytes(),
+                    KeyMsgs::Put {
+                        msn: 1,
+                        value: vec![i as u8; 50],
+                    },
+                )
+            })
+            .collect();
+        l.apply(&[], &points, &fmt());
+        l
+    }
+
+    fn all_entries(l: &Leaf) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut out = Vec::new();
+        for s in &l.parts {
+            let p = s.data().unwrap();
+            for i in 0..p.len() {
+                out.push((p.key(i).to_vec(), p.value(i).to_vec()));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn leaf_apply_partitions_and_deletes() {
+        let l = leaf_with(300);
+        assert!(l.parts.len() > 3, "entries were cut into partitions");
+        let node = Node {
+            height: 0,
+            max_msn: 1,
+            body: Body::Leaf(l),
+        };
+        node.check_invariants(7);
+        let Body::Leaf(mut l) = node.body else {
+            unreachable!()
+        };
+        let ranges = vec![RangeDel {
+            msn: 2,
+            lo: b"key00010".to_vec(),
+            hi: b"key00290".to_vec(),
+        }];
+        let points = vec![(
+            b"key00100".to_vec(),
+            KeyMsgs::Put {
+                msn: 3,
+                value: b"x".to_vec(),
+            },
+        )];
+        l.apply(&ranges, &points, &fmt());
+        let e = all_entries(&l);
+        assert_eq!(e.len(), 10 + 1 + 10);
+        assert_eq!(e[10], (b"key00100".to_vec(), b"x".to_vec()));
+        let node = Node {
+            height: 0,
+            max_msn: 3,
+            body: Body::Leaf(l),
+        };
+        node.check_invariants(7);
+    }
+
+    #[test]
+    fn serialize_round_trip_leaf_and_internal() {
+        let l = leaf_with(200);
+        let node = Node {
+            height: 0,
+            max_msn: 9,
+            body: Body::Leaf(l),
+        };
+        for codec in [Compression::None, Compression::Lz4, Compression::Zstd] {
+            let img = serialize(42, &node, codec);
+            let h = parse_header(&img.buf, &fmt(), "test", 0).unwrap();
+            assert_eq!(h.id, 42);
+            let back = build_node(&h, Some(&img.buf), &fmt(), 0).unwrap();
+            assert_eq!(
+                all_entries(back.leaf().unwrap()),
+                all_entries(node.leaf().unwrap())
+            );
+        }
+        let mut b0 = Buffer::new();
+        b0.add_point(b"a", 5, PointOp::Put(b"v".to_vec()));
+        let mut b1 = Buffer::new();
+        b1.add_range(6, b"m", b"q");
+        let int = Internal {
+            pivots: vec![b"m".to_vec()],
+            children: vec![2, 3],
+            buffers: vec![b0, b1],
+        };
+        let node = Node {
+            height: 1,
+            max_msn: 6,
+            body: Body::Internal(int),
+        };
+        let img = serialize(1, &node, Compression::None);
+        let h = parse_header(&img.buf, &fmt(), "test", 0).unwrap();
+        let back = build_node(&h, Some(&img.buf), &fmt(), 0).unwrap();
+        let Body::Internal(n) = back.body else {
+            panic!("internal expected")
+        };
+        assert_eq!(n.children, vec![2, 3]);
+        assert!(n.buffers[1].range_covering(b"n").is_some());
+        // A flipped byte anywhere is detected.
+        for pos in [3usize, 70, 4096 + 5] {
+            let mut bad = img.buf.to_vec();
+            bad[pos] ^= 0x40;
+            let r = parse_header(&bad, &fmt(), "test", 0)
+                .and_then(|h| build_node(&h, Some(&bad), &fmt(), 0));
+            assert!(r.is_err(), "flip at {pos} not detected");
+        }
+    }
+
+    #[test]
+    fn split_and_absorb() {
+        let mut l = leaf_with(600);
+        let total = l.entries();
+        let pieces = l.split(&fmt());
+        assert!(!pieces.is_empty());
+        let mut n = l.entries();
+        for (low, p) in &pieces {
+            n += p.entries();
+            assert!(p.parts[0].data().unwrap().key(0) >= low.as_slice());
+        }
+        assert_eq!(n, total);
+        for (low, p) in pieces {
+            l.absorb(low, p);
+        }
+        assert_eq!(l.entries(), total);
+        Node {
+            height: 0,
+            max_msn: 1,
+            body: Body::Leaf(l),
+        }
+        .check_invariants(1);
+    }
+}

@@ -1,0 +1,373 @@
+//! Operations, batches, their validation and their encoding in log records.
+
+use crate::codec::{Dec, Enc};
+use crate::config::Format;
+use crate::error::{Error, Result};
+use crate::msg::{Patch, PointOp};
+use crate::tree::Msg;
+
+/// One operation of a batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Set `key` to `value`.
+    Put {
+        /// The key.
+        key: Vec<u8>,
+        /// The value.
+        value: Vec<u8>,
+    },
+    /// Remove `key`.
+    Delete {
+        /// The key.
+        key: Vec<u8>,
+    },
+    /// Patch the value of `key` without reading it.
+    Upsert {
+        /// The key.
+        key: Vec<u8>,
+        /// The patch.
+        patch: Patch,
+    },
+    /// Remove every key in `[lo, hi)`.
+    RangeDelete {
+        /// Inclusive low bound.
+        lo: Vec<u8>,
+        /// Exclusive high bound.
+        hi: Vec<u8>,
+    },
+    /// Move every key that starts with `from` to the same key with `to` in place of the prefix
+    /// (keys already under `to` are overwritten when a moved key lands on them, kept otherwise).
+    MovePrefix {
+        /// Source prefix.
+        from: Vec<u8>,
+        /// Destination prefix.
+        to: Vec<u8>,
+    },
+    /// Like [`Op::MovePrefix`] but the source stays.
+    CopyPrefix {
+        /// Source prefix.
+        from: Vec<u8>,
+        /// Destination prefix.
+        to: Vec<u8>,
+    },
+}
+
+impl Op {
+    /// Whether the operation must read the tree to be applied (prefix moves and copies).
+    pub fn reads_tree(&self) -> bool {
+        matches!(self, Op::MovePrefix { .. } | Op::CopyPrefix { .. })
+    }
+
+    /// Bytes of user data (keys and values) the operation carries.
+    pub fn user_bytes(&self) -> usize {
+        match self {
+            Op::Put { key, value } => key.len() + value.len(),
+            Op::Delete { key } => key.len(),
+            Op::Upsert { key, patch } => key.len() + patch.size(),
+            Op::RangeDelete { lo, hi }
+            | Op::MovePrefix { from: lo, to: hi }
+            | Op::CopyPrefix { from: lo, to: hi } => lo.len() + hi.len(),
+        }
+    }
+
+    /// Checks sizes and arguments against the format.
+    pub fn validate(&self, f: &Format) -> Result<()> {
+        let key = |k: &[u8]| {
+            if k.len() > f.max_key_len {
+                Err(Error::KeyTooLong {
+                    len: k.len(),
+                    max: f.max_key_len,
+                })
+            } else {
+                Ok(())
+            }
+        };
+        match self {
+            Op::Put { key: k, value } => {
+                key(k)?;
+                if value.len() > f.max_value_len {
+                    return Err(Error::ValueTooLarge {
+                        len: value.len(),
+                        max: f.max_value_len,
+                    });
+                }
+            }
+            Op::Delete { key: k } => key(k)?,
+            Op::Upsert { key: k, patch } => {
+                key(k)?;
+                if patch.result_len_bound() > f.max_value_len {
+                    return Err(Error::ValueTooLarge {
+                        len: patch.result_len_bound(),
+                        max: f.max_value_len,
+                    });
+                }
+            }
+            Op::RangeDelete { lo, hi } => {
+                key(lo)?;
+                if hi.len() > f.max_key_len + 1 {
+                    return Err(Error::KeyTooLong {
+                        len: hi.len(),
+                        max: f.max_key_len + 1,
+                    });
+                }
+                if lo > hi {
+                    return Err(Error::InvalidArgument(
+                        "range delete with its low bound above its high bound".into(),
+                    ));
+                }
+            }
+            Op::MovePrefix { from, to } | Op::CopyPrefix { from, to } => {
+                key(from)?;
+                key(to)?;
+                if from.starts_with(to) || to.starts_with(from) {
+                    return Err(Error::InvalidArgument(
+                        "a prefix cannot be moved or copied into itself".into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The message for a simple operation (`None` for prefix operations and empty ranges).
+    pub fn to_msg(&self) -> Option<Msg> {
+        Some(match self {
+            Op::Put { key, value } => Msg::Point {
+                key: key.clone(),
+                op: PointOp::Put(value.clone()),
+            },
+            Op::Delete { key } => Msg::Point {
+                key: key.clone(),
+                op: PointOp::Delete,
+            },
+            Op::Upsert { key, patch } => Msg::Point {
+                key: key.clone(),
+                op: PointOp::Upsert(patch.clone()),
+            },
+            Op::RangeDelete { lo, hi } if lo < hi => Msg::Range {
+                lo: lo.clone(),
+                hi: hi.clone(),
+            },
+            _ => return None,
+        })
+    }
+}
+
+/// A group of operations applied atomically: after a crash, all or none of them are present.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// The operations, applied in order.
+    pub ops: Vec<Op>,
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Batch {
+        Batch::default()
+    }
+    /// Adds a put.
+    pub fn put(&mut self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> &mut Batch {
+        self.ops.push(Op::Put {
+            key: key.into(),
+            value: value.into(),
+        });
+        self
+    }
+    /// Adds a delete.
+    pub fn delete(&mut self, key: impl Into<Vec<u8>>) -> &mut Batch {
+        self.ops.push(Op::Delete { key: key.into() });
+        self
+    }
+    /// Adds an upsert.
+    pub fn upsert(&mut self, key: impl Into<Vec<u8>>, patch: Patch) -> &mut Batch {
+        self.ops.push(Op::Upsert {
+            key: key.into(),
+            patch,
+        });
+        self
+    }
+    /// Adds a range delete of `[lo, hi)`.
+    pub fn range_delete(&mut self, lo: impl Into<Vec<u8>>, hi: impl Into<Vec<u8>>) -> &mut Batch {
+        self.ops.push(Op::RangeDelete {
+            lo: lo.into(),
+            hi: hi.into(),
+        });
+        self
+    }
+    /// Adds a prefix move.
+    pub fn move_prefix(&mut self, from: impl Into<Vec<u8>>, to: impl Into<Vec<u8>>) -> &mut Batch {
+        self.ops.push(Op::MovePrefix {
+            from: from.into(),
+            to: to.into(),
+        });
+        self
+    }
+    /// Adds a prefix copy.
+    pub fn copy_prefix(&mut self, from: impl Into<Vec<u8>>, to: impl Into<Vec<u8>>) -> &mut Batch {
+        self.ops.push(Op::CopyPrefix {
+            from: from.into(),
+            to: to.into(),
+        });
+        self
+    }
+    /// Number of operations.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+    /// Whether the batch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+/// The smallest key greater than every key starting with `prefix` (`max_key_len + 1` bytes of 0xff
+/// when every byte of the prefix is 0xff, which is above any valid key).
+pub fn prefix_end(prefix: &[u8], max_key_len: usize) -> Vec<u8> {
+    let mut p = prefix.to_vec();
+    while let Some(&last) = p.last() {
+        if last == 0xff {
+            p.pop();
+        } else {
+            *p.last_mut().expect("non-empty") += 1;
+            return p;
+        }
+    }
+    vec![0xff; max_key_len + 1]
+}
+
+const TAG_PUT: u8 = 1;
+const TAG_DELETE: u8 = 2;
+const TAG_UPSERT: u8 = 3;
+const TAG_RANGE_DELETE: u8 = 4;
+const TAG_MOVE_PREFIX: u8 = 5;
+const TAG_COPY_PREFIX: u8 = 6;
+
+/// Encodes a log record payload: `first_msn` (8 bytes, filled in when the record is appended), the
+/// operation count, then each operation.
+pub fn encode_record(ops: &[Op]) -> Vec<u8> {
+    let mut e = Enc::with_capacity(16 + ops.iter().map(|o| o.user_bytes() + 16).sum::<usize>());
+    e.u64(0);
+    e.u32(ops.len() as u32);
+    for op in ops {
+        match op {
+            Op::Put { key, value } => {
+                e.u8(TAG_PUT);
+                e.bytes(key);
+                e.bytes(value);
+            }
+            Op::Delete { key } => {
+                e.u8(TAG_DELETE);
+                e.bytes(key);
+            }
+            Op::Upsert { key, patch } => {
+                e.u8(TAG_UPSERT);
+                e.bytes(key);
+                patch.encode(&mut e);
+            }
+            Op::RangeDelete { lo, hi } => {
+                e.u8(TAG_RANGE_DELETE);
+                e.bytes(lo);
+                e.bytes(hi);
+            }
+            Op::MovePrefix { from, to } => {
+                e.u8(TAG_MOVE_PREFIX);
+                e.bytes(from);
+                e.bytes(to);
+            }
+            Op::CopyPrefix { from, to } => {
+                e.u8(TAG_COPY_PREFIX);
+                e.bytes(from);
+                e.bytes(to);
+            }
+        }
+    }
+    e.buf
+}
+
+/// Decodes a log record payload into its first MSN and operations.
+pub fn decode_record(payload: &[u8], f: &Format) -> Result<(u64, Vec<Op>)> {
+    let mut d = Dec::new(payload, "log record");
+    let first_msn = d.u64()?;
+    let n = d.u32()? as usize;
+    if n > payload.len() {
+        return Err(d.corrupt(format!("impossible operation count {n}")));
+    }
+    let mut ops = Vec::with_capacity(n);
+    let (mk, mv) = (f.max_key_len + 1, f.max_value_len);
+    for _ in 0..n {
+        let op = match d.u8()? {
+            TAG_PUT => Op::Put {
+                key: d.bytes(mk)?.to_vec(),
+                value: d.bytes(mv)?.to_vec(),
+            },
+            TAG_DELETE => Op::Delete {
+                key: d.bytes(mk)?.to_vec(),
+            },
+            TAG_UPSERT => Op::Upsert {
+                key: d.bytes(mk)?.to_vec(),
+                patch: Patch::decode(&mut d, mv)?,
+            },
+            TAG_RANGE_DELETE => Op::RangeDelete {
+                lo: d.bytes(mk)?.to_vec(),
+                hi: d.bytes(mk)?.to_vec(),
+            },
+            TAG_MOVE_PREFIX => Op::MovePrefix {
+                from: d.bytes(mk)?.to_vec(),
+                to: d.bytes(mk)?.to_vec(),
+            },
+            TAG_COPY_PREFIX => Op::CopyPrefix {
+                from: d.bytes(mk)?.to_vec(),
+                to: d.bytes(mk)?.to_vec(),
+            },
+            t => return Err(d.corrupt(format!("unknown operation tag {t}"))),
+        };
+        op.validate(f)
+            .map_err(|e| Error::Corrupt(format!("log record holds an invalid operation: {e}")))?;
+        ops.push(op);
+    }
+    d.finish()?;
+    Ok((first_msn, ops))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_round_trip() {
+        let f = Format::small_for_tests();
+        let ops = vec![
+            Op::Put {
+                key: b"a".to_vec(),
+                value: b"1".to_vec(),
+            },
+            Op::Delete { key: b"b".to_vec() },
+            Op::Upsert {
+                key: b"c".to_vec(),
+                patch: Patch::Write {
+                    offset: 3,
+                    data: b"xy".to_vec(),
+                },
+            },
+            Op::RangeDelete {
+                lo: b"d".to_vec(),
+                hi: b"e".to_vec(),
+            },
+            Op::MovePrefix {
+                from: b"f/".to_vec(),
+                to: b"g/".to_vec(),
+            },
+        ];
+        let mut rec = encode_record(&ops);
+        rec[..8].copy_from_slice(&42u64.to_le_bytes());
+        assert_eq!(decode_record(&rec, &f).unwrap(), (42, ops));
+        assert!(decode_record(&rec[..rec.len() - 1], &f).is_err());
+    }
+
+    #[test]
+    fn prefix_ends() {
+        assert_eq!(prefix_end(b"ab", 8), b"ac".to_vec());
+        assert_eq!(prefix_end(b"a\xff", 8), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff\xff", 3), vec![0xff; 4]);
+    }
+}

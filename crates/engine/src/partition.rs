@@ -1,0 +1,205 @@
+//! A leaf partition: a sorted run of key/value entries packed in one byte vector.
+//!
+//! The in-memory form is the on-disk form (before compression): `[klen u16][vlen u32][key][value]`
+//! repeated, plus an offset table built on load. Lookups are binary searches; updates build a new
+//! partition by merging (flushes bring many messages at once, so a merge is the natural unit).
+
+use crate::codec::Dec;
+use crate::error::Result;
+
+const ENTRY_HEADER: usize = 6;
+
+/// A sorted, immutable run of entries.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Partition {
+    data: Vec<u8>,
+    offs: Vec<u32>,
+}
+
+impl Partition {
+    /// An empty partition.
+    pub fn empty() -> Partition {
+        Partition::default()
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.offs.len()
+    }
+
+    /// Whether there are no entries.
+    pub fn is_empty(&self) -> bool {
+        self.offs.is_empty()
+    }
+
+    /// Encoded size in bytes.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Estimated memory footprint.
+    pub fn mem(&self) -> usize {
+        self.data.capacity() + self.offs.capacity() * 4 + 64
+    }
+
+    /// The raw encoded entries (the partition's on-disk payload).
+    pub fn raw(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Key of entry `i`.
+    pub fn key(&self, i: usize) -> &[u8] {
+        let o = self.offs[i] as usize;
+        let kl = u16::from_le_bytes([self.data[o], self.data[o + 1]]) as usize;
+        &self.data[o + ENTRY_HEADER..o + ENTRY_HEADER + kl]
+    }
+
+    /// Value of entry `i`.
+    pub fn value(&self, i: usize) -> &[u8] {
+        let o = self.offs[i] as usize;
+        let kl = u16::from_le_bytes([self.data[o], self.data[o + 1]]) as usize;
+        let vl = u32::from_le_bytes(self.data[o + 2..o + 6].try_into().expect("4 bytes")) as usize;
+        let s = o + ENTRY_HEADER + kl;
+        &self.data[s..s + vl]
+    }
+
+    /// Binary search for `key`: `Ok(index)` if present, `Err(insertion point)` otherwise.
+    pub fn search(&self, key: &[u8]) -> Result<usize, usize> {
+        let (mut lo, mut hi) = (0usize, self.offs.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match self.key(mid).cmp(key) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Ok(mid),
+            }
+        }
+        Err(lo)
+    }
+
+    /// The value stored for `key`.
+    pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        self.search(key).ok().map(|i| self.value(i))
+    }
+
+    /// First index whose key is `>= key`.
+    pub fn lower_bound(&self, key: &[u8]) -> usize {
+        match self.search(key) {
+            Ok(i) | Err(i) => i,
+        }
+    }
+
+    /// Parses a raw payload, checking that keys are strictly increasing and lengths in bounds.
+    pub fn decode(data: Vec<u8>, max_key: usize, max_value: usize) -> Result<Partition> {
+        let mut offs = Vec::new();
+        {
+            let mut d = Dec::new(&data, "leaf partition");
+            let mut prev: Option<&[u8]> = None;
+            while d.remaining() > 0 {
+                offs.push(d.pos() as u32);
+                let kl = d.u16()? as usize;
+                let vl = d.u32()? as usize;
+                if kl > max_key || vl > max_value {
+                    return Err(d.corrupt(format!("entry lengths {kl}/{vl} out of bounds")));
+                }
+                let k = d.raw(kl)?;
+                d.raw(vl)?;
+                if prev.is_some_and(|p| p >= k) {
+                    return Err(d.corrupt("keys out of order"));
+                }
+                prev = Some(k);
+            }
+        }
+        Ok(Partition { data, offs })
+    }
+}
+
+/// Builds partitions from entries given in increasing key order.
+#[derive(Debug, Default)]
+pub struct PartitionBuilder {
+    data: Vec<u8>,
+    offs: Vec<u32>,
+}
+
+impl PartitionBuilder {
+    /// A builder with room for `bytes` of entries.
+    pub fn with_capacity(bytes: usize) -> PartitionBuilder {
+        PartitionBuilder {
+            data: Vec::with_capacity(bytes),
+            offs: Vec::new(),
+        }
+    }
+
+    /// Appends an entry; keys must be strictly increasing.
+    pub fn push(&mut self, key: &[u8], value: &[u8]) {
+        debug_assert!(
+            self.last_key().is_none_or(|l| l < key),
+            "partition keys out of order"
+        );
+        assert!(
+            key.len() <= u16::MAX as usize,
+            "key length exceeds the format"
+        );
+        self.offs.push(self.data.len() as u32);
+        self.data
+            .extend_from_slice(&(key.len() as u16).to_le_bytes());
+        self.data
+            .extend_from_slice(&(value.len() as u32).to_le_bytes());
+        self.data.extend_from_slice(key);
+        self.data.extend_from_slice(value);
+    }
+
+    fn last_key(&self) -> Option<&[u8]> {
+        let o = *self.offs.last()? as usize;
+        let kl = u16::from_le_bytes([self.data[o], self.data[o + 1]]) as usize;
+        Some(&self.data[o + ENTRY_HEADER..o + ENTRY_HEADER + kl])
+    }
+
+    /// Bytes pushed so far.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Whether nothing was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.offs.is_empty()
+    }
+
+    /// The finished partition.
+    pub fn finish(mut self) -> Partition {
+        self.data.shrink_to_fit();
+        self.offs.shrink_to_fit();
+        Partition {
+            data: self.data,
+            offs: self.offs,
+        }
+    }
+}
+
+/// Encoded size of an entry.
+pub fn entry_size(key: &[u8], value: &[u8]) -> usize {
+    ENTRY_HEADER + key.len() + value.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_search_decode() {
+        let mut b = PartitionBuilder::default();
+        for i in 0..100u32 {
+            b.push(format!("k{i:04}").as_bytes(), &i.to_le_bytes());
+        }
+        let p = b.finish();
+        assert_eq!(p.len(), 100);
+        assert_eq!(p.get(b"k0042"), Some(&42u32.to_le_bytes()[..]));
+        assert_eq!(p.get(b"k0042x"), None);
+        assert_eq!(p.lower_bound(b"k0042x"), 43);
+        let q = Partition::decode(p.raw().to_vec(), 100, 100).unwrap();
+        assert_eq!(p, q);
+        let mut bad = p.raw().to_vec();
+        bad.truncate(bad.len() - 1);
+        assert!(Partition::decode(bad, 100, 100).is_err());
+    }
+}

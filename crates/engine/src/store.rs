@@ -1,0 +1,439 @@
+//! Space on the device: the extent allocator, the block translation table and node I/O.
+//!
+//! Nodes are written copy-on-write: every write of a node goes to a freshly allocated extent, and
+//! the block translation table (BTT) maps node ids to extents. Three versions of the table exist:
+//! `current` (where each node's newest written image is), `checkpointed` (what the last completed
+//! checkpoint references, on disk) and `in_progress` (what the checkpoint being written will
+//! reference). An extent is free only when no version references it, so a crash at any moment finds
+//! the last checkpoint's nodes intact.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use amaranth_device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
+use parking_lot::Mutex;
+
+use crate::codec::{crc, crc_with_hole, Dec, Enc};
+use crate::error::{Error, Result};
+use crate::node::NodeId;
+use crate::superblock::Extent;
+
+/// Free space as extents of blocks, best-fit.
+#[derive(Debug, Default)]
+pub struct Allocator {
+    by_start: BTreeMap<u64, u64>,
+    by_size: BTreeSet<(u64, u64)>,
+    free_blocks: u64,
+    total_blocks: u64,
+}
+
+impl Allocator {
+    /// All blocks in `[start, end)` free.
+    pub fn new(start: u64, end: u64) -> Allocator {
+        let mut a = Allocator {
+            total_blocks: end - start,
+            ..Allocator::default()
+        };
+        if end > start {
+            a.insert(start, end - start);
+        }
+        a
+    }
+
+    fn insert(&mut self, start: u64, len: u64) {
+        self.by_start.insert(start, len);
+        self.by_size.insert((len, start));
+        self.free_blocks += len;
+    }
+
+    fn remove(&mut self, start: u64, len: u64) {
+        self.by_start.remove(&start);
+        self.by_size.remove(&(len, start));
+        self.free_blocks -= len;
+    }
+
+    /// Allocates `blocks` contiguous blocks (smallest free extent that fits, lowest address first).
+    pub fn alloc(&mut self, blocks: u64) -> Option<Extent> {
+        assert!(blocks > 0, "empty allocation");
+        let &(len, start) = self.by_size.range((blocks, 0)..).next()?;
+        self.remove(start, len);
+        if len > blocks {
+            self.insert(start + blocks, len - blocks);
+        }
+        Some(Extent {
+            block: start,
+            blocks,
+        })
+    }
+
+    /// Marks `e` allocated (when rebuilding from a table). Fails if any block is not free.
+    pub fn claim(&mut self, e: Extent) -> bool {
+        let Some((&start, &len)) = self.by_start.range(..=e.block).next_back() else {
+            return false;
+        };
+        if start + len < e.block + e.blocks {
+            return false;
+        }
+        self.remove(start, len);
+        if e.block > start {
+            self.insert(start, e.block - start);
+        }
+        let end = e.block + e.blocks;
+        if start + len > end {
+            self.insert(end, start + len - end);
+        }
+        true
+    }
+
+    /// Returns `e` to the free space, merging with neighbours.
+    pub fn free(&mut self, e: Extent) {
+        assert!(e.blocks > 0, "freeing an empty extent");
+        let (mut start, mut len) = (e.block, e.blocks);
+        if let Some((&ps, &pl)) = self.by_start.range(..start).next_back() {
+            assert!(
+                ps + pl <= start,
+                "double free of blocks {}..{}",
+                e.block,
+                e.block + e.blocks
+            );
+            if ps + pl == start {
+                self.remove(ps, pl);
+                start = ps;
+                len += pl;
+            }
+        }
+        if let Some((&ns, &nl)) = self.by_start.range(start..).next() {
+            assert!(
+                ns >= e.block + e.blocks,
+                "double free of blocks {}..{}",
+                e.block,
+                e.block + e.blocks
+            );
+            if ns == start + len {
+                self.remove(ns, nl);
+                len += nl;
+            }
+        }
+        self.insert(start, len);
+    }
+
+    /// Free blocks.
+    pub fn free_blocks(&self) -> u64 {
+        self.free_blocks
+    }
+
+    /// Blocks managed (free or used).
+    pub fn total_blocks(&self) -> u64 {
+        self.total_blocks
+    }
+
+    /// Number of free extents (a fragmentation measure).
+    pub fn free_extents(&self) -> usize {
+        self.by_start.len()
+    }
+}
+
+/// The three versions of the block translation table, and the allocator they govern.
+#[derive(Debug)]
+pub struct Btt {
+    /// Newest written image of each node.
+    pub current: HashMap<NodeId, Extent>,
+    /// What the last completed checkpoint references.
+    pub checkpointed: HashMap<NodeId, Extent>,
+    /// What the checkpoint being written will reference.
+    pub in_progress: Option<HashMap<NodeId, Extent>>,
+    /// On-disk copy of `checkpointed`.
+    pub checkpointed_table: Option<Extent>,
+    /// Free space.
+    pub alloc: Allocator,
+}
+
+impl Btt {
+    fn referenced(&self, id: NodeId, e: Extent) -> bool {
+        self.current.get(&id) == Some(&e)
+            || self.checkpointed.get(&id) == Some(&e)
+            || self
+                .in_progress
+                .as_ref()
+                .is_some_and(|m| m.get(&id) == Some(&e))
+    }
+
+    /// Frees `e` (once held by node `id`) if no version of the table references it any more.
+    pub fn release(&mut self, id: NodeId, e: Extent) {
+        if !self.referenced(id, e) {
+            self.alloc.free(e);
+        }
+    }
+
+    /// Records that node `id`'s newest image is at `e`.
+    pub fn relocate(&mut self, id: NodeId, e: Extent) {
+        if let Some(old) = self.current.insert(id, e) {
+            if old != e {
+                self.release(id, old);
+            }
+        }
+    }
+
+    /// Forgets node `id` (merged away).
+    pub fn remove(&mut self, id: NodeId) {
+        if let Some(old) = self.current.remove(&id) {
+            self.release(id, old);
+        }
+    }
+
+    /// Makes `in_progress` the checkpointed table, freeing what only the old one referenced.
+    pub fn complete_checkpoint(&mut self, table: Extent) {
+        let new = self.in_progress.take().expect("a checkpoint in progress");
+        let old = std::mem::replace(&mut self.checkpointed, new);
+        for (id, e) in old {
+            self.release(id, e);
+        }
+        if let Some(t) = self.checkpointed_table.replace(table) {
+            self.alloc.free(t);
+        }
+    }
+
+    /// Drops an unfinished checkpoint's table, freeing what only it referenced.
+    pub fn abort_checkpoint(&mut self, table: Option<Extent>) {
+        if let Some(m) = self.in_progress.take() {
+            for (id, e) in m {
+                self.release(id, e);
+            }
+        }
+        if let Some(t) = table {
+            self.alloc.free(t);
+        }
+    }
+}
+
+const BTT_MAGIC: [u8; 4] = *b"AMBT";
+const BTT_VERSION: u16 = 1;
+const BTT_HEADER: usize = 32;
+const BTT_CRC_AT: usize = 16;
+
+/// Serializes a table: a 32-byte header, then `(node id, block, blocks, refcount)` per node.
+/// The reference count is always 1 in this version; it is reserved for shared subtrees (clones).
+pub fn encode_btt(map: &HashMap<NodeId, Extent>) -> AlignedBuf {
+    let mut entries: Vec<(&NodeId, &Extent)> = map.iter().collect();
+    entries.sort();
+    let mut e = Enc::with_capacity(BTT_HEADER + entries.len() * 24);
+    e.raw(&BTT_MAGIC);
+    e.u16(BTT_VERSION);
+    e.u16(0);
+    e.u64(entries.len() as u64);
+    e.u32(0); // crc at 16
+    e.raw(&[0u8; 12]);
+    for (id, ext) in entries {
+        e.u64(*id);
+        e.u64(ext.block);
+        e.u32(ext.blocks as u32);
+        e.u32(1);
+    }
+    let c = crc_with_hole(&e.buf, BTT_CRC_AT);
+    e.put_u32_at(BTT_CRC_AT, c);
+    AlignedBuf::from_slice(&e.buf)
+}
+
+/// Parses and verifies a table read from `offset`.
+pub fn decode_btt(
+    bytes: &[u8],
+    count: u64,
+    data_start: u64,
+    dev_blocks: u64,
+    offset: u64,
+) -> Result<HashMap<NodeId, Extent>> {
+    let len = BTT_HEADER
+        + usize::try_from(count)
+            .ok()
+            .and_then(|c| c.checked_mul(24))
+            .ok_or_else(|| Error::Corrupt("table size".into()))?;
+    if len > bytes.len() {
+        return Err(Error::Corrupt(
+            "block translation table longer than its extent".into(),
+        ));
+    }
+    let stored = u32::from_le_bytes(
+        bytes[BTT_CRC_AT..BTT_CRC_AT + 4]
+            .try_into()
+            .expect("4 bytes"),
+    );
+    if crc_with_hole(&bytes[..len], BTT_CRC_AT) != stored {
+        return Err(Error::Checksum {
+            what: "block translation table".into(),
+            offset,
+        });
+    }
+    let mut d = Dec::new(&bytes[..len], "block translation table");
+    if d.raw(4)? != BTT_MAGIC {
+        return Err(Error::Corrupt("block translation table: bad magic".into()));
+    }
+    if d.u16()? != BTT_VERSION {
+        return Err(Error::Corrupt(
+            "block translation table: unknown version".into(),
+        ));
+    }
+    d.u16()?;
+    if d.u64()? != count {
+        return Err(Error::Corrupt(
+            "block translation table: count differs from the superblock".into(),
+        ));
+    }
+    d.raw(16)?;
+    let mut map = HashMap::with_capacity(count as usize);
+    for _ in 0..count {
+        let id = d.u64()?;
+        let block = d.u64()?;
+        let blocks = d.u32()? as u64;
+        let refcount = d.u32()?;
+        if refcount != 1 || blocks == 0 || block < data_start || block + blocks > dev_blocks {
+            return Err(Error::Corrupt(format!(
+                "block translation table: bad entry for node {id}"
+            )));
+        }
+        if map.insert(id, Extent { block, blocks }).is_some() {
+            return Err(Error::Corrupt(format!(
+                "block translation table: node {id} listed twice"
+            )));
+        }
+    }
+    Ok(map)
+}
+
+/// Counters of what the store did.
+#[derive(Debug, Default)]
+pub struct StoreCounters {
+    /// Node images written.
+    pub nodes_written: AtomicU64,
+    /// Bytes of node images written.
+    pub node_bytes_written: AtomicU64,
+    /// Node reads (headers, whole nodes, partitions).
+    pub node_reads: AtomicU64,
+    /// Bytes read for nodes.
+    pub node_bytes_read: AtomicU64,
+}
+
+/// The device, its space and its table.
+pub struct Store {
+    /// The device.
+    pub dev: Arc<dyn BlockDevice>,
+    /// Table and allocator.
+    pub btt: Mutex<Btt>,
+    /// Counters.
+    pub counters: StoreCounters,
+}
+
+impl Store {
+    /// Reads `len` bytes (rounded up to blocks) at `offset`.
+    pub fn read(&self, offset: u64, len: usize, what: &str) -> Result<AlignedBuf> {
+        let mut buf = AlignedBuf::zeroed(len);
+        self.dev
+            .read_at(offset, &mut buf)
+            .map_err(|e| Error::io(format!("reading {what}"), e))?;
+        self.counters.node_reads.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .node_bytes_read
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(buf)
+    }
+
+    /// Allocates an extent for `buf` and writes it there. The extent is not yet referenced by any
+    /// table: the caller records it (or releases it on failure).
+    pub fn write_new(&self, buf: &AlignedBuf, what: &str) -> Result<Extent> {
+        let blocks = (buf.len() / BLOCK_SIZE) as u64;
+        let ext = self.btt.lock().alloc.alloc(blocks).ok_or_else(|| {
+            Error::NoSpace(format!("no free extent of {} bytes for {what}", buf.len()))
+        })?;
+        if let Err(e) = self.dev.write_at(ext.offset(), buf) {
+            self.btt.lock().alloc.free(ext);
+            return Err(Error::io(format!("writing {what}"), e));
+        }
+        self.counters.nodes_written.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .node_bytes_written
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(ext)
+    }
+
+    /// The current extent of node `id`.
+    pub fn location(&self, id: NodeId) -> Option<Extent> {
+        self.btt.lock().current.get(&id).copied()
+    }
+
+    /// Flushes the device.
+    pub fn flush(&self, what: &str) -> Result<()> {
+        self.dev
+            .flush()
+            .map_err(|e| Error::io(format!("flushing the device ({what})"), e))
+    }
+}
+
+/// crc32c of a byte slice (re-exported for the checkpoint code).
+pub fn table_crc(bytes: &[u8]) -> u32 {
+    crc(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocator_best_fit_and_coalescing() {
+        let mut a = Allocator::new(10, 110);
+        let x = a.alloc(10).unwrap();
+        let y = a.alloc(20).unwrap();
+        let z = a.alloc(5).unwrap();
+        assert_eq!(a.free_blocks(), 65);
+        a.free(y);
+        // A 5-block request fits best in the 20-block hole? No: best fit picks the smallest hole.
+        let w = a.alloc(20).unwrap();
+        assert_eq!(w, y);
+        a.free(x);
+        a.free(w);
+        a.free(z);
+        assert_eq!(a.free_blocks(), 100);
+        assert_eq!(a.free_extents(), 1);
+        assert!(a.claim(Extent {
+            block: 50,
+            blocks: 10
+        }));
+        assert!(!a.claim(Extent {
+            block: 55,
+            blocks: 10
+        }));
+        assert_eq!(a.free_blocks(), 90);
+        assert!(a.alloc(1000).is_none());
+    }
+
+    #[test]
+    fn btt_versions_keep_extents_alive() {
+        let mut b = Btt {
+            current: HashMap::new(),
+            checkpointed: HashMap::new(),
+            in_progress: None,
+            checkpointed_table: None,
+            alloc: Allocator::new(0, 100),
+        };
+        let e1 = b.alloc.alloc(4).unwrap();
+        b.relocate(7, e1);
+        b.in_progress = Some(b.current.clone());
+        let e2 = b.alloc.alloc(4).unwrap();
+        b.relocate(7, e2);
+        // e1 is still referenced by the checkpoint in progress.
+        assert_eq!(b.alloc.free_blocks(), 92);
+        let t = b.alloc.alloc(1).unwrap();
+        b.complete_checkpoint(t);
+        assert_eq!(b.alloc.free_blocks(), 91);
+        b.in_progress = Some(b.current.clone());
+        let t2 = b.alloc.alloc(1).unwrap();
+        b.complete_checkpoint(t2);
+        // e1 is referenced by nothing now; the old table was freed.
+        assert_eq!(b.alloc.free_blocks(), 96 - 1);
+        let enc = encode_btt(&b.checkpointed);
+        let back = decode_btt(&enc, 1, 0, 100, 0).unwrap();
+        assert_eq!(back, b.checkpointed);
+        let mut bad = enc.to_vec();
+        bad[BTT_HEADER + 3] ^= 1;
+        assert!(decode_btt(&bad, 1, 0, 100, 0).is_err());
+    }
+}

@@ -1,0 +1,368 @@
+//! The two superblocks at the start of the image.
+//!
+//! Block 0 and block 1 each hold a copy; a checkpoint writes the one its generation selects
+//! (`generation % 2`), so a torn superblock write leaves the other intact. On open, the valid copy
+//! with the highest generation wins.
+
+use amaranth_device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
+
+use crate::codec::{crc_with_hole, Dec, Enc};
+use crate::config::{Compression, Format};
+use crate::error::{Error, Result};
+
+/// Magic bytes at the start of each superblock.
+pub const SUPER_MAGIC: [u8; 8] = *b"AMARANTH";
+/// The on-disk format version this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+const CRC_AT: usize = 12;
+
+/// An extent of whole blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Extent {
+    /// First block.
+    pub block: u64,
+    /// Number of blocks.
+    pub blocks: u64,
+}
+
+impl Extent {
+    /// Byte offset on the device.
+    pub fn offset(&self) -> u64 {
+        self.block * BLOCK_SIZE as u64
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.blocks as usize * BLOCK_SIZE
+    }
+    /// Whether the extent is empty.
+    pub fn is_empty(&self) -> bool {
+        self.blocks == 0
+    }
+}
+
+/// Everything the engine needs to find its state after a restart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    /// Checkpoint number; the higher valid copy wins.
+    pub generation: u64,
+    /// Identity of the image.
+    pub uuid: [u8; 16],
+    /// Size of the image in blocks when it was created.
+    pub device_blocks: u64,
+    /// Format parameters.
+    pub node_size: u32,
+    /// Leaf partition size.
+    pub partition_size: u32,
+    /// Maximum fanout.
+    pub max_fanout: u32,
+    /// Maximum key length.
+    pub max_key_len: u32,
+    /// Maximum value length.
+    pub max_value_len: u32,
+    /// Compression code.
+    pub compression: u8,
+    /// Whether the engine was closed cleanly after this checkpoint.
+    pub clean: bool,
+    /// First block of the log region.
+    pub log_start_block: u64,
+    /// Blocks in the log region.
+    pub log_blocks: u64,
+    /// Log incarnation: chunks from another epoch are never replayed.
+    pub log_epoch: u64,
+    /// Virtual log offset where replay starts.
+    pub log_tail_voff: u64,
+    /// LSN of the first record at `log_tail_voff`.
+    pub log_tail_lsn: u64,
+    /// Records with a lower LSN are included in this checkpoint.
+    pub ckpt_lsn: u64,
+    /// The next message sequence number after the checkpointed state.
+    pub next_msn: u64,
+    /// Next node id to hand out.
+    pub next_node_id: u64,
+    /// Id of the root node.
+    pub root_id: u64,
+    /// Where the block translation table of this checkpoint lies.
+    pub btt: Extent,
+    /// crc32c of the table.
+    pub btt_crc: u32,
+    /// Number of table entries.
+    pub btt_count: u64,
+    /// When the image was created (Unix seconds).
+    pub created_unix: u64,
+    /// When this checkpoint was written (Unix seconds).
+    pub checkpoint_unix: u64,
+}
+
+impl Superblock {
+    /// The format parameters recorded in the superblock.
+    pub fn format(&self) -> Result<Format> {
+        let compression = Compression::from_code(self.compression).ok_or_else(|| {
+            Error::Corrupt(format!(
+                "superblock: unknown compression {}",
+                self.compression
+            ))
+        })?;
+        let f = Format {
+            node_size: self.node_size as usize,
+            partition_size: self.partition_size as usize,
+            max_fanout: self.max_fanout as usize,
+            max_key_len: self.max_key_len as usize,
+            max_value_len: self.max_value_len as usize,
+            log_size: Some(self.log_blocks * BLOCK_SIZE as u64),
+            compression,
+        };
+        f.validate()
+            .map_err(|e| Error::Corrupt(format!("superblock format parameters: {e}")))?;
+        Ok(f)
+    }
+
+    /// First block after the superblocks and the log, where extents are allocated.
+    pub fn data_start_block(&self) -> u64 {
+        self.log_start_block + self.log_blocks
+    }
+
+    /// Serializes into one block.
+    pub fn encode(&self) -> AlignedBuf {
+        let mut e = Enc::with_capacity(BLOCK_SIZE);
+        e.raw(&SUPER_MAGIC);
+        e.u32(FORMAT_VERSION);
+        e.u32(0);
+        e.u64(self.generation);
+        e.raw(&self.uuid);
+        e.u64(self.device_blocks);
+        e.u32(self.node_size);
+        e.u32(self.partition_size);
+        e.u32(self.max_fanout);
+        e.u32(self.max_key_len);
+        e.u32(self.max_value_len);
+        e.u8(self.compression);
+        e.u8(self.clean as u8);
+        e.u16(0);
+        e.u64(self.log_start_block);
+        e.u64(self.log_blocks);
+        e.u64(self.log_epoch);
+        e.u64(self.log_tail_voff);
+        e.u64(self.log_tail_lsn);
+        e.u64(self.ckpt_lsn);
+        e.u64(self.next_msn);
+        e.u64(self.next_node_id);
+        e.u64(self.root_id);
+        e.u64(self.btt.block);
+        e.u64(self.btt.blocks);
+        e.u32(self.btt_crc);
+        e.u32(0);
+        e.u64(self.btt_count);
+        e.u64(self.created_unix);
+        e.u64(self.checkpoint_unix);
+        let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
+        buf[..e.len()].copy_from_slice(&e.buf);
+        let c = crc_with_hole(&buf, CRC_AT);
+        buf[CRC_AT..CRC_AT + 4].copy_from_slice(&c.to_le_bytes());
+        buf
+    }
+
+    /// Parses and verifies one superblock copy read from byte `offset`.
+    pub fn decode(block: &[u8], offset: u64) -> Result<Superblock> {
+        let mut d = Dec::new(block, "superblock");
+        if d.raw(8)? != SUPER_MAGIC {
+            return Err(Error::BadMagic(format!(
+                "no Amaranth superblock at byte {offset}"
+            )));
+        }
+        let version = d.u32()?;
+        let stored = d.u32()?;
+        if crc_with_hole(block, CRC_AT) != stored {
+            return Err(Error::Checksum {
+                what: "superblock".into(),
+                offset,
+            });
+        }
+        if version != FORMAT_VERSION {
+            return Err(Error::UnsupportedVersion {
+                found: version,
+                supported: FORMAT_VERSION,
+            });
+        }
+        let generation = d.u64()?;
+        let uuid: [u8; 16] = d.raw(16)?.try_into().expect("16 bytes");
+        let sb = Superblock {
+            generation,
+            uuid,
+            device_blocks: d.u64()?,
+            node_size: d.u32()?,
+            partition_size: d.u32()?,
+            max_fanout: d.u32()?,
+            max_key_len: d.u32()?,
+            max_value_len: d.u32()?,
+            compression: d.u8()?,
+            clean: d.u8()? != 0,
+            log_start_block: {
+                d.u16()?;
+                d.u64()?
+            },
+            log_blocks: d.u64()?,
+            log_epoch: d.u64()?,
+            log_tail_voff: d.u64()?,
+            log_tail_lsn: d.u64()?,
+            ckpt_lsn: d.u64()?,
+            next_msn: d.u64()?,
+            next_node_id: d.u64()?,
+            root_id: d.u64()?,
+            btt: Extent {
+                block: d.u64()?,
+                blocks: d.u64()?,
+            },
+            btt_crc: d.u32()?,
+            btt_count: {
+                d.u32()?;
+                d.u64()?
+            },
+            created_unix: d.u64()?,
+            checkpoint_unix: d.u64()?,
+        };
+        sb.validate()?;
+        Ok(sb)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(Error::Corrupt(format!("superblock: {m}")));
+        if self.log_start_block != 2 || self.log_blocks == 0 {
+            return bad("log region out of place");
+        }
+        if self.data_start_block() >= self.device_blocks {
+            return bad("log region beyond the device");
+        }
+        if self.btt.block < self.data_start_block()
+            || self.btt.block + self.btt.blocks > self.device_blocks
+        {
+            return bad("block translation table out of bounds");
+        }
+        if self.root_id == 0 || self.next_node_id <= self.root_id || self.next_msn == 0 {
+            return bad("impossible counters");
+        }
+        if self.log_tail_lsn > self.ckpt_lsn {
+            return bad("log tail after the checkpoint");
+        }
+        Ok(())
+    }
+
+    /// Writes this superblock into its slot (`generation % 2`).
+    pub fn write(&self, dev: &dyn BlockDevice) -> Result<()> {
+        let slot = self.generation % 2;
+        dev.write_at(slot * BLOCK_SIZE as u64, &self.encode())
+            .map_err(|e| Error::io(format!("writing superblock copy {slot}"), e))
+    }
+
+    /// Reads both copies and returns the newest valid one, or the most telling error.
+    pub fn read_newest(dev: &dyn BlockDevice) -> Result<Superblock> {
+        if dev.len() < 2 * BLOCK_SIZE as u64 {
+            return Err(Error::TooSmall(format!(
+                "{} holds only {} bytes",
+                dev.describe(),
+                dev.len()
+            )));
+        }
+        let mut buf = AlignedBuf::zeroed(2 * BLOCK_SIZE);
+        dev.read_at(0, &mut buf)
+            .map_err(|e| Error::io("reading the superblocks", e))?;
+        let a = Superblock::decode(&buf[..BLOCK_SIZE], 0);
+        let b = Superblock::decode(&buf[BLOCK_SIZE..], BLOCK_SIZE as u64);
+        let sb = match (a, b) {
+            (Ok(a), Ok(b)) => {
+                if a.generation >= b.generation {
+                    a
+                } else {
+                    b
+                }
+            }
+            (Ok(a), Err(_)) => a,
+            (Err(_), Ok(b)) => b,
+            (Err(ea), Err(eb)) => {
+                // Prefer the error that says the most: a wrong version, then a checksum, then magic.
+                return Err(match (&ea, &eb) {
+                    (Error::UnsupportedVersion { .. }, _) => ea,
+                    (_, Error::UnsupportedVersion { .. }) => eb,
+                    (Error::BadMagic(_), Error::BadMagic(_)) => Error::BadMagic(format!(
+                        "{} does not hold an Amaranth image (no superblock)",
+                        dev.describe()
+                    )),
+                    (Error::BadMagic(_), _) => eb,
+                    _ => ea,
+                });
+            }
+        };
+        if dev.len() < sb.device_blocks * BLOCK_SIZE as u64 {
+            return Err(Error::TooSmall(format!(
+                "{} has {} bytes but the image was created with {} (truncated?)",
+                dev.describe(),
+                dev.len(),
+                sb.device_blocks * BLOCK_SIZE as u64
+            )));
+        }
+        Ok(sb)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use amaranth_device::MemDevice;
+
+    fn sample(generation: u64) -> Superblock {
+        Superblock {
+            generation,
+            uuid: [7; 16],
+            device_blocks: 1000,
+            node_size: 16384,
+            partition_size: 4096,
+            max_fanout: 4,
+            max_key_len: 256,
+            max_value_len: 1024,
+            compression: 0,
+            clean: true,
+            log_start_block: 2,
+            log_blocks: 100,
+            log_epoch: 3,
+            log_tail_voff: 4096,
+            log_tail_lsn: 5,
+            ckpt_lsn: 9,
+            next_msn: 77,
+            next_node_id: 10,
+            root_id: 1,
+            btt: Extent {
+                block: 200,
+                blocks: 1,
+            },
+            btt_crc: 1234,
+            btt_count: 3,
+            created_unix: 1,
+            checkpoint_unix: 2,
+        }
+    }
+
+    #[test]
+    fn newest_valid_copy_wins() {
+        let dev = MemDevice::new(1000 * 4096);
+        sample(4).write(&dev).unwrap();
+        sample(5).write(&dev).unwrap();
+        assert_eq!(Superblock::read_newest(&dev).unwrap().generation, 5);
+        // Tear the newest copy: the older one is used.
+        dev.with_bytes_mut(|b| b[4096 + 40] ^= 1);
+        assert_eq!(Superblock::read_newest(&dev).unwrap().generation, 4);
+        dev.with_bytes_mut(|b| b[40] ^= 1);
+        assert!(matches!(
+            Superblock::read_newest(&dev),
+            Err(Error::Checksum { .. })
+        ));
+        let blank = MemDevice::new(1000 * 4096);
+        assert!(matches!(
+            Superblock::read_newest(&blank),
+            Err(Error::BadMagic(_))
+        ));
+        let short = MemDevice::new(4096);
+        assert!(matches!(
+            Superblock::read_newest(&short),
+            Err(Error::TooSmall(_))
+        ));
+    }
+}

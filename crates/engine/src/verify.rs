@@ -1,0 +1,180 @@
+//! A full check of the tree: every node read and checksummed, every invariant checked.
+
+use std::collections::HashSet;
+
+use crate::error::{Error, Result};
+use crate::node::{Body, NodeId, ROOT_ID};
+use crate::tree::Tree;
+
+/// What a verification found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Height of the root.
+    pub height: u32,
+    /// Internal nodes visited.
+    pub internal_nodes: u64,
+    /// Leaves visited.
+    pub leaves: u64,
+    /// Entries stored in leaves (before pending messages are applied).
+    pub leaf_entries: u64,
+    /// Bytes of entries stored in leaves.
+    pub leaf_bytes: u64,
+    /// Keys with pending point messages in buffers.
+    pub buffered_keys: u64,
+    /// Pending range deletes in buffers.
+    pub buffered_ranges: u64,
+    /// Bytes of pending messages.
+    pub buffered_bytes: u64,
+    /// Nodes in the translation table that the tree does not reach (space leaks, harmless).
+    pub leaked_nodes: Vec<NodeId>,
+}
+
+/// A node still to visit: (id, inclusive low bound, exclusive high bound, expected height, oldest
+/// message its parent buffers for it).
+type Pending = (NodeId, Vec<u8>, Option<Vec<u8>>, Option<u32>, u64);
+
+fn broken(msg: String) -> Error {
+    Error::Corrupt(msg)
+}
+
+/// Walks the whole tree. Holds `writers` exclusive so the tree does not change meanwhile.
+pub fn verify(tree: &Tree) -> Result<Report> {
+    let _w = tree.writers.write();
+    let mut report = Report::default();
+    let mut seen: HashSet<NodeId> = HashSet::new();
+    let mut stack: Vec<Pending> = vec![(ROOT_ID, Vec::new(), None, None, u64::MAX)];
+    while let Some((id, lo, hi, height, msn_bound)) = stack.pop() {
+        if !seen.insert(id) {
+            return Err(broken(format!("node {id} is reachable twice")));
+        }
+        let cn = tree.pin(id)?;
+        tree.load_partitions(&cn, None)?;
+        let g = cn.read();
+        if let Some(h) = height {
+            if g.height != h {
+                return Err(broken(format!(
+                    "node {id} has height {} where {h} was expected",
+                    g.height
+                )));
+            }
+        } else {
+            report.height = g.height;
+        }
+        if g.max_msn >= msn_bound {
+            return Err(broken(format!(
+                "node {id} has applied message {} but its parent still buffers messages from {msn_bound}",
+                g.max_msn
+            )));
+        }
+        let in_bounds =
+            |k: &[u8]| k >= lo.as_slice() && hi.as_ref().is_none_or(|h| k < h.as_slice());
+        match &g.body {
+            Body::Leaf(l) => {
+                report.leaves += 1;
+                if l.pivots.len() + 1 != l.parts.len() {
+                    return Err(broken(format!(
+                        "leaf {id}: {} pivots for {} partitions",
+                        l.pivots.len(),
+                        l.parts.len()
+                    )));
+                }
+                let mut prev: Option<Vec<u8>> = None;
+                for (i, slot) in l.parts.iter().enumerate() {
+                    let p = slot
+                        .data()
+                        .ok_or_else(|| broken(format!("leaf {id}: partition {i} did not load")))?;
+                    for j in 0..p.len() {
+                        let k = p.key(j);
+                        if !in_bounds(k) {
+                            return Err(broken(format!(
+                                "leaf {id}: key outside the range its parent gives it"
+                            )));
+                        }
+                        if i > 0 && k < l.pivots[i - 1].as_slice()
+                            || i < l.pivots.len() && k >= l.pivots[i].as_slice()
+                        {
+                            return Err(broken(format!(
+                                "leaf {id}: partition {i} holds a key outside its pivots"
+                            )));
+                        }
+                        if prev.as_deref().is_some_and(|q| q >= k) {
+                            return Err(broken(format!("leaf {id}: keys out of order")));
+                        }
+                        prev = Some(k.to_vec());
+                        report.leaf_entries += 1;
+                        report.leaf_bytes += (k.len() + p.value(j).len()) as u64;
+                    }
+                }
+            }
+            Body::Internal(n) => {
+                report.internal_nodes += 1;
+                if n.children.len() != n.pivots.len() + 1 || n.buffers.len() != n.children.len() {
+                    return Err(broken(format!(
+                        "node {id}: inconsistent child, pivot and buffer counts"
+                    )));
+                }
+                if g.height == 0 {
+                    return Err(broken(format!("node {id}: internal node at height 0")));
+                }
+                for p in &n.pivots {
+                    if !in_bounds(p) && p.as_slice() != lo.as_slice() {
+                        return Err(broken(format!("node {id}: pivot outside the node's range")));
+                    }
+                }
+                for w in n.pivots.windows(2) {
+                    if w[0] >= w[1] {
+                        return Err(broken(format!("node {id}: pivots out of order")));
+                    }
+                }
+                for (i, b) in n.buffers.iter().enumerate() {
+                    let (cl, ch) = n.child_bounds(i, &lo, hi.as_deref());
+                    let mut oldest = u64::MAX;
+                    for (k, km) in b.points_in(&[], None) {
+                        if k.as_slice() < cl || ch.is_some_and(|h| k.as_slice() >= h) {
+                            return Err(broken(format!(
+                                "node {id}: buffer {i} holds a key outside its child's range"
+                            )));
+                        }
+                        if km.max_msn() > g.max_msn {
+                            return Err(broken(format!(
+                                "node {id}: buffered message newer than the node"
+                            )));
+                        }
+                        oldest = oldest.min(km.min_msn());
+                        report.buffered_keys += 1;
+                    }
+                    for r in b.ranges_in(&[], None) {
+                        if r.lo.as_slice() < cl || ch.is_some_and(|h| r.hi.as_slice() > h) {
+                            return Err(broken(format!(
+                                "node {id}: buffer {i} holds a range outside its child's range"
+                            )));
+                        }
+                        oldest = oldest.min(r.msn);
+                        report.buffered_ranges += 1;
+                    }
+                    report.buffered_bytes += b.bytes() as u64;
+                    stack.push((
+                        n.children[i],
+                        cl.to_vec(),
+                        ch.map(|h| h.to_vec()),
+                        Some(g.height - 1),
+                        oldest,
+                    ));
+                }
+            }
+        }
+        drop(g);
+        drop(cn);
+        tree.make_room()?;
+    }
+    let btt = tree.store.btt.lock();
+    let mut leaked: Vec<NodeId> = btt
+        .current
+        .keys()
+        .filter(|id| !seen.contains(id))
+        .copied()
+        .collect();
+    leaked.sort();
+    report.leaked_nodes = leaked;
+    Ok(report)
+}

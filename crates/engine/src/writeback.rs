@@ -1,0 +1,163 @@
+//! Writing nodes: eviction under the memory bound and the node writes of a checkpoint.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::cache::CachedNode;
+use crate::error::Result;
+use crate::node::{self, Body, SubLoc};
+use crate::superblock::Extent;
+use crate::tree::Tree;
+
+impl Tree {
+    /// Evicts least recently used nodes (writing dirty ones back) until usage is below 90% of the
+    /// bound. Call without holding latches.
+    pub fn make_room(&self) -> Result<()> {
+        if !self.cache.over_budget() {
+            return Ok(());
+        }
+        let target = self.cache.budget() / 10 * 9;
+        for cn in self.cache.victims() {
+            if self.cache.used() <= target {
+                break;
+            }
+            {
+                let m = cn.meta.lock();
+                if m.deleted || m.pending {
+                    continue;
+                }
+            }
+            if cn.is_dirty() {
+                self.write_back(&cn)?;
+                self.cache
+                    .counters
+                    .writebacks
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            self.cache.evict_if_idle(&cn);
+        }
+        Ok(())
+    }
+
+    /// Writes a dirty node to a new extent and, if it did not change meanwhile, marks it clean there.
+    pub fn write_back(&self, cn: &Arc<CachedNode>) -> Result<()> {
+        let mut g = cn.read();
+        if g.leaf().is_some_and(|l| !l.fully_resident()) {
+            drop(g);
+            self.load_partitions(cn, None)?;
+            g = cn.read();
+        }
+        let version = {
+            let m = cn.meta.lock();
+            if !m.dirty || m.deleted || m.pending {
+                return Ok(());
+            }
+            m.version
+        };
+        let img = node::serialize(cn.id, &g, self.format.compression);
+        drop(g);
+        let ext = self.store.write_new(&img.buf, &format!("node {}", cn.id))?;
+        self.install(cn, version, ext, &img.sublocs, false);
+        Ok(())
+    }
+
+    /// Records a written image of `cn` taken at `version`. If the node is unchanged it becomes clean
+    /// at `ext`; otherwise the image is dropped (or, for a checkpoint image, kept only by the
+    /// checkpoint's table).
+    fn install(
+        &self,
+        cn: &CachedNode,
+        version: u64,
+        ext: Extent,
+        sublocs: &[SubLoc],
+        for_checkpoint: bool,
+    ) {
+        // The write latch waits for partition loads that read the old extent.
+        let g = cn.write();
+        let mut m = cn.meta.lock();
+        let mut btt = self.store.btt.lock();
+        if for_checkpoint {
+            btt.in_progress
+                .as_mut()
+                .expect("checkpoint in progress")
+                .insert(cn.id, ext);
+        }
+        if m.version == version && !m.deleted {
+            if m.pending && !for_checkpoint {
+                // The checkpoint began after this image was taken and the node has not changed since:
+                // the image is exactly what the checkpoint needs.
+                if let Some(ip) = btt.in_progress.as_mut() {
+                    ip.insert(cn.id, ext);
+                    m.pending = false;
+                }
+            }
+            m.dirty = false;
+            btt.relocate(cn.id, ext);
+            if let Body::Leaf(l) = &g.body {
+                assert_eq!(
+                    l.parts.len(),
+                    sublocs.len(),
+                    "leaf layout changed under an unchanged version"
+                );
+                for (slot, loc) in l.parts.iter().zip(sublocs) {
+                    slot.state.lock().loc = Some(*loc);
+                }
+            }
+        } else if !for_checkpoint {
+            btt.release(cn.id, ext);
+        }
+    }
+
+    /// Writes a node that was dirty when the running checkpoint began, unless a modifier already
+    /// saved it.
+    pub fn checkpoint_write(&self, cn: &Arc<CachedNode>) -> Result<()> {
+        let g = cn.read();
+        let version = {
+            let mut m = cn.meta.lock();
+            if !m.pending || m.deleted {
+                return Ok(());
+            }
+            m.pending = false;
+            m.version
+        };
+        if let Body::Leaf(l) = &g.body {
+            assert!(l.fully_resident(), "a dirty leaf is always fully resident");
+        }
+        let img = node::serialize(cn.id, &g, self.format.compression);
+        drop(g);
+        let ext = self
+            .store
+            .write_new(&img.buf, &format!("node {} (checkpoint)", cn.id))?;
+        self.install(cn, version, ext, &img.sublocs, true);
+        Ok(())
+    }
+
+    /// Writes the images modifiers saved for the running checkpoint.
+    pub fn drain_checkpoint_queue(&self) -> Result<()> {
+        loop {
+            let item = self.ckpt_queue.lock().pop();
+            let Some((id, buf)) = item else { return Ok(()) };
+            let len = buf.len();
+            let r = self
+                .store
+                .write_new(&buf, &format!("node {id} (checkpoint)"));
+            self.cache.add_used(-(len as isize));
+            let ext = r?;
+            self.store
+                .btt
+                .lock()
+                .in_progress
+                .as_mut()
+                .expect("checkpoint in progress")
+                .insert(id, ext);
+        }
+    }
+
+    /// Forgets queued checkpoint images (after a failed checkpoint).
+    pub fn clear_checkpoint_queue(&self) {
+        let items = std::mem::take(&mut *self.ckpt_queue.lock());
+        for (_, buf) in items {
+            self.cache.add_used(-(buf.len() as isize));
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! Shared pieces of the engine tests: a random operation generator and a `BTreeMap` model.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use amaranth_engine::{Engine, Format, Op, Options, Patch};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+pub type Model = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// The test format: tiny nodes so that splits, merges and flushes happen constantly.
+pub fn small_format() -> Format {
+    Format::small_for_tests()
+}
+
+/// Options with a small cache and no background threads (deterministic).
+pub fn small_options() -> Options {
+    Options {
+        cache_size: 256 << 10,
+        background_threads: false,
+        ..Options::default()
+    }
+}
+
+/// Applies one operation to the model.
+pub fn apply_model(m: &mut Model, op: &Op) {
+    match op {
+        Op::Put { key, value } => {
+            m.insert(key.clone(), value.clone());
+        }
+        Op::Delete { key } => {
+            m.remove(key);
+        }
+        Op::Upsert { key, patch } => {
+            let old = m.remove(key);
+            if let Some(v) = patch.apply(old) {
+                m.insert(key.clone(), v);
+            }
+        }
+        Op::RangeDelete { lo, hi } => {
+            if lo < hi {
+                let keys: Vec<Vec<u8>> = m
+                    .range::<[u8], _>((Bound::Included(&lo[..]), Bound::Excluded(&hi[..])))
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in keys {
+                    m.remove(&k);
+                }
+            }
+        }
+        Op::MovePrefix { from, to } | Op::CopyPrefix { from, to } => {
+            let moved: Vec<(Vec<u8>, Vec<u8>)> = m
+                .iter()
+                .filter(|(k, _)| k.starts_with(from))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            if matches!(op, Op::MovePrefix { .. }) {
+                for (k, _) in &moved {
+                    m.remove(k);
+                }
+            }
+            for (k, v) in moved {
+                let mut nk = to.clone();
+                nk.extend_from_slice(&k[from.len()..]);
+                m.insert(nk, v);
+            }
+        }
+    }
+}
+
+/// Generates random operations over a bounded key space.
+pub struct Gen {
+    pub rng: SmallRng,
+    pub keys: u32,
+    pub max_value: usize,
+}
+
+impl Gen {
+    pub fn new(seed: u64, keys: u32, max_value: usize) -> Gen {
+        Gen {
+            rng: SmallRng::seed_from_u64(seed),
+            keys,
+            max_value,
+        }
+    }
+
+    pub fn key(&mut self) -> Vec<u8> {
+        let n = self.rng.gen_range(0..self.keys);
+        // Variable lengths and shared prefixes: "k0042", "k0042/x", "k0042/xyz..."
+        let mut k = format!("k{n:04}").into_bytes();
+        match self.rng.gen_range(0..4) {
+            0 => {}
+            1 => k.extend_from_slice(b"/x"),
+            2 => k.extend_from_slice(&vec![b'y'; self.rng.gen_range(1..40)]),
+            _ => {
+                k.push(b'/');
+                k.push(self.rng.gen_range(b'a'..=b'e'));
+            }
+        }
+        k
+    }
+
+    pub fn value(&mut self) -> Vec<u8> {
+        let len = if self.rng.gen_bool(0.1) {
+            0
+        } else {
+            self.rng.gen_range(1..=self.max_value)
+        };
+        let b: u8 = self.rng.gen();
+        (0..len).map(|i| b.wrapping_add(i as u8)).collect()
+    }
+
+    pub fn simple_op(&mut self) -> Op {
+        match self.rng.gen_range(0..100) {
+            0..=44 => Op::Put {
+                key: self.key(),
+                value: self.value(),
+            },
+            45..=59 => Op::Delete { key: self.key() },
+            60..=84 => {
+                let key = self.key();
+                let patch = if self.rng.gen_bool(0.85) {
+                    let len = self.rng.gen_range(0..=64usize.min(self.max_value));
+                    let offset = self.rng.gen_range(0..=(self.max_value - len)) as u32;
+                    Patch::Write {
+                        offset,
+                        data: (0..len).map(|_| self.rng.gen()).collect(),
+                    }
+                } else {
+                    Patch::Truncate {
+                        len: self.rng.gen_range(0..=self.max_value as u32),
+                    }
+                };
+                Op::Upsert { key, patch }
+            }
+            _ => {
+                // Mostly narrow ranges (one key family), sometimes a span of a few dozen keys.
+                let a = self.key();
+                let b = if self.rng.gen_bool(0.6) {
+                    let mut b = a.clone();
+                    b.push(0xff);
+                    b
+                } else {
+                    let n: u32 = std::str::from_utf8(&a[1..5]).unwrap().parse().unwrap();
+                    format!("k{:04}", (n + self.rng.gen_range(1..40)).min(9999)).into_bytes()
+                };
+                Op::RangeDelete { lo: a, hi: b }
+            }
+        }
+    }
+}
+
+/// Every entry of the engine, in order, through the iterator.
+pub fn dump(e: &Engine) -> Model {
+    e.range(Bound::Unbounded, Bound::Unbounded)
+        .map(|r| r.expect("scan"))
+        .collect()
+}
+
+/// Compares a random range scan (forward or reverse) with the model.
+pub fn check_range(e: &Engine, m: &Model, g: &mut Gen, seed: u64, step: usize) {
+    let (mut a, mut b) = (g.key(), g.key());
+    if a > b {
+        std::mem::swap(&mut a, &mut b);
+    }
+    if a == b {
+        b.push(b'~');
+    }
+    let lo = if g.rng.gen_bool(0.2) {
+        Bound::Unbounded
+    } else if g.rng.gen_bool(0.5) {
+        Bound::Included(&a[..])
+    } else {
+        Bound::Excluded(&a[..])
+    };
+    let hi = if g.rng.gen_bool(0.2) {
+        Bound::Unbounded
+    } else if g.rng.gen_bool(0.5) {
+        Bound::Included(&b[..])
+    } else {
+        Bound::Excluded(&b[..])
+    };
+    let expect: Vec<(Vec<u8>, Vec<u8>)> = m
+        .range::<[u8], _>((lo, hi))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if g.rng.gen_bool(0.5) {
+        let got: Vec<(Vec<u8>, Vec<u8>)> = e.range(lo, hi).map(|r| r.expect("scan")).collect();
+        assert_eq!(
+            got.len(),
+            expect.len(),
+            "seed {seed} step {step}: forward scan {lo:?}..{hi:?} length"
+        );
+        assert!(
+            got == expect,
+            "seed {seed} step {step}: forward scan {lo:?}..{hi:?} differs"
+        );
+    } else {
+        let mut got: Vec<(Vec<u8>, Vec<u8>)> =
+            e.range_rev(lo, hi).map(|r| r.expect("scan")).collect();
+        got.reverse();
+
+        assert_eq!(
+            got.len(),
+            expect.len(),
+            "seed {seed} step {step}: reverse scan {lo:?}..{hi:?} length"
+        );
+        assert!(
+            got == expect,
+            "seed {seed} step {step}: reverse scan {lo:?}..{hi:?} differs"
+        );
+    }
+}

@@ -1,0 +1,200 @@
+//! Model-based random tests: the engine against a `BTreeMap`, with tiny nodes and a tiny cache so
+//! that flushes, splits, merges, evictions and checkpoints happen all the time.
+//!
+//! Every run prints its seed; replay one with `AMARANTH_SEED=<seed> cargo test -p amaranth-engine
+//! --test model replay -- --nocapture`.
+
+mod common;
+
+use std::sync::Arc;
+
+use amaranth_device::MemDevice;
+use amaranth_engine::{Batch, Compression, Engine, Op, Options};
+use common::*;
+use rand::Rng;
+
+/// Runs one random sequence; panics with the seed and step on the first difference.
+fn run(seed: u64, steps: usize) {
+    let dev = Arc::new(MemDevice::new(48 << 20));
+    // Vary the format with the seed: compression codec and key space (hence tree depth).
+    let mut format = small_format();
+    format.compression =
+        [Compression::None, Compression::Lz4, Compression::Zstd][(seed % 3) as usize];
+    let keys = [300, 1500, 4000][(seed / 3 % 3) as usize];
+    let options = Options {
+        cache_size: 128 << 10,
+        ..small_options()
+    };
+    let mut e = Engine::create(dev.clone(), format, options.clone()).expect("create");
+    let mut m = Model::new();
+    let mut g = Gen::new(seed, keys, 900);
+    for step in 0..steps {
+        let r = g.rng.gen_range(0..1000);
+        match r {
+            0..=599 => {
+                let op = g.simple_op();
+                apply_model(&mut m, &op);
+                let mut b = Batch::new();
+                b.ops.push(op);
+                e.write(&b)
+                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: write failed: {err}"));
+            }
+            600..=679 => {
+                let n = g.rng.gen_range(2..6);
+                let mut b = Batch::new();
+                for _ in 0..n {
+                    let op = g.simple_op();
+                    apply_model(&mut m, &op);
+                    b.ops.push(op);
+                }
+                e.write(&b)
+                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: batch failed: {err}"));
+            }
+            680..=689 => {
+                // Move or copy one key family to another prefix.
+                let a = format!("k{:04}/", g.rng.gen_range(0..keys)).into_bytes();
+                let b = format!("k{:04}/", g.rng.gen_range(0..keys)).into_bytes();
+                if a != b {
+                    let op = if g.rng.gen_bool(0.5) {
+                        Op::MovePrefix { from: a, to: b }
+                    } else {
+                        Op::CopyPrefix { from: a, to: b }
+                    };
+                    apply_model(&mut m, &op);
+                    let mut batch = Batch::new();
+                    batch.ops.push(op);
+                    e.write(&batch).unwrap_or_else(|err| {
+                        panic!("seed {seed} step {step}: prefix op failed: {err}")
+                    });
+                }
+            }
+            690..=899 => {
+                let k = g.key();
+                let got = e
+                    .get(&k)
+                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: get failed: {err}"));
+                assert_eq!(
+                    got.as_ref(),
+                    m.get(&k),
+                    "seed {seed} step {step}: get {:?}",
+                    String::from_utf8_lossy(&k)
+                );
+            }
+            900..=969 => check_range(&e, &m, &mut g, seed, step),
+            970..=979 => e
+                .checkpoint()
+                .unwrap_or_else(|err| panic!("seed {seed} step {step}: checkpoint: {err}")),
+            980..=989 => {
+                e.close()
+                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: close: {err}"));
+                e = Engine::open(dev.clone(), options.clone())
+                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: open: {err}"));
+            }
+            _ => {
+                // A crash after sync: nothing acknowledged may be lost.
+                e.sync().unwrap();
+                e.abandon();
+                e = Engine::open(dev.clone(), options.clone())
+                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: recover: {err}"));
+            }
+        }
+        if step % 500 == 499 {
+            let report = e
+                .verify()
+                .unwrap_or_else(|err| panic!("seed {seed} step {step}: verify: {err}"));
+            assert!(
+                report.leaked_nodes.is_empty(),
+                "seed {seed} step {step}: leaked nodes {:?}",
+                report.leaked_nodes
+            );
+        }
+    }
+    assert!(dump(&e) == m, "seed {seed}: final contents differ");
+    if std::env::var("AMARANTH_SEED").is_ok() {
+        eprintln!("{:#?}", e.stats());
+    }
+    let st = e.stats();
+    // Nodes pinned by the running operation may exceed the bound briefly: a path of a few nodes.
+    assert!(
+        st.cache_peak_bytes <= st.cache_budget + 8 * small_format().node_size,
+        "seed {seed}: cache bound exceeded: {st:?}"
+    );
+    e.verify()
+        .unwrap_or_else(|err| panic!("seed {seed}: final verify: {err}"));
+    e.close().unwrap();
+    let e = Engine::open(dev, options).unwrap();
+    assert!(
+        dump(&e) == m,
+        "seed {seed}: contents differ after the last reopen"
+    );
+}
+
+fn seeds(n: u64) -> impl Iterator<Item = u64> {
+    let base: u64 = std::env::var("AMARANTH_SEED_BASE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed);
+    (0..n).map(move |i| base.wrapping_mul(6364136223846793005).wrapping_add(i))
+}
+
+#[test]
+fn random_sequences_match_the_model() {
+    let n: u64 = std::env::var("AMARANTH_MODEL_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    for seed in seeds(n) {
+        eprintln!("model seed {seed}");
+        run(seed, 2500);
+    }
+}
+
+#[test]
+fn replay() {
+    if let Some(seed) = std::env::var("AMARANTH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        let steps = std::env::var("AMARANTH_STEPS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(2500);
+        run(seed, steps);
+    }
+}
+
+#[test]
+fn big_sequential_and_reverse_workload() {
+    // Enough data for a tree several levels deep with the small format.
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let e = Engine::create(dev.clone(), small_format(), small_options()).unwrap();
+    let mut m = Model::new();
+    for i in 0..20_000u32 {
+        let k = format!("key{:08}", (i * 7919) % 20_000).into_bytes();
+        let v = vec![(i % 251) as u8; 40 + (i % 60) as usize];
+        e.put(&k, &v).unwrap();
+        m.insert(k, v);
+    }
+    e.range_delete(b"key00005000", b"key00015000").unwrap();
+    apply_model(
+        &mut m,
+        &Op::RangeDelete {
+            lo: b"key00005000".to_vec(),
+            hi: b"key00015000".to_vec(),
+        },
+    );
+    let st = e.stats();
+    assert!(st.height >= 2, "tree should be deep: {st:?}");
+    assert!(dump(&e) == m);
+    let rev: Vec<_> = e
+        .range_rev(std::ops::Bound::Unbounded, std::ops::Bound::Unbounded)
+        .map(|r| r.unwrap())
+        .collect();
+    assert!(rev.iter().rev().cloned().collect::<Model>() == m);
+    assert_eq!(rev.len(), m.len());
+    let report = e.verify().unwrap();
+    assert!(report.leaked_nodes.is_empty());
+    e.close().unwrap();
+    let e = Engine::open(dev, small_options()).unwrap();
+    assert!(dump(&e) == m);
+}

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what Amaranth needs to build, run and test, if it is missing. Idempotent.
+#   scripts/install-deps.sh            build + run + test dependencies
+#   scripts/install-deps.sh --bench    also the benchmark suite's (fio, xfsprogs, btrfs-progs, dovecot, ...)
+set -euo pipefail
+want_bench=0
+[[ "${1:-}" == "--bench" ]] && want_bench=1
+
+apt_pkgs=(fuse3 pkg-config build-essential sqlite3 rsync git)
+if (( want_bench )); then
+  apt_pkgs+=(fio xfsprogs btrfs-progs e2fsprogs dovecot-imapd postmark linux-source-6.1 time)
+fi
+
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if (( ${#missing[@]} )); then
+  echo "installing Debian packages: ${missing[*]}"
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null; then
+  echo "cargo not found: install Rust (stable) with rustup first" >&2
+  exit 1
+fi
+
+if (( want_bench )); then
+  python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install -q -r bench/requirements.txt
+fi
