@@ -158,6 +158,9 @@ pub struct Options {
     pub background_threads: bool,
     /// Open without writing anything (no recovery checkpoint, every write refused).
     pub read_only: bool,
+    /// Accept the older superblock copy when the newer one is damaged (repair only: the state
+    /// may then be older than what was acknowledged).
+    pub fallback_superblock: bool,
 }
 
 impl Default for Options {
@@ -169,6 +172,7 @@ impl Default for Options {
             checkpoint_log_fraction: 0.5,
             background_threads: true,
             read_only: false,
+            fallback_superblock: false,
         }
     }
 }

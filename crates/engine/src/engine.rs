@@ -622,7 +622,8 @@ impl Inner {
                         || self
                             .wake_state
                             .lock()
-                            .last_write.is_some_and(|t| t.elapsed() <= Duration::from_secs(1))
+                            .last_write
+                            .is_some_and(|t| t.elapsed() <= Duration::from_secs(1))
                     {
                         break;
                     }
@@ -731,7 +732,7 @@ impl Engine {
 
     /// Opens an existing store, replaying the log after its last checkpoint.
     pub fn open(dev: Arc<dyn BlockDevice>, options: Options) -> Result<Engine> {
-        let sb = Superblock::read_newest(&*dev)?;
+        let sb = Superblock::read_newest(&*dev, options.fallback_superblock)?;
         let format = sb.format()?;
         options.validate(&format)?;
         let data_start = sb.data_start_block();
@@ -807,6 +808,7 @@ impl Engine {
             sb.log_epoch,
             sb.log_tail_voff,
             sb.log_tail_lsn,
+            !sb.clean,
             |lsn, payload| {
                 if lsn < ckpt_lsn {
                     return Ok(());
@@ -1198,7 +1200,9 @@ pub struct RangeIter<'a> {
 impl<'a> RangeIter<'a> {
     fn new(engine: &'a Engine, lo: Bound<&[u8]>, hi: Bound<&[u8]>, forward: bool) -> RangeIter<'a> {
         let (lo, hi) = normalize(lo, hi);
-        let cursor = lo.as_ref().map(|l| if forward { Some(l.clone()) } else { hi.clone() });
+        let cursor = lo
+            .as_ref()
+            .map(|l| if forward { Some(l.clone()) } else { hi.clone() });
         RangeIter {
             engine,
             lo: lo.unwrap_or_default(),

@@ -254,7 +254,11 @@ impl Superblock {
     }
 
     /// Reads both copies and returns the newest valid one, or the most telling error.
-    pub fn read_newest(dev: &dyn BlockDevice) -> Result<Superblock> {
+    ///
+    /// A copy that was never written (no magic) is ignored. A copy with the magic but a bad
+    /// checksum is damage, not a crash (a superblock is one block, written atomically), so it is an
+    /// error unless `allow_fallback` (the repair path) accepts the other, older copy.
+    pub fn read_newest(dev: &dyn BlockDevice, allow_fallback: bool) -> Result<Superblock> {
         if dev.len() < 2 * BLOCK_SIZE as u64 {
             return Err(Error::TooSmall(format!(
                 "{} holds only {} bytes",
@@ -275,8 +279,19 @@ impl Superblock {
                     b
                 }
             }
-            (Ok(a), Err(_)) => a,
-            (Err(_), Ok(b)) => b,
+            (Ok(good), Err(bad)) | (Err(bad), Ok(good)) => {
+                if !allow_fallback && !matches!(bad, Error::BadMagic(_)) {
+                    return Err(Error::Checksum {
+                        what: format!(
+                            "superblock (the other copy, generation {}, is intact but may be older; \
+                             `amaranth fsck --repair` can fall back to it): {bad}",
+                            good.generation
+                        ),
+                        offset: if matches!(bad, Error::Checksum { offset: 0, .. }) { 0 } else { BLOCK_SIZE as u64 },
+                    });
+                }
+                good
+            }
             (Err(ea), Err(eb)) => {
                 // Prefer the error that says the most: a wrong version, then a checksum, then magic.
                 return Err(match (&ea, &eb) {
@@ -345,24 +360,35 @@ mod tests {
         let dev = MemDevice::new(1000 * 4096);
         sample(4).write(&dev).unwrap();
         sample(5).write(&dev).unwrap();
-        assert_eq!(Superblock::read_newest(&dev).unwrap().generation, 5);
-        // Tear the newest copy: the older one is used.
+        assert_eq!(Superblock::read_newest(&dev, false).unwrap().generation, 5);
+        // Damage the newest copy: an error, unless the repair path accepts the older one.
         dev.with_bytes_mut(|b| b[4096 + 40] ^= 1);
-        assert_eq!(Superblock::read_newest(&dev).unwrap().generation, 4);
+        assert!(matches!(
+            Superblock::read_newest(&dev, false),
+            Err(Error::Checksum { .. })
+        ));
+        assert_eq!(Superblock::read_newest(&dev, true).unwrap().generation, 4);
         dev.with_bytes_mut(|b| b[40] ^= 1);
         assert!(matches!(
-            Superblock::read_newest(&dev),
+            Superblock::read_newest(&dev, true),
             Err(Error::Checksum { .. })
         ));
         let blank = MemDevice::new(1000 * 4096);
         assert!(matches!(
-            Superblock::read_newest(&blank),
+            Superblock::read_newest(&blank, false),
             Err(Error::BadMagic(_))
         ));
         let short = MemDevice::new(4096);
         assert!(matches!(
-            Superblock::read_newest(&short),
+            Superblock::read_newest(&short, false),
             Err(Error::TooSmall(_))
         ));
+        // A copy never written is not damage: the other one is used.
+        let fresh = MemDevice::new(1000 * 4096);
+        sample(1).write(&fresh).unwrap();
+        assert_eq!(
+            Superblock::read_newest(&fresh, false).unwrap().generation,
+            1
+        );
     }
 }

@@ -298,7 +298,10 @@ impl Log {
                 }
                 s.inflight = Some((voff, first));
                 s.head_voff = voff + len;
-                chunk = Some((voff, encode_chunk(s.epoch, voff, first, n, &records)));
+                chunk = Some((
+                    voff,
+                    encode_chunk(s.epoch, voff, first, n, s.durable_lsn, &records),
+                ));
             }
             drop(s);
             let mut result = Ok(());
@@ -316,6 +319,22 @@ impl Log {
                     .dev
                     .flush()
                     .map_err(|e| Error::io("flushing the redo log", e));
+                if result.is_ok() && chunk.is_some() {
+                    // An end marker after the chunk says "everything before me was durable", so
+                    // damage to this chunk is detected instead of looking like a torn tail.
+                    // It is not flushed: losing it only loses that detection. The next chunk
+                    // overwrites it.
+                    let s = self.state.lock();
+                    let at = s.head_voff;
+                    if at + BLOCK_SIZE as u64 - s.tail_voff <= self.region_len {
+                        let marker = encode_chunk(s.epoch, at, end_lsn, 0, end_lsn, &[]);
+                        drop(s);
+                        let phys = self.region_start + at % self.region_len;
+                        if let Err(e) = self.dev.write_at(phys, &marker) {
+                            log::warn!("amaranth: writing the log end marker failed: {e}");
+                        }
+                    }
+                }
             }
             s = self.state.lock();
             s.leader = false;
@@ -355,7 +374,18 @@ impl Log {
     }
 }
 
-fn encode_chunk(epoch: u64, voff: u64, first: Lsn, n: u32, records: &[u8]) -> AlignedBuf {
+/// Encodes a chunk. `durable` is the LSN below which every record was already on stable storage
+/// when this chunk was written: recovery uses it to tell a torn write (harmless, the tail of the
+/// log) from damage to records that had been acknowledged as durable (an error). A chunk with no
+/// records is an end marker, written after a device flush.
+fn encode_chunk(
+    epoch: u64,
+    voff: u64,
+    first: Lsn,
+    n: u32,
+    durable: Lsn,
+    records: &[u8],
+) -> AlignedBuf {
     let mut h = Enc::with_capacity(CHUNK_HEADER);
     h.raw(&CHUNK_MAGIC);
     h.u16(CHUNK_VERSION);
@@ -365,7 +395,8 @@ fn encode_chunk(epoch: u64, voff: u64, first: Lsn, n: u32, records: &[u8]) -> Al
     h.u64(first);
     h.u32(n);
     h.u32(records.len() as u32);
-    h.raw(&[0u8; 20]);
+    h.u64(durable);
+    h.raw(&[0u8; 12]);
     h.u32(0);
     assert_eq!(h.len(), CHUNK_HEADER);
     let c = crc_with_hole(&h.buf, CHUNK_CRC_AT);
@@ -389,8 +420,46 @@ pub struct Recovered {
     pub stop_reason: String,
 }
 
+/// A parsed, verified chunk header.
+struct ChunkHeader {
+    first: Lsn,
+    n: u32,
+    len: usize,
+    durable: Lsn,
+}
+
+/// Parses the chunk header in `blk` if it is valid for virtual offset `at` in `epoch`.
+fn parse_chunk_header(blk: &[u8], at: u64, epoch: u64, region_len: u64) -> Option<ChunkHeader> {
+    let mut d = Dec::new(&blk[..CHUNK_HEADER], "log chunk");
+    if d.raw(4).ok()? != CHUNK_MAGIC || d.u16().ok()? != CHUNK_VERSION {
+        return None;
+    }
+    d.u16().ok()?;
+    let (e, v, first) = (d.u64().ok()?, d.u64().ok()?, d.u64().ok()?);
+    let n = d.u32().ok()?;
+    let len = d.u32().ok()? as usize;
+    let durable = d.u64().ok()?;
+    d.raw(12).ok()?;
+    let stored = d.u32().ok()?;
+    let ok = crc_with_hole(&blk[..CHUNK_HEADER], CHUNK_CRC_AT) == stored
+        && e == epoch
+        && v == at
+        && (n > 0) == (len > 0)
+        && (CHUNK_HEADER + len) as u64 <= region_len - at % region_len;
+    ok.then_some(ChunkHeader {
+        first,
+        n,
+        len,
+        durable,
+    })
+}
+
 /// Scans the log from `tail_voff` (whose first record is `tail_lsn`), calling `apply(lsn, payload)`
-/// for each valid record in order, and stops at the first invalid or missing one.
+/// for each valid record in order, and stops at the end marker or the first invalid or missing
+/// record. With `check_damage`, it then looks at the rest of the region: a later chunk that says
+/// the missing records had been made durable proves damage rather than a torn write, and is an
+/// error.
+#[allow(clippy::too_many_arguments)]
 pub fn recover(
     dev: &dyn BlockDevice,
     region_start: u64,
@@ -398,6 +467,7 @@ pub fn recover(
     epoch: u64,
     tail_voff: u64,
     tail_lsn: Lsn,
+    check_damage: bool,
     mut apply: impl FnMut(Lsn, &[u8]) -> Result<()>,
 ) -> Result<Recovered> {
     let mut voff = tail_voff;
@@ -410,25 +480,7 @@ pub fn recover(
             .map_err(|e| Error::io("reading the redo log", e))?;
         Ok(b)
     };
-    let parse_header = |blk: &[u8], at: u64, expect: Lsn| -> Option<(u32, usize)> {
-        let mut d = Dec::new(&blk[..CHUNK_HEADER], "log chunk");
-        if d.raw(4).ok()? != CHUNK_MAGIC || d.u16().ok()? != CHUNK_VERSION {
-            return None;
-        }
-        d.u16().ok()?;
-        let (e, v, first) = (d.u64().ok()?, d.u64().ok()?, d.u64().ok()?);
-        let n = d.u32().ok()?;
-        let len = d.u32().ok()? as usize;
-        d.raw(20).ok()?;
-        let stored = d.u32().ok()?;
-        let ok = crc_with_hole(&blk[..CHUNK_HEADER], CHUNK_CRC_AT) == stored
-            && e == epoch
-            && v == at
-            && first == expect
-            && n > 0
-            && (CHUNK_HEADER + len) as u64 <= region_len - at % region_len;
-        ok.then_some((n, len))
-    };
+    let mut at_marker = false;
     let stop_reason = loop {
         if voff - tail_voff >= region_len {
             break "the log wrapped all the way around".to_string();
@@ -445,15 +497,22 @@ pub fn recover(
                 continue;
             }
             let blk = read(at, BLOCK_SIZE)?;
-            if let Some((n, len)) = parse_header(&blk, at, expect) {
-                found = Some((at, n, len, blk));
-                break;
+            if let Some(h) = parse_chunk_header(&blk, at, epoch, region_len) {
+                if h.first == expect {
+                    found = Some((at, h, blk));
+                    break;
+                }
             }
         }
-        let Some((at, n, len, first_block)) = found else {
+        let Some((at, h, first_block)) = found else {
             break format!("no valid chunk at log offset {voff}");
         };
-        let total = round_up(CHUNK_HEADER + len);
+        if h.n == 0 {
+            resume = at;
+            at_marker = true;
+            break "end marker".to_string();
+        }
+        let total = round_up(CHUNK_HEADER + h.len);
         let chunk = if total > BLOCK_SIZE {
             let rest = read(at + BLOCK_SIZE as u64, total - BLOCK_SIZE)?;
             let mut all = Vec::with_capacity(total);
@@ -464,10 +523,10 @@ pub fn recover(
             first_block.to_vec()
         };
         resume = at + total as u64;
-        let body = &chunk[CHUNK_HEADER..CHUNK_HEADER + len];
+        let body = &chunk[CHUNK_HEADER..CHUNK_HEADER + h.len];
         let mut pos = 0usize;
         let mut bad = None;
-        for _ in 0..n {
+        for _ in 0..h.n {
             if pos + RECORD_HEADER > body.len() {
                 bad = Some("a record header runs past its chunk".to_string());
                 break;
@@ -502,6 +561,33 @@ pub fn recover(
         }
         voff = resume;
     };
+    if check_damage && !at_marker {
+        // Look for any later chunk of this epoch that was written after record `expect` was durable.
+        let limit = tail_voff + region_len;
+        let mut at = voff.max(tail_voff) + BLOCK_SIZE as u64;
+        const SPAN: u64 = 1 << 20;
+        while at < limit {
+            let n = SPAN.min(limit - at).min(region_len - at % region_len);
+            let buf = read(at, n as usize)?;
+            for b in 0..(n as usize / BLOCK_SIZE) {
+                let blk = &buf[b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE];
+                if blk[..4] != CHUNK_MAGIC {
+                    continue;
+                }
+                let here = at + (b * BLOCK_SIZE) as u64;
+                if let Some(h) = parse_chunk_header(blk, here, epoch, region_len) {
+                    if h.durable > expect {
+                        return Err(Error::Corrupt(format!(
+                            "the redo log is damaged: record {expect} was durable (the chunk at log offset {here} \
+                             says records below {} were), but it cannot be read ({stop_reason})",
+                            h.durable
+                        )));
+                    }
+                }
+            }
+            at += n;
+        }
+    }
     Ok(Recovered {
         resume_voff: resume,
         next_lsn: expect,
@@ -519,7 +605,7 @@ mod tests {
 
     fn replay(dev: &dyn BlockDevice, epoch: u64, tail: u64, lsn: Lsn) -> Vec<(Lsn, Vec<u8>)> {
         let mut out = Vec::new();
-        recover(dev, 4096, REGION, epoch, tail, lsn, |l, p| {
+        recover(dev, 4096, REGION, epoch, tail, lsn, true, |l, p| {
             out.push((l, p.to_vec()));
             Ok(())
         })

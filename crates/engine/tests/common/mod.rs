@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod crashsim;
+
 use std::collections::BTreeMap;
 use std::ops::Bound;
 

@@ -1,0 +1,127 @@
+//! Power-cut simulation shared by the crash tests and the soak.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use amaranth_device::{CrashPlan, FaultDevice, MemDevice};
+use amaranth_engine::{Batch, Engine, Op, Options};
+use rand::Rng;
+
+use super::*;
+
+pub fn hash_model(m: &Model) -> u64 {
+    let mut h = DefaultHasher::new();
+    m.hash(&mut h);
+    h.finish()
+}
+
+pub struct Run {
+    pub dev: Arc<FaultDevice>,
+    /// Hash of the model after each prefix of operations (index = number of operations).
+    pub states: Vec<u64>,
+    /// (trace position right after a completed sync, operations acknowledged before it).
+    pub syncs: Vec<(usize, usize)>,
+    pub options: Options,
+}
+
+pub fn workload(seed: u64, steps: usize) -> Run {
+    let dev = Arc::new(FaultDevice::new(24 << 20));
+    let options = Options {
+        cache_size: 128 << 10,
+        ..small_options()
+    };
+    let e = Engine::create(dev.clone(), small_format(), options.clone()).expect("create");
+    dev.restart_recording();
+    let mut m = Model::new();
+    let mut g = Gen::new(seed, 400, 700);
+    let mut states = vec![hash_model(&m)];
+    let mut syncs = Vec::new();
+    for step in 0..steps {
+        let mut b = Batch::new();
+        let n = if g.rng.gen_bool(0.2) {
+            g.rng.gen_range(2..5)
+        } else {
+            1
+        };
+        for _ in 0..n {
+            let op = if g.rng.gen_bool(0.02) {
+                let a = format!("k{:04}/", g.rng.gen_range(0..400)).into_bytes();
+                let b = format!("k{:04}/", g.rng.gen_range(0..400)).into_bytes();
+                if a == b {
+                    g.simple_op()
+                } else {
+                    Op::MovePrefix { from: a, to: b }
+                }
+            } else {
+                g.simple_op()
+            };
+            b.ops.push(op);
+        }
+        // A batch with a prefix move applies its operations in order against the model too.
+        for op in &b.ops {
+            apply_model(&mut m, op);
+        }
+        e.write(&b)
+            .unwrap_or_else(|err| panic!("seed {seed} step {step}: {err}"));
+        states.push(hash_model(&m));
+        match g.rng.gen_range(0..100) {
+            0..=11 => {
+                e.sync().unwrap();
+                syncs.push((dev.trace_len(), states.len() - 1));
+            }
+            12..=14 => e.checkpoint().unwrap(),
+            _ => {}
+        }
+    }
+    e.abandon();
+    Run {
+        dev,
+        states,
+        syncs,
+        options,
+    }
+}
+
+/// Opens a crashed image and checks it against the run. Returns the recovered prefix length.
+pub fn check_crash(run: &Run, pos: usize, plan: &CrashPlan, what: &str) -> usize {
+    let img = run.dev.crash_image(pos, plan);
+    let dev = Arc::new(MemDevice::from_bytes(img));
+    let e = Engine::open(dev, run.options.clone())
+        .unwrap_or_else(|err| panic!("{what}: recovery failed: {err}"));
+    let report = e
+        .verify()
+        .unwrap_or_else(|err| panic!("{what}: verify after recovery: {err}"));
+    assert!(
+        report.leaked_nodes.is_empty(),
+        "{what}: leaked nodes after recovery"
+    );
+    let h = hash_model(&dump(&e));
+    let min = run
+        .syncs
+        .iter()
+        .filter(|(p, _)| *p <= pos)
+        .map(|(_, k)| *k)
+        .max()
+        .unwrap_or(0);
+    let found = (min..run.states.len()).rev().find(|&k| run.states[k] == h);
+    let k = found.unwrap_or_else(|| {
+        let any = run.states.iter().position(|&s| s == h);
+        panic!("{what}: recovered state is not a prefix of at least {min} operations (matches prefix {any:?})")
+    });
+    e.close().unwrap();
+    k
+}
+
+pub fn crash_points(run: &Run, seed: u64, random: usize) -> Vec<usize> {
+    let mut points = run.dev.flush_points();
+    let len = run.dev.trace_len();
+    let mut rng = Gen::new(seed ^ 0xc0ffee, 1, 1).rng;
+    for _ in 0..random {
+        points.push(rng.gen_range(0..=len));
+    }
+    points.push(len);
+    points.sort();
+    points.dedup();
+    points
+}

@@ -1,0 +1,144 @@
+//! Threads: concurrent writers, readers, scanners, syncs and checkpoints, with the background
+//! threads running, on a small cache.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use amaranth_device::MemDevice;
+use amaranth_engine::{Engine, Options, Patch};
+use common::*;
+use rand::{Rng, SeedableRng};
+
+#[test]
+fn concurrent_writers_readers_and_checkpoints() {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let options = Options {
+        cache_size: 256 << 10,
+        background_threads: true,
+        log_flush_interval: Duration::from_millis(20),
+        checkpoint_interval: Duration::from_millis(150),
+        ..Options::default()
+    };
+    let e = Arc::new(Engine::create(dev.clone(), small_format(), options.clone()).unwrap());
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers = 3u32;
+    let per_writer = 4000u32;
+    let mut handles = Vec::new();
+    // Each writer owns a key family; it ends with a known state we can check.
+    for w in 0..writers {
+        let e = e.clone();
+        handles.push(std::thread::spawn(move || {
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(w as u64);
+            for i in 0..per_writer {
+                let k = format!("w{w}/{:05}", i % 700).into_bytes();
+                match rng.gen_range(0..10) {
+                    0 => {
+                        e.delete(&k).unwrap();
+                    }
+                    1..=3 => {
+                        e.upsert(
+                            &k,
+                            Patch::Write {
+                                offset: 4,
+                                data: vec![w as u8; 4],
+                            },
+                        )
+                        .unwrap();
+                    }
+                    _ => {
+                        e.put(&k, format!("{w}-{i}-payload").as_bytes()).unwrap();
+                    }
+                }
+                if i % 500 == 0 {
+                    e.sync().unwrap();
+                }
+            }
+            // A final, deterministic state for the family.
+            e.range_delete(format!("w{w}/").as_bytes(), format!("w{w}0").as_bytes())
+                .unwrap();
+            for i in 0..300u32 {
+                e.put(
+                    format!("w{w}/{i:05}").as_bytes(),
+                    format!("final-{w}-{i}").as_bytes(),
+                )
+                .unwrap();
+            }
+        }));
+    }
+    // Readers and scanners: results must always be well formed and in order.
+    for r in 0..2 {
+        let e = e.clone();
+        let stop = stop.clone();
+        handles.push(std::thread::spawn(move || {
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(100 + r);
+            while !stop.load(Ordering::Relaxed) {
+                let w = rng.gen_range(0..3);
+                let k = format!("w{w}/{:05}", rng.gen_range(0..700)).into_bytes();
+                if let Some(v) = e.get(&k).unwrap() {
+                    assert!(!v.is_empty());
+                }
+                let lo = format!("w{w}/").into_bytes();
+                let hi = format!("w{w}0").into_bytes();
+                let mut prev: Option<Vec<u8>> = None;
+                for item in e
+                    .range(
+                        std::ops::Bound::Included(&lo[..]),
+                        std::ops::Bound::Excluded(&hi[..]),
+                    )
+                    .take(200)
+                {
+                    let (k, _) = item.unwrap();
+                    assert!(prev.as_ref().is_none_or(|p| *p < k), "scan out of order");
+                    prev = Some(k);
+                }
+            }
+        }));
+    }
+    let checkpointer = {
+        let e = e.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                e.checkpoint().unwrap();
+                std::thread::sleep(Duration::from_millis(30));
+            }
+        })
+    };
+    let readers: Vec<_> = handles.drain(writers as usize..).collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for h in readers {
+        h.join().unwrap();
+    }
+    checkpointer.join().unwrap();
+    let mut expect = Model::new();
+    for w in 0..writers {
+        for i in 0..300u32 {
+            expect.insert(
+                format!("w{w}/{i:05}").into_bytes(),
+                format!("final-{w}-{i}").into_bytes(),
+            );
+        }
+    }
+    assert!(dump(&e) == expect, "final state differs");
+    let report = e.verify().unwrap();
+    assert!(report.leaked_nodes.is_empty());
+    let st = e.stats();
+    assert!(st.failure.is_none(), "{st:?}");
+    let e = Arc::try_unwrap(e).ok().expect("sole owner");
+    e.close().unwrap();
+    let e = Engine::open(
+        dev,
+        Options {
+            background_threads: false,
+            ..options
+        },
+    )
+    .unwrap();
+    assert!(dump(&e) == expect, "state differs after reopen");
+}

@@ -1,0 +1,282 @@
+//! Crash, failure and corruption tests through the fault-injecting device.
+//!
+//! A workload runs on a [`FaultDevice`] that records every write and flush. Afterwards, for every
+//! flush point and for random points in between, the image a power cut would have left is rebuilt
+//! (everything before the last flush, plus none, all, or a random torn subset of the later writes),
+//! opened, and compared with the model: it must equal the state after some prefix of the
+//! operations, and that prefix must include every operation acknowledged by a completed `sync`.
+
+mod common;
+
+use std::sync::Arc;
+
+use amaranth_device::{BlockDevice, CrashPlan, FaultDevice, FaultRule, IoKind, MemDevice};
+use amaranth_engine::{Batch, Engine, Error, Options};
+use common::crashsim::*;
+use common::*;
+use rand::Rng;
+
+#[test]
+fn crash_at_every_flush_and_between() {
+    let runs: u64 = std::env::var("AMARANTH_CRASH_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(6);
+    let mut states = 0usize;
+    for seed in 0..runs {
+        let seed = 0xc4a5_0000 + seed;
+        eprintln!("crash seed {seed}");
+        let run = workload(seed, 300);
+        for (i, pos) in crash_points(&run, seed, 40).into_iter().enumerate() {
+            let plans = [
+                CrashPlan::DropAll,
+                CrashPlan::KeepAll,
+                CrashPlan::Random {
+                    seed: seed + i as u64,
+                    keep: 0.5,
+                    tear: 0.5,
+                },
+            ];
+            for plan in plans {
+                let what = format!("seed {seed} crash at {pos} with {plan:?}");
+                check_crash(&run, pos, &plan, &what);
+                states += 1;
+            }
+        }
+    }
+    eprintln!("checked {states} crash states");
+}
+
+#[test]
+fn failing_writes_and_flushes_lose_nothing_acknowledged() {
+    for (kind, after) in [
+        (IoKind::Write, 40),
+        (IoKind::Flush, 5),
+        (IoKind::Write, 200),
+        (IoKind::Flush, 30),
+    ] {
+        let dev = Arc::new(FaultDevice::new(24 << 20));
+        let options = small_options();
+        let e = Engine::create(dev.clone(), small_format(), options.clone()).unwrap();
+        dev.add_rule(FaultRule::always_after(kind, after));
+        let mut m = Model::new();
+        let mut synced = Model::new();
+        let mut g = Gen::new(after, 300, 500);
+        let mut failed = false;
+        for step in 0..2000 {
+            let op = g.simple_op();
+            match e.write(&Batch {
+                ops: vec![op.clone()],
+            }) {
+                Ok(_) => apply_model(&mut m, &op),
+                Err(err) => {
+                    // Once the device failed, the engine refuses writes with a clear error.
+                    assert!(
+                        matches!(err, Error::Io { .. } | Error::ReadOnly(_)),
+                        "{kind:?}/{after} step {step}: {err}"
+                    );
+                    failed = true;
+                    break;
+                }
+            }
+            if step % 10 == 9 {
+                match e.sync() {
+                    Ok(()) => synced = m.clone(),
+                    Err(_) => {
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+        }
+        assert!(failed, "{kind:?} after {after}: the fault never surfaced");
+        assert!(
+            e.put(b"x", b"y").is_err(),
+            "writes after a failure must be refused"
+        );
+        e.abandon();
+        dev.clear_rules();
+        // The device "recovers" (power cycle): whatever reached it is what a restart sees.
+        let img = dev.crash_image(dev.trace_len(), &CrashPlan::DropAll);
+        let e = Engine::open(Arc::new(MemDevice::from_bytes(img)), options).unwrap();
+        let got = dump(&e);
+        for (k, v) in &synced {
+            // Everything synced is there unless a later acknowledged write changed it.
+            let later = m.get(k);
+            assert!(
+                got.get(k) == Some(v) || got.get(k) == later,
+                "{kind:?}/{after}: synced key {k:?} lost"
+            );
+        }
+    }
+}
+
+#[test]
+fn failing_reads_are_errors_not_wrong_data() {
+    let dev = Arc::new(FaultDevice::new(24 << 20));
+    let options = Options {
+        cache_size: 128 << 10,
+        ..small_options()
+    };
+    let e = Engine::create(dev.clone(), small_format(), options.clone()).unwrap();
+    let mut m = Model::new();
+    for i in 0..3000u32 {
+        let k = format!("key{i:06}").into_bytes();
+        let v = vec![(i % 200) as u8; 100];
+        e.put(&k, &v).unwrap();
+        m.insert(k, v);
+    }
+    e.close().unwrap();
+    let e = Engine::open(dev.clone(), options).unwrap();
+    dev.add_rule(FaultRule::always_after(IoKind::Read, 3));
+    let mut errors = 0;
+    for (k, v) in m.iter().step_by(37) {
+        match e.get(k) {
+            Ok(Some(got)) => assert_eq!(&got, v),
+            Ok(None) => panic!("a failed read must not look like a missing key"),
+            Err(err) => {
+                assert!(matches!(err, Error::Io { .. }), "unexpected error {err}");
+                errors += 1;
+            }
+        }
+    }
+    assert!(errors > 0);
+    dev.clear_rules();
+    for (k, v) in m.iter().step_by(41) {
+        assert_eq!(e.get(k).unwrap().as_ref(), Some(v));
+    }
+}
+
+#[test]
+fn flipped_bytes_give_errors_never_wrong_data() {
+    let dev = Arc::new(MemDevice::new(24 << 20));
+    let options = Options {
+        cache_size: 128 << 10,
+        ..small_options()
+    };
+    let e = Engine::create(dev.clone(), small_format(), options.clone()).unwrap();
+    let mut m = Model::new();
+    let mut g = Gen::new(99, 800, 600);
+    for _ in 0..3000 {
+        let op = g.simple_op();
+        apply_model(&mut m, &op);
+        e.write(&Batch { ops: vec![op] }).unwrap();
+    }
+    // Leave some work in the log too.
+    e.checkpoint().unwrap();
+    for _ in 0..200 {
+        let op = g.simple_op();
+        apply_model(&mut m, &op);
+        e.write(&Batch { ops: vec![op] }).unwrap();
+    }
+    e.sync().unwrap();
+    e.abandon();
+    let image = dev.to_bytes();
+    // Flip bytes where they matter: superblocks, the log, and every written block of the data area.
+    let used: Vec<usize> = (0..image.len() / 4096)
+        .filter(|b| image[b * 4096..(b + 1) * 4096].iter().any(|&x| x != 0))
+        .collect();
+    let mut rng = Gen::new(7, 1, 1).rng;
+    let (mut errors, mut intact) = (0, 0);
+    for trial in 0..300 {
+        let block = used[rng.gen_range(0..used.len())];
+        let off = block * 4096 + rng.gen_range(0..4096);
+        let mut bad = image.clone();
+        bad[off] ^= 1 << rng.gen_range(0..8);
+        let dev = Arc::new(MemDevice::from_bytes(bad));
+        let outcome = Engine::open(
+            dev,
+            Options {
+                read_only: true,
+                ..options.clone()
+            },
+        )
+        .and_then(|e| {
+            let mut got = Model::new();
+            for r in e.range(std::ops::Bound::Unbounded, std::ops::Bound::Unbounded) {
+                let (k, v) = r?;
+                got.insert(k, v);
+            }
+            e.verify()?;
+            Ok(got)
+        });
+        match outcome {
+            Ok(got) => {
+                assert!(
+                    got == m,
+                    "trial {trial}: flipped byte at {off} gave wrong data silently"
+                );
+                intact += 1;
+            }
+            Err(err) => {
+                assert!(
+                    err.is_corruption()
+                        || matches!(err, Error::UnsupportedVersion { .. } | Error::TooSmall(_)),
+                    "trial {trial}: {err}"
+                );
+                errors += 1;
+            }
+        }
+    }
+    eprintln!("flipped bytes: {errors} detected, {intact} harmless (unused bytes)");
+    assert!(errors > 50, "most flips in used blocks must be detected");
+    // Both superblocks damaged: a clear error.
+    let mut bad = image.clone();
+    bad[100] ^= 1;
+    bad[4096 + 100] ^= 1;
+    assert!(matches!(
+        Engine::open(Arc::new(MemDevice::from_bytes(bad)), options.clone()),
+        Err(Error::Checksum { .. })
+    ));
+    let zero = vec![0u8; image.len()];
+    assert!(matches!(
+        Engine::open(Arc::new(MemDevice::from_bytes(zero)), options.clone()),
+        Err(Error::BadMagic(_))
+    ));
+    let short = image[..image.len() / 2].to_vec();
+    assert!(matches!(
+        Engine::open(Arc::new(MemDevice::from_bytes(short)), options),
+        Err(Error::TooSmall(_))
+    ));
+}
+
+#[test]
+fn bad_input_is_refused_with_typed_errors() {
+    let dev = Arc::new(MemDevice::new(24 << 20));
+    let e = Engine::create(dev.clone(), small_format(), small_options()).unwrap();
+    let f = small_format();
+    assert!(matches!(
+        e.put(&vec![1; f.max_key_len + 1], b"v"),
+        Err(Error::KeyTooLong { .. })
+    ));
+    assert!(matches!(
+        e.put(b"k", &vec![1; f.max_value_len + 1]),
+        Err(Error::ValueTooLarge { .. })
+    ));
+    assert!(matches!(
+        e.range_delete(b"b", b"a"),
+        Err(Error::InvalidArgument(_))
+    ));
+    let patch = amaranth_engine::Patch::Write {
+        offset: f.max_value_len as u32,
+        data: vec![1],
+    };
+    assert!(matches!(
+        e.upsert(b"k", patch),
+        Err(Error::ValueTooLarge { .. })
+    ));
+    assert!(e.get(b"k").unwrap().is_none());
+    // A second engine on the same image file is refused (the device layer locks it).
+    let dir = std::env::temp_dir().join(format!("amaranth-lock-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("img");
+    let fdev: Arc<dyn BlockDevice> =
+        Arc::new(amaranth_device::FileDevice::create_image(&path, 24 << 20).unwrap());
+    let e1 = Engine::create(fdev, small_format(), small_options()).unwrap();
+    let err = amaranth_device::FileDevice::open(&path)
+        .map_err(|e| Error::io("opening", e))
+        .unwrap_err();
+    assert!(matches!(err, Error::InUse(_)), "{err}");
+    e1.close().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
