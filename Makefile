@@ -40,7 +40,7 @@ bench-quick:
 	python3 -m bench --quick $(BENCH_ARGS)
 
 engine-bench:
-	scripts/install-deps.sh
+	scripts/install-deps.sh --engine-bench
 	cd bench/engine-bench && $(CARGO) run --release -- $(BENCH_ARGS)
 
 ## Long model-based soak of the engine (SOAK_SECONDS, default 600).

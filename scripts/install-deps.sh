@@ -2,13 +2,20 @@
 # Installs what Amaranth needs to build, run and test, if it is missing. Idempotent.
 #   scripts/install-deps.sh            build + run + test dependencies
 #   scripts/install-deps.sh --bench    also the benchmark suite's (fio, xfsprogs, btrfs-progs, dovecot, ...)
+#   scripts/install-deps.sh --engine-bench
+#                                      also bench/engine-bench's (clang/libclang for RocksDB's bindgen, fio)
 set -euo pipefail
 want_bench=0
+want_engine_bench=0
 [[ "${1:-}" == "--bench" ]] && want_bench=1
+[[ "${1:-}" == "--engine-bench" ]] && want_engine_bench=1
 
 apt_pkgs=(fuse3 pkg-config build-essential sqlite3 rsync git)
 if (( want_bench )); then
   apt_pkgs+=(fio xfsprogs btrfs-progs e2fsprogs dovecot-imapd postmark linux-source-6.1 time)
+fi
+if (( want_engine_bench )); then
+  apt_pkgs+=(clang libclang-dev g++ fio e2fsprogs util-linux mount)
 fi
 
 missing=()
