@@ -1027,6 +1027,15 @@ impl Engine {
         Ok(n)
     }
 
+    /// Free and total bytes of the data area (cheap: no walk of the cache).
+    pub fn space(&self) -> (u64, u64) {
+        let b = self.inner.tree.store.btt.lock();
+        (
+            b.alloc.free_blocks() * BLOCK_SIZE as u64,
+            b.alloc.total_blocks() * BLOCK_SIZE as u64,
+        )
+    }
+
     /// A snapshot of counters and sizes.
     pub fn stats(&self) -> Stats {
         let i = &self.inner;

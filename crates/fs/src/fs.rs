@@ -1,0 +1,1841 @@
+//! The file-system operations: each one becomes one atomic engine batch.
+//!
+//! Locking: `ns` (the namespace lock) is taken shared by operations that do not change names
+//! (read, write, setattr, xattrs) and exclusive by those that do (create, unlink, rename, link...),
+//! so a path's key cannot change under an operation that uses it. An inode's attribute lock is held
+//! from reading its attributes until the batch that changes them is submitted, so changes to one
+//! inode reach the log in the order they were made. The table lock is innermost and brief.
+
+use std::collections::HashMap;
+use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use amaranth_engine::{Batch, Engine, Op, Patch};
+use parking_lot::{Mutex, RwLock};
+
+use crate::error::{Errno, Result};
+use crate::inode::{Inode, Kind, Meta, Time};
+use crate::keys::{self, BLOCK};
+use crate::table::{Table, ROOT_INO};
+
+/// Version of the file-system schema stored in `s/format`.
+pub const SCHEMA_VERSION: u32 = 1;
+/// Longest file name.
+pub const NAME_MAX: usize = 255;
+/// Longest symlink target.
+pub const SYMLINK_MAX: usize = 4095;
+/// Largest extended attribute value.
+pub const XATTR_VALUE_MAX: usize = 65536;
+/// Largest file size.
+pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+/// Inode numbers reserved per record of the counter.
+const INO_BATCH: u64 = 1024;
+/// `renameat2` flags.
+pub const RENAME_NOREPLACE: u32 = 1;
+/// Swap the two names.
+pub const RENAME_EXCHANGE: u32 = 2;
+/// `fallocate` modes.
+pub const FALLOC_FL_KEEP_SIZE: i32 = 1;
+/// Deallocate the range.
+pub const FALLOC_FL_PUNCH_HOLE: i32 = 2;
+/// Zero the range.
+pub const FALLOC_FL_ZERO_RANGE: i32 = 0x10;
+
+/// Who is asking.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ctx {
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+    /// Process id.
+    pub pid: u32,
+}
+
+/// A time to set.
+#[derive(Clone, Copy, Debug)]
+pub enum SetTime {
+    /// The current time.
+    Now,
+    /// This time.
+    At(Time),
+}
+
+/// Attribute changes requested by `setattr`.
+#[derive(Clone, Debug, Default)]
+pub struct SetAttr {
+    /// New mode (permission bits are used).
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New size (truncate or extend).
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<SetTime>,
+    /// New modification time.
+    pub mtime: Option<SetTime>,
+    /// New change time.
+    pub ctime: Option<Time>,
+    /// New creation time.
+    pub crtime: Option<Time>,
+}
+
+/// One directory entry handed to a readdir consumer.
+#[derive(Clone, Debug)]
+pub struct DirEntry {
+    /// Inode number.
+    pub ino: u64,
+    /// Offset to resume after this entry.
+    pub offset: u64,
+    /// Kind.
+    pub kind: Kind,
+    /// Name.
+    pub name: Vec<u8>,
+    /// Attributes (readdirplus only; `.` and `..` have none).
+    pub attr: Option<Inode>,
+}
+
+/// File-system statistics for `statfs`.
+#[derive(Clone, Copy, Debug)]
+pub struct StatFs {
+    /// Total 4 KiB blocks.
+    pub blocks: u64,
+    /// Free blocks.
+    pub bfree: u64,
+    /// Blocks available to users.
+    pub bavail: u64,
+    /// Total inodes (used + free).
+    pub files: u64,
+    /// Free inodes.
+    pub ffree: u64,
+    /// Block size.
+    pub bsize: u32,
+    /// Longest name.
+    pub namelen: u32,
+}
+
+/// Options of a mounted file system.
+#[derive(Clone, Debug)]
+pub struct FsOptions {
+    /// Free space kept back so that checkpoints can always complete (writes get `ENOSPC` below it).
+    pub reserve_bytes: u64,
+    /// Update access times on read (relatime rules).
+    pub relatime: bool,
+}
+
+impl Default for FsOptions {
+    fn default() -> FsOptions {
+        FsOptions {
+            reserve_bytes: 64 << 20,
+            relatime: true,
+        }
+    }
+}
+
+/// What to create.
+struct NewNode<'a> {
+    kind: Kind,
+    mode: u32,
+    rdev: u32,
+    target: &'a [u8],
+}
+
+/// What an open file handle remembers.
+#[derive(Debug)]
+struct FileHandle {
+    ino: u64,
+    append: bool,
+}
+
+/// Where a directory listing stands.
+#[derive(Debug, Default)]
+struct DirHandle {
+    ino: u64,
+    /// Cookie handed out for the next child.
+    next_cookie: u64,
+    /// Names of the most recent entries with their cookies, to resume after any of them.
+    recent: Vec<(u64, Vec<u8>)>,
+}
+
+/// Counters of file-system activity.
+#[derive(Debug, Default)]
+pub struct FsCounters {
+    /// Operations that changed something.
+    pub writes: AtomicU64,
+    /// Bytes written by applications.
+    pub bytes_written: AtomicU64,
+    /// Bytes read by applications.
+    pub bytes_read: AtomicU64,
+}
+
+/// Inode number allocation.
+#[derive(Debug)]
+struct InoAlloc {
+    next: u64,
+    reserved_end: u64,
+}
+
+/// A resolved name.
+struct Found {
+    /// Path key of the name.
+    key: Vec<u8>,
+    /// The inode (shared with the table when cached).
+    inode: Inode,
+    /// The name holds a redirect to a home.
+    redirect: bool,
+}
+
+/// The file system.
+pub struct Fs {
+    engine: Arc<Engine>,
+    opts: FsOptions,
+    ns: RwLock<()>,
+    table: Mutex<Table>,
+    alloc: Mutex<InoAlloc>,
+    inodes_used: AtomicU64,
+    files: Mutex<HashMap<u64, FileHandle>>,
+    dirs: Mutex<HashMap<u64, DirHandle>>,
+    next_fh: AtomicU64,
+    last_reclaim: Mutex<Option<Instant>>,
+    /// Largest write put in one batch (well inside one log record).
+    max_piece: usize,
+    /// Counters.
+    pub counters: FsCounters,
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return Err(Errno::EINVAL);
+    }
+    if name.len() > NAME_MAX {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    Ok(())
+}
+
+fn u64_value(v: Option<Vec<u8>>) -> Option<u64> {
+    v.and_then(|b| b.try_into().ok()).map(u64::from_le_bytes)
+}
+
+impl Fs {
+    /// Writes a new, empty file system (root directory owned by `uid:gid`) into `engine`.
+    pub fn mkfs(engine: &Engine, uid: u32, gid: u32) -> Result<()> {
+        let mut root = Inode::new(ROOT_INO, Kind::Dir, 0o755, uid, gid);
+        root.nlink = 2;
+        let mut b = Batch::new();
+        b.put(
+            keys::system_key("format"),
+            SCHEMA_VERSION.to_le_bytes().to_vec(),
+        );
+        b.put(keys::meta_key(&[]), root.encode());
+        b.put(
+            keys::system_key("next_ino"),
+            (ROOT_INO + 1 + INO_BATCH).to_le_bytes().to_vec(),
+        );
+        b.put(keys::system_key("inodes"), 1u64.to_le_bytes().to_vec());
+        engine.write(&b)?;
+        engine.sync()?;
+        Ok(())
+    }
+
+    /// Opens the file system stored in `engine`, removing files that were unlinked while open
+    /// when the previous session ended.
+    pub fn new(engine: Arc<Engine>, opts: FsOptions) -> Result<Fs> {
+        let version = engine.get(&keys::system_key("format"))?;
+        match version.as_deref() {
+            Some(v) if v == SCHEMA_VERSION.to_le_bytes() => {}
+            Some(v) => {
+                log::error!("amaranth: unsupported file-system schema {v:?}");
+                return Err(Errno::EINVAL);
+            }
+            None => {
+                log::error!("amaranth: the image holds no file system (run mkfs)");
+                return Err(Errno::EINVAL);
+            }
+        }
+        let root = match engine.get(&keys::meta_key(&[]))? {
+            Some(v) => match Meta::decode(&v)? {
+                Meta::Inode(i) if i.kind == Kind::Dir && i.ino == ROOT_INO => i,
+                _ => return Err(Errno::EIO),
+            },
+            None => return Err(Errno::EIO),
+        };
+        let next = u64_value(engine.get(&keys::system_key("next_ino"))?).ok_or(Errno::EIO)?;
+        let used = u64_value(engine.get(&keys::system_key("inodes"))?).unwrap_or(1);
+        let log_capacity = engine.stats().log.capacity as usize;
+        let fs = Fs {
+            engine,
+            opts,
+            ns: RwLock::new(()),
+            table: Mutex::new(Table::new(root)),
+            alloc: Mutex::new(InoAlloc {
+                next,
+                reserved_end: next,
+            }),
+            inodes_used: AtomicU64::new(used),
+            files: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            last_reclaim: Mutex::new(None),
+            max_piece: (log_capacity / 16).clamp(64 << 10, 1 << 20),
+            counters: FsCounters::default(),
+        };
+        fs.remove_orphans()?;
+        Ok(fs)
+    }
+
+    /// The engine underneath.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// Number of inodes the kernel knows (cached in the table).
+    pub fn cached_inodes(&self) -> usize {
+        self.table.lock().len()
+    }
+
+    fn remove_orphans(&self) -> Result<()> {
+        let (lo, hi) = keys::homes_range();
+        let mut orphans = Vec::new();
+        self.engine
+            .scan(Bound::Included(&lo), Bound::Excluded(&hi), |_, v| {
+                if let Ok(Meta::Inode(i)) = Meta::decode(v) {
+                    if i.nlink == 0 {
+                        orphans.push(i);
+                    }
+                }
+                true
+            })?;
+        for i in orphans {
+            let mut b = Batch::new();
+            self.delete_file_ops(&mut b, &keys::home_key(i.ino));
+            b.put(
+                keys::system_key("inodes"),
+                self.inodes_used
+                    .fetch_sub(1, Ordering::Relaxed)
+                    .saturating_sub(1)
+                    .to_le_bytes()
+                    .to_vec(),
+            );
+            self.engine.write(&b)?;
+            log::info!(
+                "amaranth: removed inode {} (unlinked while open before the last shutdown)",
+                i.ino
+            );
+        }
+        Ok(())
+    }
+
+    // ----- helpers ------------------------------------------------------------------------
+
+    fn commit(&self, b: &Batch) -> Result<()> {
+        self.engine.write(b)?;
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Refuses growth when free space runs below the reserve (after trying to reclaim deleted space).
+    fn check_space(&self, extra: u64) -> Result<()> {
+        let (free, data) = self.engine.space();
+        let reserve = self.opts.reserve_bytes.min(data / 4);
+        if free >= reserve + extra {
+            return Ok(());
+        }
+        // Deletes free space only once they reach the leaves and a checkpoint completes.
+        let mut last = self.last_reclaim.lock();
+        if last.is_none_or(|t| t.elapsed() > Duration::from_secs(2)) {
+            *last = Some(Instant::now());
+            drop(last);
+            let _ = self.engine.flush_buffers(0, 10_000);
+            let _ = self.engine.checkpoint();
+            if self.engine.space().0 >= reserve + extra {
+                return Ok(());
+            }
+        }
+        Err(Errno::ENOSPC)
+    }
+
+    fn node_inode(&self, ino: u64) -> Result<Arc<Mutex<Inode>>> {
+        self.table
+            .lock()
+            .get(ino)
+            .map(|n| n.inode.clone())
+            .ok_or(Errno::ENOENT)
+    }
+
+    fn file_key(&self, ino: u64) -> Result<Vec<u8>> {
+        self.table.lock().file_key(ino).ok_or(Errno::ENOENT)
+    }
+
+    /// Reads what `key` (a meta key of a path) holds, following a redirect.
+    fn load(&self, key: &[u8]) -> Result<Option<(Inode, bool)>> {
+        let Some(v) = self.engine.get(&keys::meta_key(key))? else {
+            return Ok(None);
+        };
+        match Meta::decode(&v)? {
+            Meta::Inode(i) => Ok(Some((i, false))),
+            Meta::Redirect(ino) => {
+                let v = self
+                    .engine
+                    .get(&keys::meta_key(&keys::home_key(ino)))?
+                    .ok_or_else(|| {
+                        log::error!("amaranth: a name redirects to inode {ino}, which has no home");
+                        Errno::EIO
+                    })?;
+                match Meta::decode(&v)? {
+                    Meta::Inode(i) => Ok(Some((i, true))),
+                    Meta::Redirect(_) => Err(Errno::EIO),
+                }
+            }
+        }
+    }
+
+    /// Resolves `name` in directory `parent` (table first, then the engine).
+    fn find(&self, parent: u64, dir_key: &[u8], name: &[u8]) -> Result<Option<Found>> {
+        let key = keys::child_key(dir_key, name);
+        let cached = {
+            let t = self.table.lock();
+            t.child(parent, name).and_then(|ino| t.inode(ino))
+        };
+        if let Some(shared) = cached {
+            let inode = shared.lock().clone();
+            return Ok(Some(Found {
+                key,
+                redirect: inode.homed,
+                inode,
+            }));
+        }
+        Ok(self.load(&key)?.map(|(inode, redirect)| Found {
+            key,
+            inode,
+            redirect,
+        }))
+    }
+
+    /// The directory `ino`: its key and attributes; `ENOTDIR` if it is not one.
+    fn dir(&self, ino: u64) -> Result<(Vec<u8>, Arc<Mutex<Inode>>)> {
+        let t = self.table.lock();
+        let n = t.get(ino).ok_or(Errno::ENOENT)?;
+        if n.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        let inode = n.inode.clone();
+        let key = t.file_key(ino).ok_or(Errno::ENOENT)?;
+        Ok((key, inode))
+    }
+
+    fn alloc_ino(&self, b: &mut Batch) -> u64 {
+        let mut a = self.alloc.lock();
+        if a.next >= a.reserved_end {
+            a.reserved_end = a.next + INO_BATCH;
+            b.put(
+                keys::system_key("next_ino"),
+                a.reserved_end.to_le_bytes().to_vec(),
+            );
+        }
+        let ino = a.next;
+        a.next += 1;
+        ino
+    }
+
+    fn count_inodes(&self, b: &mut Batch, delta: i64) {
+        let now = if delta >= 0 {
+            self.inodes_used.fetch_add(delta as u64, Ordering::Relaxed) + delta as u64
+        } else {
+            self.inodes_used
+                .fetch_sub((-delta) as u64, Ordering::Relaxed)
+                - (-delta) as u64
+        };
+        b.put(keys::system_key("inodes"), now.to_le_bytes().to_vec());
+    }
+
+    /// Operations deleting a file's metadata, data and xattrs at `file_key`.
+    fn delete_file_ops(&self, b: &mut Batch, file_key: &[u8]) {
+        b.delete(keys::meta_key(file_key));
+        let d = keys::data_prefix(file_key);
+        b.range_delete(d.clone(), amaranth_engine::prefix_end(&d, self.max_key()));
+        let x = keys::xattr_prefix(file_key);
+        b.range_delete(x.clone(), amaranth_engine::prefix_end(&x, self.max_key()));
+    }
+
+    fn max_key(&self) -> usize {
+        self.engine.format().max_key_len
+    }
+
+    fn touch_dir(dir: &mut Inode, now: Time) {
+        dir.mtime = now;
+        dir.ctime = now;
+    }
+
+    fn check_key_len(&self, key: &[u8]) -> Result<()> {
+        // Data keys add a tag, a terminator and a block number to the path key.
+        if key.len() + 10 > self.max_key() {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        Ok(())
+    }
+
+    // ----- lookup and attributes ------------------------------------------------------------
+
+    /// Looks up `name` in `parent`, counting one kernel lookup.
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Inode> {
+        let _ns = self.ns.read();
+        if name == b"." {
+            return self.lookup_ino(parent);
+        }
+        if name == b".." {
+            let p = self
+                .table
+                .lock()
+                .get(parent)
+                .map(|n| n.parent)
+                .ok_or(Errno::ENOENT)?;
+            return self.lookup_ino(if p == 0 { ROOT_INO } else { p });
+        }
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let (dkey, _) = self.dir(parent)?;
+        let found = self.find(parent, &dkey, name)?.ok_or(Errno::ENOENT)?;
+        let shared = self.table.lock().remember(parent, name, found.inode, true);
+        let out = shared.lock().clone();
+        Ok(out)
+    }
+
+    fn lookup_ino(&self, ino: u64) -> Result<Inode> {
+        let shared = {
+            let mut t = self.table.lock();
+            let n = t.get_mut(ino).ok_or(Errno::ENOENT)?;
+            n.lookups += 1;
+            n.inode.clone()
+        };
+        let out = shared.lock().clone();
+        Ok(out)
+    }
+
+    /// The kernel forgot `n` lookups of `ino`.
+    pub fn forget(&self, ino: u64, n: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        self.table.lock().forget(ino, n);
+    }
+
+    /// Attributes of `ino`.
+    pub fn getattr(&self, ino: u64) -> Result<Inode> {
+        let inode = self.node_inode(ino)?;
+        let out = inode.lock().clone();
+        Ok(out)
+    }
+
+    /// Changes attributes (mode, owner, size, times).
+    pub fn setattr(&self, ino: u64, set: &SetAttr, ctx: Ctx) -> Result<Inode> {
+        let _ns = self.ns.read();
+        let shared = self.node_inode(ino)?;
+        let mut inode = shared.lock();
+        let fk = self.file_key(ino)?;
+        let mut next = inode.clone();
+        let now = Time::now();
+        let mut b = Batch::new();
+        if let Some(size) = set.size {
+            match next.kind {
+                Kind::File => {}
+                Kind::Dir => return Err(Errno::EISDIR),
+                _ => return Err(Errno::EINVAL),
+            }
+            if size > MAX_FILE_SIZE {
+                return Err(Errno::EFBIG);
+            }
+            if size < next.size {
+                self.truncate_ops(&mut b, &fk, size);
+            }
+            next.size = size;
+            next.mtime = now;
+            if ctx.uid != 0 {
+                Self::kill_suidgid(&mut next);
+            }
+        }
+        if let Some(mode) = set.mode {
+            next.perm = (mode & 0o7777) as u16;
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            let changes =
+                set.uid.is_some_and(|u| u != next.uid) || set.gid.is_some_and(|g| g != next.gid);
+            if let Some(u) = set.uid {
+                next.uid = u;
+            }
+            if let Some(g) = set.gid {
+                next.gid = g;
+            }
+            if changes && next.kind != Kind::Dir && set.mode.is_none() {
+                Self::kill_suidgid(&mut next);
+            }
+        }
+        match set.atime {
+            Some(SetTime::Now) => next.atime = now,
+            Some(SetTime::At(t)) => next.atime = t,
+            None => {}
+        }
+        match set.mtime {
+            Some(SetTime::Now) => next.mtime = now,
+            Some(SetTime::At(t)) => next.mtime = t,
+            None => {}
+        }
+        if let Some(t) = set.crtime {
+            next.crtime = t;
+        }
+        next.ctime = set.ctime.unwrap_or(now);
+        b.put(keys::meta_key(&fk), next.encode());
+        if set.size.is_some_and(|s| s > inode.size) {
+            self.check_space(0)?;
+        }
+        self.commit(&b)?;
+        *inode = next.clone();
+        Ok(next)
+    }
+
+    fn kill_suidgid(i: &mut Inode) {
+        i.perm &= !(libc::S_ISUID as u16);
+        if i.perm & libc::S_IXGRP as u16 != 0 {
+            i.perm &= !(libc::S_ISGID as u16);
+        }
+    }
+
+    fn truncate_ops(&self, b: &mut Batch, fk: &[u8], size: u64) {
+        let keep = size.div_ceil(BLOCK);
+        let d = keys::data_prefix(fk);
+        b.range_delete(
+            keys::data_key(fk, keep),
+            amaranth_engine::prefix_end(&d, self.max_key()),
+        );
+        if !size.is_multiple_of(BLOCK) {
+            b.upsert(
+                keys::data_key(fk, size / BLOCK),
+                Patch::Truncate {
+                    len: (size % BLOCK) as u32,
+                },
+            );
+        }
+    }
+
+    // ----- creating names --------------------------------------------------------------------
+
+    /// Creates a node of `kind` (file, fifo, socket, device, directory, symlink).
+    fn make(&self, parent: u64, name: &[u8], new: NewNode<'_>, ctx: Ctx) -> Result<Inode> {
+        check_name(name)?;
+        let _ns = self.ns.write();
+        let (dkey, dir_shared) = self.dir(parent)?;
+        let key = keys::child_key(&dkey, name);
+        self.check_key_len(&key)?;
+        if self.find(parent, &dkey, name)?.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        self.check_space(0)?;
+        let mut dir = dir_shared.lock();
+        let mut b = Batch::new();
+        let ino = self.alloc_ino(&mut b);
+        let NewNode {
+            kind,
+            mode,
+            rdev,
+            target,
+        } = new;
+        let mut perm = (mode & 0o7777) as u16;
+        let mut gid = ctx.gid;
+        if dir.perm & libc::S_ISGID as u16 != 0 {
+            gid = dir.gid;
+            if kind == Kind::Dir {
+                perm |= libc::S_ISGID as u16;
+            }
+        }
+        let mut inode = Inode::new(ino, kind, perm, ctx.uid, gid);
+        inode.rdev = rdev;
+        if kind == Kind::Symlink {
+            inode.target = target.to_vec();
+            inode.size = target.len() as u64;
+        }
+        let mut next_dir = dir.clone();
+        Self::touch_dir(&mut next_dir, inode.ctime);
+        if kind == Kind::Dir {
+            next_dir.nlink += 1;
+        }
+        b.put(keys::meta_key(&key), inode.encode());
+        b.put(keys::meta_key(&dkey), next_dir.encode());
+        self.count_inodes(&mut b, 1);
+        self.commit(&b)?;
+        *dir = next_dir;
+        drop(dir);
+        self.table
+            .lock()
+            .remember(parent, name, inode.clone(), true);
+        Ok(inode)
+    }
+
+    /// Creates a special file or a regular file without opening it.
+    pub fn mknod(&self, parent: u64, name: &[u8], mode: u32, rdev: u32, ctx: Ctx) -> Result<Inode> {
+        let kind = Kind::from_mode(mode).unwrap_or(Kind::File);
+        if kind == Kind::Dir || kind == Kind::Symlink {
+            return Err(Errno::EINVAL);
+        }
+        self.make(
+            parent,
+            name,
+            NewNode {
+                kind,
+                mode,
+                rdev,
+                target: &[],
+            },
+            ctx,
+        )
+    }
+
+    /// Creates a directory.
+    pub fn mkdir(&self, parent: u64, name: &[u8], mode: u32, ctx: Ctx) -> Result<Inode> {
+        self.make(
+            parent,
+            name,
+            NewNode {
+                kind: Kind::Dir,
+                mode,
+                rdev: 0,
+                target: &[],
+            },
+            ctx,
+        )
+    }
+
+    /// Creates a symbolic link.
+    pub fn symlink(&self, parent: u64, name: &[u8], target: &[u8], ctx: Ctx) -> Result<Inode> {
+        if target.is_empty() {
+            return Err(Errno::ENOENT);
+        }
+        if target.len() > SYMLINK_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        self.make(
+            parent,
+            name,
+            NewNode {
+                kind: Kind::Symlink,
+                mode: 0o777,
+                rdev: 0,
+                target,
+            },
+            ctx,
+        )
+    }
+
+    /// Creates and opens a regular file. Returns its attributes and a file handle.
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+        ctx: Ctx,
+    ) -> Result<(Inode, u64)> {
+        let inode = self.make(
+            parent,
+            name,
+            NewNode {
+                kind: Kind::File,
+                mode,
+                rdev: 0,
+                target: &[],
+            },
+            ctx,
+        )?;
+        let fh = self.open_handle(inode.ino, flags)?;
+        Ok((inode, fh))
+    }
+
+    /// The target of a symbolic link.
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let i = self.getattr(ino)?;
+        if i.kind != Kind::Symlink {
+            return Err(Errno::EINVAL);
+        }
+        Ok(i.target)
+    }
+
+    // ----- removing names -----------------------------------------------------------------
+
+    /// Removes the name of a non-directory.
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        check_name(name)?;
+        let _ns = self.ns.write();
+        let (dkey, dir_shared) = self.dir(parent)?;
+        let found = self.find(parent, &dkey, name)?.ok_or(Errno::ENOENT)?;
+        if found.inode.kind == Kind::Dir {
+            return Err(Errno::EISDIR);
+        }
+        let mut dir = dir_shared.lock();
+        let mut b = Batch::new();
+        let now = Time::now();
+        let after = self.remove_file_ops(&mut b, &found, now)?;
+        let mut next_dir = dir.clone();
+        Self::touch_dir(&mut next_dir, now);
+        b.put(keys::meta_key(&dkey), next_dir.encode());
+        self.commit(&b)?;
+        *dir = next_dir;
+        drop(dir);
+        self.apply_removal(&found, after);
+        Ok(())
+    }
+
+    /// Operations removing the name `found` of a non-directory. Returns the inode's state after.
+    fn remove_file_ops(&self, b: &mut Batch, found: &Found, now: Time) -> Result<Inode> {
+        let ino = found.inode.ino;
+        let open = self.table.lock().get(ino).is_some_and(|n| n.opens > 0);
+        let mut after = found.inode.clone();
+        after.nlink = after.nlink.saturating_sub(1);
+        after.ctime = now;
+        if found.redirect {
+            b.delete(keys::meta_key(&found.key));
+            let home = keys::home_key(ino);
+            if after.nlink == 0 && !open {
+                self.delete_file_ops(b, &home);
+                self.count_inodes(b, -1);
+            } else {
+                b.put(keys::meta_key(&home), after.encode());
+            }
+        } else if open {
+            // Still open: move it to its home; the last release deletes it.
+            after.homed = true;
+            self.home_ops(b, &found.key, ino);
+            b.delete(keys::meta_key(&found.key));
+            b.put(keys::meta_key(&keys::home_key(ino)), after.encode());
+        } else {
+            self.delete_file_ops(b, &found.key);
+            self.count_inodes(b, -1);
+        }
+        Ok(after)
+    }
+
+    /// Operations moving a file's data and xattrs from its path to its home.
+    fn home_ops(&self, b: &mut Batch, path: &[u8], ino: u64) {
+        let home = keys::home_key(ino);
+        b.move_prefix(keys::data_prefix(path), keys::data_prefix(&home));
+        b.move_prefix(keys::xattr_prefix(path), keys::xattr_prefix(&home));
+    }
+
+    /// Updates the table after a name of `found` was removed.
+    fn apply_removal(&self, found: &Found, after: Inode) {
+        let ino = found.inode.ino;
+        let Some(shared) = self.table.lock().inode(ino) else {
+            return;
+        };
+        let homed = after.homed;
+        *shared.lock() = after;
+        let mut t = self.table.lock();
+        if homed {
+            t.set_homed(ino);
+        } else if !found.redirect {
+            t.detach(ino);
+        }
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        check_name(name)?;
+        if name == b"." {
+            return Err(Errno::EINVAL);
+        }
+        let _ns = self.ns.write();
+        let (dkey, dir_shared) = self.dir(parent)?;
+        let found = self.find(parent, &dkey, name)?.ok_or(Errno::ENOENT)?;
+        if found.inode.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        if !self.dir_is_empty(&found.key)? {
+            return Err(Errno::ENOTEMPTY);
+        }
+        let mut dir = dir_shared.lock();
+        let now = Time::now();
+        let mut b = Batch::new();
+        b.delete(keys::meta_key(&found.key));
+        let x = keys::xattr_prefix(&found.key);
+        b.range_delete(x.clone(), amaranth_engine::prefix_end(&x, self.max_key()));
+        let mut next_dir = dir.clone();
+        Self::touch_dir(&mut next_dir, now);
+        next_dir.nlink = next_dir.nlink.saturating_sub(1);
+        b.put(keys::meta_key(&dkey), next_dir.encode());
+        self.count_inodes(&mut b, -1);
+        self.commit(&b)?;
+        *dir = next_dir;
+        drop(dir);
+        let mut after = found.inode.clone();
+        after.nlink = 0;
+        after.ctime = now;
+        self.apply_removal(&found, after);
+        Ok(())
+    }
+
+    fn dir_is_empty(&self, dir_key: &[u8]) -> Result<bool> {
+        let p = keys::meta_key(&keys::children_prefix(dir_key));
+        let end = amaranth_engine::prefix_end(&p, self.max_key());
+        let mut empty = true;
+        self.engine
+            .scan(Bound::Included(&p), Bound::Excluded(&end), |_, _| {
+                empty = false;
+                false
+            })?;
+        Ok(empty)
+    }
+
+    // ----- rename and link ------------------------------------------------------------------
+
+    /// Renames `parent/name` to `new_parent/new_name` (`flags`: [`RENAME_NOREPLACE`],
+    /// [`RENAME_EXCHANGE`]). Atomic: one batch.
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        check_name(name)?;
+        check_name(new_name)?;
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+            || flags & RENAME_NOREPLACE != 0 && flags & RENAME_EXCHANGE != 0
+        {
+            return Err(Errno::EINVAL);
+        }
+        let _ns = self.ns.write();
+        let (src_dkey, src_dir) = self.dir(parent)?;
+        let (dst_dkey, dst_dir) = self.dir(new_parent)?;
+        let src = self.find(parent, &src_dkey, name)?.ok_or(Errno::ENOENT)?;
+        let dst = self.find(new_parent, &dst_dkey, new_name)?;
+        let dst_key = keys::child_key(&dst_dkey, new_name);
+        self.check_key_len(&dst_key)?;
+        if parent == new_parent && name == new_name {
+            return Ok(());
+        }
+        let exchange = flags & RENAME_EXCHANGE != 0;
+        if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        if exchange && dst.is_none() {
+            return Err(Errno::ENOENT);
+        }
+        // A directory cannot move into itself or its own subtree.
+        {
+            let t = self.table.lock();
+            if src.inode.kind == Kind::Dir && t.is_ancestor(src.inode.ino, new_parent) {
+                return Err(Errno::EINVAL);
+            }
+            if exchange {
+                if let Some(d) = &dst {
+                    if d.inode.kind == Kind::Dir && t.is_ancestor(d.inode.ino, parent) {
+                        return Err(Errno::EINVAL);
+                    }
+                }
+            }
+        }
+        if let Some(d) = &dst {
+            if d.inode.ino == src.inode.ino {
+                // Two names of one file: nothing to do (POSIX).
+                return Ok(());
+            }
+            if !exchange {
+                match (src.inode.kind == Kind::Dir, d.inode.kind == Kind::Dir) {
+                    (true, false) => return Err(Errno::ENOTDIR),
+                    (false, true) => return Err(Errno::EISDIR),
+                    (true, true) if !self.dir_is_empty(&d.key)? => return Err(Errno::ENOTEMPTY),
+                    _ => {}
+                }
+            }
+        }
+        let now = Time::now();
+        let mut b = Batch::new();
+        // Parent directories (one or two), locked in inode order.
+        let same_parent = parent == new_parent;
+        let (mut g1, mut g2) = if same_parent {
+            (src_dir.lock(), None)
+        } else if parent < new_parent {
+            let a = src_dir.lock();
+            (a, Some(dst_dir.lock()))
+        } else {
+            let bg = dst_dir.lock();
+            (src_dir.lock(), Some(bg))
+        };
+        let mut sdir = g1.clone();
+        let mut ddir = g2.as_ref().map(|g| (**g).clone());
+        Self::touch_dir(&mut sdir, now);
+        if let Some(d) = ddir.as_mut() {
+            Self::touch_dir(d, now);
+        }
+        let mut replaced: Option<Inode> = None;
+        if exchange {
+            let d = dst.as_ref().expect("checked");
+            let tmp = keys::child_key(&[], b"\0amaranth-exchange");
+            self.move_entry_ops(&mut b, &src, &tmp);
+            self.move_entry_ops(&mut b, d, &src.key);
+            let src_at_tmp = Found {
+                key: tmp,
+                inode: src.inode.clone(),
+                redirect: src.redirect,
+            };
+            self.move_entry_ops(&mut b, &src_at_tmp, &d.key);
+            if !same_parent {
+                let (sd, dd) = (src.inode.kind == Kind::Dir, d.inode.kind == Kind::Dir);
+                let dd_ref = ddir.as_mut().expect("two parents");
+                if sd && !dd {
+                    sdir.nlink -= 1;
+                    dd_ref.nlink += 1;
+                } else if dd && !sd {
+                    sdir.nlink += 1;
+                    dd_ref.nlink -= 1;
+                }
+            }
+        } else {
+            if let Some(d) = &dst {
+                if d.inode.kind == Kind::Dir {
+                    b.delete(keys::meta_key(&d.key));
+                    let x = keys::xattr_prefix(&d.key);
+                    b.range_delete(x.clone(), amaranth_engine::prefix_end(&x, self.max_key()));
+                    self.count_inodes(&mut b, -1);
+                    let target_dir = ddir.as_mut().unwrap_or(&mut sdir);
+                    target_dir.nlink -= 1;
+                    let mut gone = d.inode.clone();
+                    gone.nlink = 0;
+                    replaced = Some(gone);
+                } else {
+                    replaced = Some(self.remove_file_ops(&mut b, d, now)?);
+                }
+            }
+            self.move_entry_ops(&mut b, &src, &dst_key);
+            if src.inode.kind == Kind::Dir && !same_parent {
+                sdir.nlink -= 1;
+                ddir.as_mut().expect("two parents").nlink += 1;
+            }
+        }
+        b.put(keys::meta_key(&src_dkey), sdir.encode());
+        if let Some(d) = &ddir {
+            b.put(keys::meta_key(&dst_dkey), d.encode());
+        }
+        self.check_space(0)?;
+        self.commit(&b)?;
+        *g1 = sdir;
+        if let (Some(g), Some(d)) = (g2.as_mut(), ddir) {
+            **g = d;
+        }
+        drop(g1);
+        drop(g2);
+        // The table follows (attributes first: an inode lock is never taken under the table lock).
+        let src_ino = src.inode.ino;
+        let src_shared = self.table.lock().inode(src_ino);
+        if let Some(shared) = src_shared {
+            shared.lock().ctime = now;
+        }
+        if let Some(d) = &dst {
+            let dst_shared = self.table.lock().inode(d.inode.ino);
+            if let Some(shared) = dst_shared {
+                let mut i = shared.lock();
+                match &replaced {
+                    Some(r) if !exchange => *i = r.clone(),
+                    _ => i.ctime = now,
+                }
+            }
+        }
+        let mut t = self.table.lock();
+        if let Some(d) = &dst {
+            if exchange {
+                t.detach(d.inode.ino);
+                t.detach(src_ino);
+                t.attach(d.inode.ino, parent, name);
+            } else if replaced.as_ref().is_some_and(|r| r.homed) {
+                t.set_homed(d.inode.ino);
+            } else {
+                t.detach(d.inode.ino);
+            }
+        }
+        if exchange {
+            t.attach(src_ino, new_parent, new_name);
+        } else {
+            t.rename(src_ino, new_parent, new_name);
+        }
+        Ok(())
+    }
+
+    /// Operations moving the entry `found` (metadata, and for path-keyed inodes their data, xattrs
+    /// and subtree) to the path key `to`.
+    fn move_entry_ops(&self, b: &mut Batch, found: &Found, to: &[u8]) {
+        let from = &found.key;
+        b.delete(keys::meta_key(from));
+        if found.redirect {
+            b.put(keys::meta_key(to), Meta::redirect(found.inode.ino));
+            return;
+        }
+        let mut moved = found.inode.clone();
+        moved.ctime = Time::now();
+        b.put(keys::meta_key(to), moved.encode());
+        b.move_prefix(keys::xattr_prefix(from), keys::xattr_prefix(to));
+        match found.inode.kind {
+            Kind::Dir => {
+                for (f, t) in keys::subtree_prefixes(from)
+                    .into_iter()
+                    .zip(keys::subtree_prefixes(to))
+                {
+                    b.move_prefix(f, t);
+                }
+            }
+            Kind::File => {
+                b.move_prefix(keys::data_prefix(from), keys::data_prefix(to));
+            }
+            _ => {}
+        }
+    }
+
+    /// Adds the name `new_parent/new_name` to inode `ino` (a hard link).
+    pub fn link(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Inode> {
+        check_name(new_name)?;
+        let _ns = self.ns.write();
+        let (dkey, dir_shared) = self.dir(new_parent)?;
+        let shared = self.node_inode(ino)?;
+        if shared.lock().kind == Kind::Dir {
+            return Err(Errno::EPERM);
+        }
+        if self.find(new_parent, &dkey, new_name)?.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        let new_key = keys::child_key(&dkey, new_name);
+        self.check_key_len(&new_key)?;
+        self.check_space(0)?;
+        let path = self.file_key(ino)?;
+        let mut dir = dir_shared.lock();
+        let mut inode = shared.lock();
+        if inode.nlink >= u32::MAX - 1 {
+            return Err(Errno::EMLINK);
+        }
+        let now = Time::now();
+        let mut next = inode.clone();
+        next.nlink += 1;
+        next.ctime = now;
+        let mut b = Batch::new();
+        let home = keys::home_key(ino);
+        if !inode.homed {
+            // The first extra name: the file moves to its inode-keyed home and its path becomes a
+            // redirect, like every later name.
+            next.homed = true;
+            self.home_ops(&mut b, &path, ino);
+            b.put(keys::meta_key(&path), Meta::redirect(ino));
+        }
+        b.put(keys::meta_key(&home), next.encode());
+        b.put(keys::meta_key(&new_key), Meta::redirect(ino));
+        let mut next_dir = dir.clone();
+        Self::touch_dir(&mut next_dir, now);
+        b.put(keys::meta_key(&dkey), next_dir.encode());
+        self.commit(&b)?;
+        let was_homed = inode.homed;
+        *inode = next.clone();
+        *dir = next_dir;
+        drop(inode);
+        drop(dir);
+        let mut t = self.table.lock();
+        if !was_homed {
+            t.set_homed(ino);
+        }
+        if let Some(n) = t.get_mut(ino) {
+            n.lookups += 1;
+        }
+        Ok(next)
+    }
+
+    // ----- open files ---------------------------------------------------------------------
+
+    fn open_handle(&self, ino: u64, flags: i32) -> Result<u64> {
+        let mut t = self.table.lock();
+        let n = t.get_mut(ino).ok_or(Errno::ENOENT)?;
+        n.opens += 1;
+        drop(t);
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.files.lock().insert(
+            fh,
+            FileHandle {
+                ino,
+                append: flags & libc::O_APPEND != 0,
+            },
+        );
+        Ok(fh)
+    }
+
+    /// Opens a file (with `O_TRUNC`, truncates it). Returns a file handle.
+    pub fn open(&self, ino: u64, flags: i32, ctx: Ctx) -> Result<u64> {
+        let kind = self.getattr(ino)?.kind;
+        if kind == Kind::Dir && flags & libc::O_ACCMODE != libc::O_RDONLY {
+            return Err(Errno::EISDIR);
+        }
+        if flags & libc::O_TRUNC != 0
+            && kind == Kind::File
+            && flags & libc::O_ACCMODE != libc::O_RDONLY
+        {
+            self.setattr(
+                ino,
+                &SetAttr {
+                    size: Some(0),
+                    ..SetAttr::default()
+                },
+                ctx,
+            )?;
+        }
+        self.open_handle(ino, flags)
+    }
+
+    /// Closes a file handle; a file unlinked while open is deleted at its last close.
+    pub fn release(&self, ino: u64, fh: u64) -> Result<()> {
+        self.files.lock().remove(&fh);
+        let _ns = self.ns.read();
+        let (opens, shared) = {
+            let mut t = self.table.lock();
+            let Some(n) = t.get_mut(ino) else {
+                return Ok(());
+            };
+            n.opens = n.opens.saturating_sub(1);
+            (n.opens, n.inode.clone())
+        };
+        let orphan = {
+            let inode = shared.lock();
+            opens == 0 && inode.nlink == 0 && inode.homed && inode.kind != Kind::Dir
+        };
+        if opens == 0 {
+            self.table.lock().reap(ino);
+        }
+        if orphan {
+            let mut b = Batch::new();
+            self.delete_file_ops(&mut b, &keys::home_key(ino));
+            self.count_inodes(&mut b, -1);
+            self.commit(&b)?;
+        }
+        Ok(())
+    }
+
+    /// Reads up to `size` bytes at `offset` (holes read as zeros).
+    pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let _ns = self.ns.read();
+        let shared = self.node_inode(ino)?;
+        let (fk, file_size, kind) = {
+            let i = shared.lock();
+            (self.file_key(ino)?, i.size, i.kind)
+        };
+        if kind == Kind::Dir {
+            return Err(Errno::EISDIR);
+        }
+        if offset >= file_size || size == 0 {
+            return Ok(Vec::new());
+        }
+        let end = file_size.min(offset + size as u64);
+        let mut buf = vec![0u8; (end - offset) as usize];
+        let prefix_len = keys::data_prefix(&fk).len();
+        let lo = keys::data_key(&fk, offset / BLOCK);
+        let hi = keys::data_key(&fk, (end - 1) / BLOCK + 1);
+        self.engine
+            .scan(Bound::Included(&lo), Bound::Excluded(&hi), |k, v| {
+                if let Some(blk) = keys::block_of(k, prefix_len) {
+                    let start = blk * BLOCK;
+                    let (a, z) = (start.max(offset), (start + v.len() as u64).min(end));
+                    if a < z {
+                        buf[(a - offset) as usize..(z - offset) as usize]
+                            .copy_from_slice(&v[(a - start) as usize..(z - start) as usize]);
+                    }
+                }
+                true
+            })?;
+        self.counters
+            .bytes_read
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        if self.opts.relatime {
+            self.maybe_touch_atime(ino, &shared, &fk);
+        }
+        Ok(buf)
+    }
+
+    fn maybe_touch_atime(&self, _ino: u64, shared: &Arc<Mutex<Inode>>, fk: &[u8]) {
+        let mut i = shared.lock();
+        let now = Time::now();
+        if i.atime > i.mtime && i.atime > i.ctime && now.sec - i.atime.sec < 24 * 3600 {
+            return;
+        }
+        let mut next = i.clone();
+        next.atime = now;
+        let mut b = Batch::new();
+        b.put(keys::meta_key(fk), next.encode());
+        if self.commit(&b).is_ok() {
+            *i = next;
+        }
+    }
+
+    /// Writes `data` at `offset` (at the end for `O_APPEND` handles). `kill_suidgid`: the writer
+    /// is not privileged, so set-id bits are cleared. Returns the bytes written.
+    pub fn write(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> Result<usize> {
+        let _ns = self.ns.read();
+        let shared = self.node_inode(ino)?;
+        let append = self
+            .files
+            .lock()
+            .get(&fh)
+            .is_some_and(|h| h.append && h.ino == ino);
+        let fk = self.file_key(ino)?;
+        let mut inode = shared.lock();
+        if inode.kind != Kind::File {
+            return Err(Errno::EINVAL);
+        }
+        let offset = if append { inode.size } else { offset };
+        let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
+        if end > MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
+        self.check_space(data.len() as u64)?;
+        let mut next = inode.clone();
+        next.size = next.size.max(end);
+        let now = Time::now();
+        next.mtime = now;
+        next.ctime = now;
+        if kill_suidgid {
+            Self::kill_suidgid(&mut next);
+        }
+        // Keep each batch well inside one log record; the inode goes with the last piece.
+        let max_piece = self.max_piece;
+        let mut pos = 0usize;
+        loop {
+            let piece = (data.len() - pos).min(max_piece);
+            let mut b = Batch::new();
+            write_ops(&mut b, &fk, offset + pos as u64, &data[pos..pos + piece]);
+            pos += piece;
+            if pos == data.len() {
+                b.put(keys::meta_key(&fk), next.encode());
+                self.commit(&b)?;
+                break;
+            }
+            self.commit(&b)?;
+        }
+        *inode = next;
+        self.counters
+            .bytes_written
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(data.len())
+    }
+
+    /// Makes everything acknowledged so far durable (the log is global: any fsync syncs all).
+    pub fn fsync(&self) -> Result<()> {
+        self.engine.sync()?;
+        Ok(())
+    }
+
+    // ----- directories --------------------------------------------------------------------
+
+    /// Opens a directory for listing.
+    pub fn opendir(&self, ino: u64) -> Result<u64> {
+        self.dir(ino)?;
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.dirs.lock().insert(
+            fh,
+            DirHandle {
+                ino,
+                next_cookie: 3,
+                recent: Vec::new(),
+            },
+        );
+        Ok(fh)
+    }
+
+    /// Closes a directory handle.
+    pub fn releasedir(&self, fh: u64) {
+        self.dirs.lock().remove(&fh);
+    }
+
+    /// Lists a directory from `offset` (0 at the start; otherwise the offset of the last entry
+    /// consumed). `emit` returns false when it cannot take the entry (its buffer is full); with
+    /// `plus`, each accepted entry except `.` and `..` counts as a kernel lookup. Offsets stay
+    /// valid while the directory changes: listing resumes after the name it stopped at.
+    pub fn readdir(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        plus: bool,
+        mut emit: impl FnMut(&DirEntry) -> bool,
+    ) -> Result<()> {
+        let _ns = self.ns.read();
+        let (dkey, _) = self.dir(ino)?;
+        let parent_ino = self
+            .table
+            .lock()
+            .get(ino)
+            .map(|n| if n.parent == 0 { ROOT_INO } else { n.parent })
+            .unwrap_or(ROOT_INO);
+        let mut handles = self.dirs.lock();
+        let h = handles.entry(fh).or_insert_with(|| DirHandle {
+            ino,
+            next_cookie: 3,
+            recent: Vec::new(),
+        });
+        if h.ino != ino {
+            return Err(Errno::EBADF);
+        }
+        if offset == 0 {
+            let e = DirEntry {
+                ino,
+                offset: 1,
+                kind: Kind::Dir,
+                name: b".".to_vec(),
+                attr: None,
+            };
+            if !emit(&e) {
+                return Ok(());
+            }
+        }
+        if offset <= 1 {
+            let e = DirEntry {
+                ino: parent_ino,
+                offset: 2,
+                kind: Kind::Dir,
+                name: b"..".to_vec(),
+                attr: None,
+            };
+            if !emit(&e) {
+                return Ok(());
+            }
+        }
+        let prefix = keys::meta_key(&keys::children_prefix(&dkey));
+        let end = amaranth_engine::prefix_end(&prefix, self.max_key());
+        // Where to resume: after a name we handed out, or (an old cookie) by counting.
+        let (mut start, mut skip) = (prefix.clone(), 0u64);
+        if offset > 2 {
+            match h.recent.iter().find(|(c, _)| *c == offset) {
+                Some((_, name)) => {
+                    start = prefix.clone();
+                    keys::escape_into(name, &mut start);
+                    start.push(0);
+                }
+                None => skip = offset - 2,
+            }
+        }
+        if offset <= 2 {
+            h.recent.clear();
+        }
+        let mut err = None;
+        let mut recent = Vec::new();
+        let mut pending: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        // Collect a window of entries, then emit them (emission may need engine reads for redirects).
+        self.engine
+            .scan(Bound::Included(&start), Bound::Excluded(&end), |k, v| {
+                if skip > 0 {
+                    skip -= 1;
+                    return true;
+                }
+                pending.push((k.to_vec(), v.to_vec()));
+                pending.len() < 256
+            })?;
+        for (k, v) in pending {
+            let Some(name) = keys::name_of_child(&k[1..], prefix.len() - 1) else {
+                log::error!("amaranth: undecodable directory entry under inode {ino}");
+                err = Some(Errno::EIO);
+                break;
+            };
+            let (inode, redirect) = match Meta::decode(&v)? {
+                Meta::Inode(i) => (i, false),
+                Meta::Redirect(target) => {
+                    let hv = self
+                        .engine
+                        .get(&keys::meta_key(&keys::home_key(target)))?
+                        .ok_or(Errno::EIO)?;
+                    match Meta::decode(&hv)? {
+                        Meta::Inode(i) => (i, true),
+                        Meta::Redirect(_) => return Err(Errno::EIO),
+                    }
+                }
+            };
+            let _ = redirect;
+            let cookie = h.next_cookie;
+            let cached = if plus {
+                let shared = self.table.lock().inode(inode.ino);
+                shared.map(|s| s.lock().clone())
+            } else {
+                None
+            };
+            let attr = if plus {
+                Some(cached.unwrap_or_else(|| inode.clone()))
+            } else {
+                None
+            };
+            let e = DirEntry {
+                ino: inode.ino,
+                offset: cookie,
+                kind: inode.kind,
+                name: name.clone(),
+                attr,
+            };
+            if !emit(&e) {
+                break;
+            }
+            h.next_cookie += 1;
+            recent.push((cookie, name.clone()));
+            if plus {
+                self.table.lock().remember(ino, &name, inode, true);
+            }
+        }
+        // Keep the cookies of the last two batches (the kernel resumes from one of them).
+        let keep_from = h.recent.len().saturating_sub(512);
+        h.recent.drain(..keep_from);
+        h.recent.extend(recent);
+        match err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    // ----- whole-file-system operations ---------------------------------------------------
+
+    /// Space and inode counts.
+    pub fn statfs(&self) -> StatFs {
+        let st = self.engine.stats();
+        let reserve = self.opts.reserve_bytes.min(st.data_bytes / 4);
+        let blocks = st.data_bytes / BLOCK;
+        let bfree = st.free_bytes / BLOCK;
+        let bavail = st.free_bytes.saturating_sub(reserve) / BLOCK;
+        let used = self.inodes_used.load(Ordering::Relaxed);
+        StatFs {
+            blocks,
+            bfree,
+            bavail,
+            files: used + bavail,
+            ffree: bavail,
+            bsize: BLOCK as u32,
+            namelen: NAME_MAX as u32,
+        }
+    }
+
+    // ----- extended attributes ------------------------------------------------------------
+
+    /// Sets an extended attribute (`flags`: `XATTR_CREATE`, `XATTR_REPLACE`).
+    pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+        if name.is_empty() || name.len() > NAME_MAX {
+            return Err(Errno::ERANGE);
+        }
+        if value.len() > XATTR_VALUE_MAX {
+            return Err(Errno::E2BIG);
+        }
+        let _ns = self.ns.read();
+        let shared = self.node_inode(ino)?;
+        let fk = self.file_key(ino)?;
+        let key = keys::xattr_key(&fk, name);
+        let mut inode = shared.lock();
+        let exists = self.engine.get(&key)?.is_some();
+        if flags & libc::XATTR_CREATE != 0 && exists {
+            return Err(Errno::EEXIST);
+        }
+        if flags & libc::XATTR_REPLACE != 0 && !exists {
+            return Err(Errno::ENODATA);
+        }
+        self.check_space(value.len() as u64)?;
+        let mut next = inode.clone();
+        next.ctime = Time::now();
+        let mut b = Batch::new();
+        b.put(key, value.to_vec());
+        b.put(keys::meta_key(&fk), next.encode());
+        self.commit(&b)?;
+        *inode = next;
+        Ok(())
+    }
+
+    /// The value of an extended attribute.
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        if name.is_empty() || name.len() > NAME_MAX {
+            return Err(Errno::ERANGE);
+        }
+        let _ns = self.ns.read();
+        let fk = self.file_key(ino)?;
+        self.engine
+            .get(&keys::xattr_key(&fk, name))?
+            .ok_or(Errno::ENODATA)
+    }
+
+    /// Names of all extended attributes, each followed by a NUL byte.
+    pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
+        let _ns = self.ns.read();
+        let fk = self.file_key(ino)?;
+        let p = keys::xattr_prefix(&fk);
+        let end = amaranth_engine::prefix_end(&p, self.max_key());
+        let mut out = Vec::new();
+        self.engine
+            .scan(Bound::Included(&p), Bound::Excluded(&end), |k, _| {
+                out.extend_from_slice(&k[p.len()..]);
+                out.push(0);
+                true
+            })?;
+        Ok(out)
+    }
+
+    /// Removes an extended attribute.
+    pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        let _ns = self.ns.read();
+        let shared = self.node_inode(ino)?;
+        let fk = self.file_key(ino)?;
+        let key = keys::xattr_key(&fk, name);
+        let mut inode = shared.lock();
+        if self.engine.get(&key)?.is_none() {
+            return Err(Errno::ENODATA);
+        }
+        let mut next = inode.clone();
+        next.ctime = Time::now();
+        let mut b = Batch::new();
+        b.delete(key);
+        b.put(keys::meta_key(&fk), next.encode());
+        self.commit(&b)?;
+        *inode = next;
+        Ok(())
+    }
+
+    // ----- space management ---------------------------------------------------------------
+
+    /// `fallocate`: mode 0 extends the size, `KEEP_SIZE` reserves nothing (space is allocated on
+    /// write in a copy-on-write store), `PUNCH_HOLE` and `ZERO_RANGE` zero the range.
+    pub fn fallocate(&self, ino: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
+        if length == 0 {
+            return Err(Errno::EINVAL);
+        }
+        let supported = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
+        if mode & !supported != 0
+            || (mode & FALLOC_FL_PUNCH_HOLE != 0 && mode & FALLOC_FL_KEEP_SIZE == 0)
+        {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let end = offset.checked_add(length).ok_or(Errno::EFBIG)?;
+        if end > MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
+        let _ns = self.ns.read();
+        let shared = self.node_inode(ino)?;
+        let fk = self.file_key(ino)?;
+        let mut inode = shared.lock();
+        if inode.kind != Kind::File {
+            return Err(if inode.kind == Kind::Dir {
+                Errno::EISDIR
+            } else {
+                Errno::ENODEV
+            });
+        }
+        let mut next = inode.clone();
+        let mut b = Batch::new();
+        if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0 {
+            let zend = end.min(next.size);
+            if offset < zend {
+                zero_ops(&mut b, &fk, offset, zend);
+            }
+        }
+        if mode & FALLOC_FL_KEEP_SIZE == 0 && end > next.size {
+            self.check_space(0)?;
+            next.size = end;
+        }
+        let now = Time::now();
+        if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0 || next.size != inode.size {
+            next.mtime = now;
+            next.ctime = now;
+        }
+        b.put(keys::meta_key(&fk), next.encode());
+        self.commit(&b)?;
+        *inode = next;
+        Ok(())
+    }
+
+    /// `lseek` with `SEEK_DATA` or `SEEK_HOLE` (others are the kernel's business).
+    pub fn lseek(&self, ino: u64, offset: u64, whence: i32) -> Result<u64> {
+        let _ns = self.ns.read();
+        let shared = self.node_inode(ino)?;
+        let size = shared.lock().size;
+        let fk = self.file_key(ino)?;
+        if whence != libc::SEEK_DATA && whence != libc::SEEK_HOLE {
+            return Err(Errno::EINVAL);
+        }
+        if offset >= size {
+            return Err(Errno::ENXIO);
+        }
+        let prefix_len = keys::data_prefix(&fk).len();
+        let lo = keys::data_key(&fk, offset / BLOCK);
+        let hi = keys::data_key(&fk, (size - 1) / BLOCK + 1);
+        if whence == libc::SEEK_DATA {
+            let mut first = None;
+            self.engine
+                .scan(Bound::Included(&lo), Bound::Excluded(&hi), |k, _| {
+                    first = keys::block_of(k, prefix_len);
+                    false
+                })?;
+            match first {
+                Some(b) => Ok((b * BLOCK).max(offset)),
+                None => Err(Errno::ENXIO),
+            }
+        } else {
+            let mut expect = offset / BLOCK;
+            let mut hole = None;
+            self.engine
+                .scan(
+                    Bound::Included(&lo),
+                    Bound::Excluded(&hi),
+                    |k, _| match keys::block_of(k, prefix_len) {
+                        Some(b) if b == expect => {
+                            expect += 1;
+                            true
+                        }
+                        _ => {
+                            hole = Some(expect);
+                            false
+                        }
+                    },
+                )?;
+            let at = hole.unwrap_or(expect) * BLOCK;
+            Ok(at.max(offset).min(size))
+        }
+    }
+
+    /// Copies `len` bytes between files inside the daemon (no data crosses to the kernel). Block-
+    /// aligned copies move whole blocks and keep holes. Returns the bytes copied.
+    pub fn copy_file_range(
+        &self,
+        ino_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let size_in = self.getattr(ino_in)?.size;
+        let out_kind = self.getattr(ino_out)?.kind;
+        if out_kind != Kind::File {
+            return Err(Errno::EINVAL);
+        }
+        if off_in >= size_in || len == 0 {
+            return Ok(0);
+        }
+        let len = len.min(size_in - off_in);
+        if ino_in == ino_out && off_in < off_out + len && off_out < off_in + len {
+            return Err(Errno::EINVAL);
+        }
+        let aligned = off_in.is_multiple_of(BLOCK) && off_out.is_multiple_of(BLOCK);
+        const CHUNK: u64 = 1 << 20;
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(CHUNK);
+            if aligned && n.is_multiple_of(BLOCK) {
+                self.copy_blocks(ino_in, off_in + done, ino_out, off_out + done, n)?;
+            } else {
+                let data = self.read(ino_in, off_in + done, n as u32)?;
+                let mut buf = data;
+                buf.resize(n as usize, 0);
+                self.write(ino_out, 0, off_out + done, &buf, false)?;
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+
+    fn copy_blocks(
+        &self,
+        ino_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        off_out: u64,
+        n: u64,
+    ) -> Result<()> {
+        let _ns = self.ns.read();
+        let src = self.file_key(ino_in)?;
+        let dst = self.file_key(ino_out)?;
+        let shared = self.node_inode(ino_out)?;
+        let prefix_len = keys::data_prefix(&src).len();
+        let (b_in, b_out, count) = (off_in / BLOCK, off_out / BLOCK, n / BLOCK);
+        let mut b = Batch::new();
+        b.range_delete(
+            keys::data_key(&dst, b_out),
+            keys::data_key(&dst, b_out + count),
+        );
+        let lo = keys::data_key(&src, b_in);
+        let hi = keys::data_key(&src, b_in + count);
+        self.check_space(n)?;
+        self.engine
+            .scan(Bound::Included(&lo), Bound::Excluded(&hi), |k, v| {
+                if let Some(blk) = keys::block_of(k, prefix_len) {
+                    b.put(keys::data_key(&dst, blk - b_in + b_out), v.to_vec());
+                }
+                true
+            })?;
+        let mut inode = shared.lock();
+        let mut next = inode.clone();
+        next.size = next.size.max(off_out + n);
+        let now = Time::now();
+        next.mtime = now;
+        next.ctime = now;
+        b.put(keys::meta_key(&dst), next.encode());
+        self.commit(&b)?;
+        *inode = next;
+        Ok(())
+    }
+}
+
+/// Operations writing `data` at `offset`: whole blocks as puts, partial blocks as upserts (no read).
+pub fn write_ops(b: &mut Batch, fk: &[u8], offset: u64, data: &[u8]) {
+    let mut pos = 0usize;
+    while pos < data.len() {
+        let abs = offset + pos as u64;
+        let blk = abs / BLOCK;
+        let in_blk = (abs % BLOCK) as usize;
+        let n = (BLOCK as usize - in_blk).min(data.len() - pos);
+        let key = keys::data_key(fk, blk);
+        if in_blk == 0 && n == BLOCK as usize {
+            b.ops.push(Op::Put {
+                key,
+                value: data[pos..pos + n].to_vec(),
+            });
+        } else {
+            b.ops.push(Op::Upsert {
+                key,
+                patch: Patch::Write {
+                    offset: in_blk as u32,
+                    data: data[pos..pos + n].to_vec(),
+                },
+            });
+        }
+        pos += n;
+    }
+}
+
+/// Operations zeroing `[start, end)`: whole blocks become holes, partial blocks get zeros.
+pub fn zero_ops(b: &mut Batch, fk: &[u8], start: u64, end: u64) {
+    let first_full = start.div_ceil(BLOCK);
+    let last_full = end / BLOCK; // exclusive
+    if first_full < last_full {
+        b.range_delete(
+            keys::data_key(fk, first_full),
+            keys::data_key(fk, last_full),
+        );
+    }
+    let mut zero_range = |a: u64, z: u64| {
+        if a < z {
+            b.ops.push(Op::Upsert {
+                key: keys::data_key(fk, a / BLOCK),
+                patch: Patch::Write {
+                    offset: (a % BLOCK) as u32,
+                    data: vec![0; (z - a) as usize],
+                },
+            });
+        }
+    };
+    if first_full > last_full {
+        // Inside one block.
+        zero_range(start, end);
+    } else {
+        zero_range(start, (first_full * BLOCK).min(end));
+        zero_range((last_full * BLOCK).max(start), end);
+    }
+}

@@ -1,0 +1,289 @@
+//! The key schema: full-path keys whose `memcmp` order keeps a directory's children first and
+//! contiguous and its whole subtree in one key range.
+//!
+//! A path `/d1/d2/.../dk/name` is encoded as
+//! `SEP esc(d1) SEP esc(d2) ... SEP esc(dk) SEP SEP esc(name)`: every separator is one `SEP` byte
+//! (0x01) except the one before the last component, which is doubled (BetrFS's trick). Then:
+//! - the children of directory `D` are exactly the keys starting with `children_prefix(D)`
+//!   (`... SEP esc(dk) SEP SEP`), contiguous, before any grandchild;
+//! - the whole subtree of `D` is exactly the keys starting with `subtree_prefix(D)`
+//!   (`... SEP esc(dk) SEP`), one key range.
+//!
+//! Unlike BetrFS, every name Linux allows works: names are escaped so that the bytes 0x00, 0x01
+//! and 0x02 never appear in an encoded name (`0x02` is the escape byte: 0x00/0x01/0x02 become
+//! `0x02 0x10/0x11/0x12`), and ranges end at the successor of their prefix, so names starting with
+//! 0xff need nothing special.
+//!
+//! Key spaces (first byte):
+//! - `'m' file_key` → the inode (metadata) of a file, directory, symlink or special file;
+//! - `'d' file_key 0x00 block(u64 BE)` → 4 KiB data blocks (shorter for the tail; missing = hole);
+//! - `'x' file_key 0x00 name` → extended attributes;
+//! - `'s' name` → file-system-wide records (format, inode counter).
+//!
+//! A `file_key` is either a path key (starts with `SEP`; the root's is empty) or an inode-keyed
+//! *home* (`HOME ino(u64 BE)`): hard-linked and open-unlinked files live at their home, and each
+//! of their names holds a redirect.
+
+/// Separator byte.
+pub const SEP: u8 = 0x01;
+/// Escape byte.
+pub const ESC: u8 = 0x02;
+/// First byte of an inode-keyed home.
+pub const HOME: u8 = 0x03;
+/// Terminates a file key inside data and xattr keys (never appears in a file key).
+pub const END: u8 = 0x00;
+
+/// Key-space tags.
+pub const META: u8 = b'm';
+/// Data blocks.
+pub const DATA: u8 = b'd';
+/// Extended attributes.
+pub const XATTR: u8 = b'x';
+/// File-system records.
+pub const SYSTEM: u8 = b's';
+
+/// Size of a data block.
+pub const BLOCK: u64 = 4096;
+
+/// Appends the escaped form of `name` to `out`.
+pub fn escape_into(name: &[u8], out: &mut Vec<u8>) {
+    for &b in name {
+        if b <= ESC {
+            out.push(ESC);
+            out.push(0x10 + b);
+        } else {
+            out.push(b);
+        }
+    }
+}
+
+/// Reverses [`escape_into`]; `None` if the bytes are not a valid encoding.
+pub fn unescape(enc: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(enc.len());
+    let mut it = enc.iter();
+    while let Some(&b) = it.next() {
+        match b {
+            ESC => match it.next() {
+                Some(&e) if (0x10..=0x12).contains(&e) => out.push(e - 0x10),
+                _ => return None,
+            },
+            0x00 | SEP => return None,
+            _ => out.push(b),
+        }
+    }
+    Some(out)
+}
+
+/// A path, as the list of its components from the root (the root itself is empty).
+pub type Components<'a> = &'a [&'a [u8]];
+
+/// The path key of `/c0/c1/.../cn` (empty for the root).
+pub fn path_key(components: &[&[u8]]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(components.iter().map(|c| c.len() + 2).sum());
+    let n = components.len();
+    for (i, c) in components.iter().enumerate() {
+        k.push(SEP);
+        if i + 1 == n {
+            k.push(SEP);
+        }
+        escape_into(c, &mut k);
+    }
+    k
+}
+
+/// The key of child `name` of the directory whose path key is `dir`.
+pub fn child_key(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut k = children_prefix(dir);
+    escape_into(name, &mut k);
+    k
+}
+
+/// Prefix shared by the keys of every direct child of directory `dir`.
+pub fn children_prefix(dir: &[u8]) -> Vec<u8> {
+    let mut k = subtree_prefix(dir);
+    k.push(SEP);
+    k
+}
+
+/// Prefix shared by the keys of every descendant of directory `dir` (at any depth).
+pub fn subtree_prefix(dir: &[u8]) -> Vec<u8> {
+    if dir.is_empty() {
+        return vec![SEP];
+    }
+    // `dir` = ... SEP SEP esc(last): collapse the doubled separator before the last component.
+    let last_sep = dir
+        .iter()
+        .rposition(|&b| b == SEP)
+        .expect("a non-root path key holds a separator");
+    debug_assert!(
+        last_sep >= 1 && dir[last_sep - 1] == SEP,
+        "malformed path key"
+    );
+    let mut k = Vec::with_capacity(dir.len() + 1);
+    k.extend_from_slice(&dir[..last_sep]);
+    k.extend_from_slice(&dir[last_sep + 1..]);
+    k.push(SEP);
+    k
+}
+
+/// The escaped last component of a child key under `children_prefix`, unescaped.
+pub fn name_of_child(key: &[u8], prefix_len: usize) -> Option<Vec<u8>> {
+    unescape(&key[prefix_len..])
+}
+
+/// The home key of inode `ino`.
+pub fn home_key(ino: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9);
+    k.push(HOME);
+    k.extend_from_slice(&ino.to_be_bytes());
+    k
+}
+
+/// Whether a file key is a home (not a path).
+pub fn is_home(file_key: &[u8]) -> bool {
+    file_key.first() == Some(&HOME)
+}
+
+/// The inode number in a home key.
+pub fn home_ino(file_key: &[u8]) -> Option<u64> {
+    if file_key.len() == 9 && file_key[0] == HOME {
+        Some(u64::from_be_bytes(file_key[1..9].try_into().ok()?))
+    } else {
+        None
+    }
+}
+
+/// Metadata key of a file key.
+pub fn meta_key(file_key: &[u8]) -> Vec<u8> {
+    tagged(META, file_key)
+}
+
+fn tagged(tag: u8, rest: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + rest.len() + 9);
+    k.push(tag);
+    k.extend_from_slice(rest);
+    k
+}
+
+/// Prefix of every data key of a file.
+pub fn data_prefix(file_key: &[u8]) -> Vec<u8> {
+    let mut k = tagged(DATA, file_key);
+    k.push(END);
+    k
+}
+
+/// Data key of block `block` of a file.
+pub fn data_key(file_key: &[u8], block: u64) -> Vec<u8> {
+    let mut k = data_prefix(file_key);
+    k.extend_from_slice(&block.to_be_bytes());
+    k
+}
+
+/// Block number of a data key with the given prefix length.
+pub fn block_of(data_key: &[u8], prefix_len: usize) -> Option<u64> {
+    let b = data_key.get(prefix_len..)?;
+    Some(u64::from_be_bytes(b.try_into().ok()?))
+}
+
+/// Prefix of every extended attribute of a file.
+pub fn xattr_prefix(file_key: &[u8]) -> Vec<u8> {
+    let mut k = tagged(XATTR, file_key);
+    k.push(END);
+    k
+}
+
+/// Key of extended attribute `name` of a file.
+pub fn xattr_key(file_key: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut k = xattr_prefix(file_key);
+    k.extend_from_slice(name);
+    k
+}
+
+/// The three prefixes under which a directory's subtree lives (metadata, data, xattrs).
+pub fn subtree_prefixes(dir: &[u8]) -> [Vec<u8>; 3] {
+    let s = subtree_prefix(dir);
+    [tagged(META, &s), tagged(DATA, &s), tagged(XATTR, &s)]
+}
+
+/// Key of a file-system record.
+pub fn system_key(name: &str) -> Vec<u8> {
+    tagged(SYSTEM, name.as_bytes())
+}
+
+/// The meta-key range holding every home.
+pub fn homes_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![META, HOME], vec![META, HOME + 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn children_first_and_subtree_contiguous() {
+        let a = path_key(&[b"a"]);
+        let ab = path_key(&[b"a", b"b"]);
+        let abc = path_key(&[b"a", b"b", b"c"]);
+        let az = path_key(&[b"a", b"z"]);
+        let a2 = path_key(&[b"a2"]);
+        assert_eq!(a, b"\x01\x01a");
+        assert_eq!(ab, b"\x01a\x01\x01b");
+        assert_eq!(abc, b"\x01a\x01b\x01\x01c");
+        assert_eq!(child_key(&a, b"b"), ab);
+        // Children of /a come before grandchildren, and everything under /a shares one prefix.
+        assert!(az < abc);
+        let sub = subtree_prefix(&a);
+        for k in [&ab, &abc, &az] {
+            assert!(k.starts_with(&sub));
+            assert!(k.starts_with(&children_prefix(&a)) == (k != &abc));
+        }
+        assert!(!a2.starts_with(&sub));
+        assert!(!a.starts_with(&sub));
+        assert_eq!(subtree_prefix(&[]), vec![SEP]);
+        assert_eq!(child_key(&[], b"x"), path_key(&[b"x"]));
+    }
+
+    #[test]
+    fn every_linux_name_round_trips_and_stays_in_place() {
+        let names: Vec<Vec<u8>> = vec![
+            b"plain".to_vec(),
+            vec![0x01, 0x02, 0x03],
+            vec![0xff, 0xff],
+            vec![0xff],
+            vec![b'a', 0x01],
+            (1u8..=255).filter(|&b| b != b'/').collect(),
+        ];
+        for n in &names {
+            let mut e = Vec::new();
+            escape_into(n, &mut e);
+            assert!(!e.contains(&SEP) && !e.contains(&0));
+            assert_eq!(unescape(&e).as_ref(), Some(n));
+            // A child with such a name stays inside its parent's children range.
+            let dir = path_key(&[b"d"]);
+            let k = child_key(&dir, n);
+            assert!(k.starts_with(&children_prefix(&dir)));
+            assert_eq!(
+                name_of_child(&k, children_prefix(&dir).len()).as_ref(),
+                Some(n)
+            );
+            let sub = path_key(&[b"d", n, b"x"]);
+            assert!(sub.starts_with(&subtree_prefix(&dir)));
+            assert!(!sub.starts_with(&children_prefix(&dir)));
+        }
+    }
+
+    #[test]
+    fn data_keys_of_a_file_are_contiguous() {
+        let f = path_key(&[b"f"]);
+        let g = path_key(&[b"f2"]);
+        let last_f = data_key(&f, u64::MAX);
+        let first_g = data_key(&g, 0);
+        assert!(last_f < first_g);
+        assert_eq!(block_of(&data_key(&f, 77), data_prefix(&f).len()), Some(77));
+        assert!(data_key(&home_key(5), 1).starts_with(&data_prefix(&home_key(5))));
+        assert_eq!(
+            home_ino(&home_key(0x0102030405060708)),
+            Some(0x0102030405060708)
+        );
+    }
+}
