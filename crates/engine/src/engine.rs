@@ -396,34 +396,40 @@ impl Inner {
             ops.iter().map(|o| o.user_bytes() as u64).sum(),
             Ordering::Relaxed,
         );
-        self.after_write()?;
+        self.after_write();
         Ok(lsn)
     }
 
-    fn after_write(&self) -> Result<()> {
+    /// Housekeeping after an operation was applied: flush an overfull root, keep the memory bound,
+    /// write a large log buffer. The operation is already applied and logged, so a failure here is
+    /// not the operation's failure: it is recorded (an I/O failure makes the engine refuse later
+    /// writes, and `sync` reports it) and, for lack of space, the memory bound is exceeded for a
+    /// while instead.
+    fn after_write(&self) {
         let node_size = self.tree.format.node_size;
-        let root_bytes = match self.tree.root_bytes() {
-            Ok(b) => b,
-            Err(e) => {
-                self.fail(&e);
-                return Err(e);
+        let r = (|| -> Result<()> {
+            let root_bytes = self.tree.root_bytes()?;
+            if root_bytes > node_size {
+                if self.options.background_threads && root_bytes <= 2 * node_size {
+                    self.request(true, false);
+                } else {
+                    flush_root(&self.tree, false)?;
+                }
             }
-        };
-        if root_bytes > node_size {
-            if self.options.background_threads && root_bytes <= 2 * node_size {
-                self.request(true, false);
-            } else {
-                self.note(flush_root(&self.tree, false))?;
+            self.tree.make_room()?;
+            if self.log.buffered() > LOG_WRITE_THRESHOLD.min(self.log.max_record()) {
+                self.log.flush(false)?;
             }
-        }
-        self.note(self.tree.make_room())?;
-        if self.log.buffered() > LOG_WRITE_THRESHOLD.min(self.log.max_record()) {
-            self.note(self.log.flush(false))?;
+            Ok(())
+        })();
+        match r {
+            Ok(()) => {}
+            Err(Error::NoSpace(m)) => log::warn!("amaranth engine: cannot write back nodes ({m}); the cache is over its bound"),
+            Err(e) => self.fail(&e),
         }
         if self.options.background_threads {
             self.wake_state.lock().last_write = Some(Instant::now());
         }
-        Ok(())
     }
 
     fn sync(&self) -> Result<()> {
