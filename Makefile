@@ -47,5 +47,10 @@ engine-bench:
 soak:
 	AMARANTH_SOAK_SECONDS=$${SOAK_SECONDS:-600} $(CARGO) test --release -p amaranth-engine --test soak -- --ignored --nocapture
 
+## Power cuts through the file system for CRASH_SOAK_SECONDS (default 600); prints the states checked.
+crash-soak:
+	AMARANTH_CRASH_SOAK_SECONDS=$${CRASH_SOAK_SECONDS:-600} $(CARGO) test --release -p amaranth-fs --test crash_soak -- --ignored --nocapture
+	AMARANTH_SOAK_SECONDS=$${ENGINE_SOAK_SECONDS:-60} $(CARGO) test --release -p amaranth-engine --test soak -- --ignored --nocapture
+
 clean:
 	$(CARGO) clean
