@@ -1,0 +1,234 @@
+//! `amaranth`: make, mount, unmount, check and inspect Amaranth file systems.
+//!
+//! ```text
+//! amaranth mkfs IMAGE --size 8G          # a new image file (or a block device, without --size)
+//! amaranth mount IMAGE DIR               # daemonizes once the mount is live
+//! amaranth umount DIR                    # returns after the daemon's final checkpoint
+//! amaranth fsck IMAGE [--repair]         # 0 clean, 1 corrected, 4 left, 8 operational error
+//! amaranth stat IMAGE|DIR [--json]
+//! amaranth install-helper                # /usr/local/bin/amaranth + /sbin/mount.fuse.amaranth
+//! ```
+//!
+//! Installed as `/sbin/mount.fuse.amaranth` (a symlink to this binary), it is the mount helper that
+//! `mount -t fuse.amaranth IMAGE DIR -o OPTS` and fstab lines run.
+
+mod fsck;
+mod mkfs;
+mod mount;
+mod stat;
+mod umount;
+mod util;
+
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+
+use crate::util::{parse_size, CliResult, Failure};
+
+/// Amaranth: a write-optimized file system (a Bε-tree under full-path keys), mounted with FUSE.
+#[derive(Parser, Debug)]
+#[command(name = "amaranth", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create a new file system on an image file or a block device.
+    Mkfs {
+        /// Image file (created or truncated to --size) or block device.
+        image: PathBuf,
+        /// Size of the image file, e.g. 8G or 512M (not for block devices).
+        #[arg(long, value_parser = parse_size)]
+        size: Option<u64>,
+        /// Node size of the Bε-tree (a power of two, default 4M).
+        #[arg(long, value_parser = parse_size)]
+        node_size: Option<u64>,
+        /// Compression of nodes: none, lz4 or zstd.
+        #[arg(long, default_value = "none")]
+        compression: String,
+        /// Overwrite an existing Amaranth file system.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Mount a file system (returns once mounted; the daemon stays in the background).
+    Mount {
+        /// Image file or block device.
+        image: PathBuf,
+        /// Mount point: an existing, empty directory.
+        dir: PathBuf,
+        /// Stay in the foreground and log to stderr.
+        #[arg(short, long)]
+        foreground: bool,
+        /// Engine cache size (default: 1/4 of RAM, at most 2 GiB and 1/4 of the image).
+        #[arg(long, value_parser = parse_size)]
+        cache_size: Option<u64>,
+        /// Threads serving FUSE requests (default: the number of cores).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Also write the daemon's pid to this file.
+        #[arg(long)]
+        pid_file: Option<PathBuf>,
+        /// Log file of the background daemon (default /var/log/amaranth-<mountpoint>.log).
+        #[arg(long)]
+        log_file: Option<PathBuf>,
+        /// Mount options: cache_size=, threads=, ro, noatime, noexec, dev, suid, read_ahead_kb=...
+        #[arg(short = 'o', value_name = "OPTIONS")]
+        options: Vec<String>,
+    },
+    /// Unmount and wait until the daemon has written its final checkpoint and exited.
+    #[command(alias = "unmount")]
+    Umount {
+        /// Mount point.
+        dir: PathBuf,
+        /// Detach even if files are open (the daemon exits when they are closed).
+        #[arg(short, long)]
+        lazy: bool,
+        /// Give up waiting for the daemon after this many seconds.
+        #[arg(long)]
+        timeout: Option<u64>,
+    },
+    /// Check an unmounted file system (exit 0 clean, 1 corrected, 4 errors left, 8 operational).
+    Fsck {
+        /// Image file or block device.
+        image: PathBuf,
+        /// Fix what can be fixed (benign problems: leaks, counters, orphans).
+        #[arg(long)]
+        repair: bool,
+        /// Accept the older superblock copy if the newer one is damaged.
+        #[arg(long)]
+        fallback_superblock: bool,
+    },
+    /// Show an image's parameters, or a mounted file system's live statistics.
+    Stat {
+        /// Image file (offline) or mount point (asks the running daemon).
+        target: PathBuf,
+        /// Machine-readable JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Install this binary as /usr/local/bin/amaranth and the mount helper
+    /// /sbin/mount.fuse.amaranth (for `mount -t fuse.amaranth` and /etc/fstab).
+    InstallHelper {
+        /// Where the binary goes.
+        #[arg(long, default_value = "/usr/local/bin")]
+        bin_dir: PathBuf,
+        /// Where the mount helper goes.
+        #[arg(long, default_value = "/sbin")]
+        sbin_dir: PathBuf,
+    },
+    /// The mount helper: `IMAGE DIR -o OPTIONS` as mount(8) passes them.
+    #[command(hide = true)]
+    MountHelper {
+        /// Arguments as mount(8) passes them.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn install_helper(bin_dir: &Path, sbin_dir: &Path) -> CliResult {
+    let exe = std::env::current_exe().map_err(|e| Failure::new(format!("current exe: {e}")))?;
+    std::fs::create_dir_all(bin_dir)
+        .map_err(|e| Failure::new(format!("{}: {e}", bin_dir.display())))?;
+    let bin = bin_dir.join("amaranth");
+    let same = bin.canonicalize().ok() == exe.canonicalize().ok();
+    if !same {
+        // Copy to a temporary name and rename, so a running binary is replaced atomically.
+        let tmp = bin_dir.join(".amaranth.new");
+        std::fs::copy(&exe, &tmp)
+            .and_then(|_| std::fs::rename(&tmp, &bin))
+            .map_err(|e| Failure::new(format!("cannot install {}: {e}", bin.display())))?;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755));
+    let helper = sbin_dir.join("mount.fuse.amaranth");
+    let _ = std::fs::remove_file(&helper);
+    std::os::unix::fs::symlink(&bin, &helper)
+        .map_err(|e| Failure::new(format!("cannot create {}: {e}", helper.display())))?;
+    println!(
+        "installed {} and {} -> {}",
+        bin.display(),
+        helper.display(),
+        bin.display()
+    );
+    println!("mount with:   mount -t fuse.amaranth IMAGE DIR [-o cache_size=1G,threads=2]");
+    println!("fstab line:   /path/to/image.img  /mnt/amaranth  fuse.amaranth  defaults,cache_size=1G  0 0");
+    Ok(())
+}
+
+fn exit_with(r: CliResult<i32>) -> ! {
+    match r {
+        Ok(code) => std::process::exit(code),
+        Err(f) => {
+            eprintln!("amaranth: {}", f.message);
+            std::process::exit(f.code)
+        }
+    }
+}
+
+fn main() {
+    let argv: Vec<String> = std::env::args().collect();
+    let argv0 = argv
+        .first()
+        .map(|a| {
+            Path::new(a)
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .unwrap_or_default();
+    if argv0.starts_with("mount.fuse.amaranth") || argv0.starts_with("mount.amaranth") {
+        exit_with(mount::helper(&argv[1..]).map(|()| 0));
+    }
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Mkfs {
+            image,
+            size,
+            node_size,
+            compression,
+            force,
+        } => mkfs::run(mkfs::MkfsArgs {
+            image: &image,
+            size,
+            node_size,
+            compression: &compression,
+            force,
+        })
+        .map(|()| 0),
+        Command::Mount {
+            image,
+            dir,
+            foreground,
+            cache_size,
+            threads,
+            pid_file,
+            log_file,
+            options,
+        } => mount::run(mount::MountArgs {
+            image,
+            dir,
+            foreground,
+            cache_size,
+            threads,
+            pid_file,
+            options,
+            log_file,
+        })
+        .map(|()| 0),
+        Command::Umount { dir, lazy, timeout } => umount::run(&dir, lazy, timeout).map(|()| 0),
+        Command::Fsck {
+            image,
+            repair,
+            fallback_superblock,
+        } => fsck::run(&image, repair, fallback_superblock),
+        Command::Stat { target, json } => stat::run(&target, json).map(|()| 0),
+        Command::InstallHelper { bin_dir, sbin_dir } => {
+            install_helper(&bin_dir, &sbin_dir).map(|()| 0)
+        }
+        Command::MountHelper { args } => mount::helper(&args).map(|()| 0),
+    };
+    exit_with(r)
+}

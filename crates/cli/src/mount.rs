@@ -1,0 +1,719 @@
+//! `amaranth mount`: checks, daemonizes, serves the file system until it is unmounted or the
+//! daemon is signalled, then closes the engine (a final checkpoint).
+
+use std::io::{self, Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use amaranth_device::{BlockDevice, FileDevice};
+use amaranth_engine::{Engine, Error, Format, Options, Superblock};
+use amaranth_fs::{Fs, FsOptions};
+use amaranth_fuse::{MountOptions, Unmounter};
+
+use crate::util::{self, human, parse_size, CliResult, Failure};
+
+/// What `mount` was asked for.
+#[derive(Clone, Debug, Default)]
+pub struct MountArgs {
+    /// Image file or block device.
+    pub image: PathBuf,
+    /// Mount point.
+    pub dir: PathBuf,
+    /// Stay in the foreground (log to stderr).
+    pub foreground: bool,
+    /// Engine cache size.
+    pub cache_size: Option<u64>,
+    /// Request threads.
+    pub threads: Option<usize>,
+    /// Extra pid file to write.
+    pub pid_file: Option<PathBuf>,
+    /// `-o` option lists.
+    pub options: Vec<String>,
+    /// Log file (background mode).
+    pub log_file: Option<PathBuf>,
+}
+
+/// Everything decided before the daemon starts.
+struct Plan {
+    image: PathBuf,
+    mountpoint: PathBuf,
+    dev: FileDevice,
+    format: Format,
+    engine_opts: Options,
+    mount_opts: MountOptions,
+    pid_file: Option<PathBuf>,
+    log_file: PathBuf,
+    foreground: bool,
+}
+
+/// Applies `-o` options (comma-separated lists, as `mount(8)` passes them).
+fn apply_options(args: &mut MountArgs, m: &mut MountOptions) -> CliResult {
+    let lists = std::mem::take(&mut args.options);
+    for opt in lists.iter().flat_map(|l| l.split(',')) {
+        let opt = opt.trim();
+        if opt.is_empty() {
+            continue;
+        }
+        let (key, val) = match opt.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (opt, None),
+        };
+        fn value<'a>(key: &str, v: Option<&'a str>) -> CliResult<&'a str> {
+            v.ok_or_else(|| Failure::new(format!("mount option {key} needs a value ({key}=...)")))
+        }
+        let need = |v| value(key, v);
+        match key {
+            "cache_size" | "cache-size" => {
+                args.cache_size = Some(parse_size(need(val)?).map_err(Failure::new)?)
+            }
+            "threads" => {
+                args.threads = Some(need(val)?.parse().map_err(|_| {
+                    Failure::new(format!("bad threads value {:?}", val.unwrap_or("")))
+                })?)
+            }
+            "log" | "log_file" => args.log_file = Some(PathBuf::from(need(val)?)),
+            "pid_file" | "pidfile" => args.pid_file = Some(PathBuf::from(need(val)?)),
+            "read_ahead_kb" => {
+                m.read_ahead_kb = Some(need(val)?.parse().map_err(|_| {
+                    Failure::new(format!("bad read_ahead_kb value {:?}", val.unwrap_or("")))
+                })?)
+            }
+            "foreground" => args.foreground = true,
+            "ro" => m.read_only = true,
+            "rw" => m.read_only = false,
+            "dev" => m.dev = true,
+            "nodev" => m.dev = false,
+            "suid" => m.suid = true,
+            "nosuid" => m.suid = false,
+            "exec" => m.noexec = false,
+            "noexec" => m.noexec = true,
+            "noatime" => m.noatime = true,
+            "atime" | "relatime" | "strictatime" | "nodiratime" | "diratime" => m.noatime = false,
+            "allow_other" | "allow_root" => m.allow_other = true,
+            "default_permissions" => m.default_permissions = true,
+            // mount(8)/fstab options that are not ours to act on.
+            "defaults" | "auto" | "noauto" | "user" | "users" | "nouser" | "owner" | "group"
+            | "_netdev" | "nofail" | "async" | "sync" | "dirsync" | "fsname" | "subtype"
+            | "comment" | "loop" => {}
+            k if k.starts_with("x-") => {}
+            _ => return Err(Failure::new(format!("unknown mount option {opt:?}"))),
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `dir` can be mounted on: exists, a directory, empty, not a mount point.
+fn check_mountpoint(dir: &Path) -> CliResult<PathBuf> {
+    let mp = util::absolute(dir).map_err(|e| Failure::new(format!("{}: {e}", dir.display())))?;
+    if let Some(m) = amaranth_fuse::find_mount(&mp) {
+        return Err(Failure::new(format!(
+            "{} is already a mount point ({} of type {}); unmount it first",
+            mp.display(),
+            m.source,
+            m.fstype
+        )));
+    }
+    let meta = std::fs::metadata(&mp).map_err(|e| {
+        Failure::new(match e.kind() {
+            io::ErrorKind::NotFound => format!("mount point {} does not exist", mp.display()),
+            _ => format!("mount point {}: {e}", mp.display()),
+        })
+    })?;
+    if !meta.is_dir() {
+        return Err(Failure::new(format!(
+            "mount point {} is not a directory",
+            mp.display()
+        )));
+    }
+    let mut entries = std::fs::read_dir(&mp)
+        .map_err(|e| Failure::new(format!("mount point {}: {e}", mp.display())))?;
+    if entries.next().is_some() {
+        return Err(Failure::new(format!(
+            "mount point {} is not empty",
+            mp.display()
+        )));
+    }
+    Ok(mp)
+}
+
+/// Opens and validates the image (before forking, so errors reach the terminal).
+fn open_image(image: &Path, read_only: bool) -> CliResult<(PathBuf, FileDevice, Format)> {
+    let abs =
+        util::absolute(image).map_err(|e| Failure::new(format!("{}: {e}", image.display())))?;
+    let open = if read_only {
+        FileDevice::open_read_only(&abs)
+    } else {
+        FileDevice::open(&abs)
+    };
+    let dev = open.map_err(|e| {
+        Failure::new(match e.kind() {
+            io::ErrorKind::NotFound => format!(
+                "image {} does not exist (create one with `amaranth mkfs {} --size 8G`)",
+                abs.display(),
+                abs.display()
+            ),
+            io::ErrorKind::ResourceBusy => {
+                let src = abs.display().to_string();
+                match amaranth_fuse::mounts()
+                    .into_iter()
+                    .find(|m| m.source == src)
+                {
+                    Some(m) => format!(
+                        "image {} is already mounted at {}",
+                        abs.display(),
+                        m.mountpoint.display()
+                    ),
+                    None => format!("image {} is in use: {e}", abs.display()),
+                }
+            }
+            _ => format!("cannot open image {}: {e}", abs.display()),
+        })
+    })?;
+    let sb = Superblock::read_newest(&dev, false).map_err(|e| {
+        Failure::new(match e {
+            Error::BadMagic(_) | Error::TooSmall(_) => format!(
+                "{} is not an Amaranth image ({e}); create one with `amaranth mkfs`",
+                abs.display()
+            ),
+            _ => format!(
+                "cannot mount {}: {e}; check it with `amaranth fsck {}`",
+                abs.display(),
+                abs.display()
+            ),
+        })
+    })?;
+    let format = sb.format().map_err(|e| {
+        Failure::new(format!(
+            "cannot mount {}: {e}; check it with `amaranth fsck {}`",
+            abs.display(),
+            abs.display()
+        ))
+    })?;
+    Ok((abs, dev, format))
+}
+
+/// The default engine cache: a quarter of memory, at most 2 GiB and a quarter of the image.
+fn default_cache(image_len: u64, format: &Format) -> u64 {
+    let min = (format.node_size * 8) as u64;
+    (util::total_memory() / 4)
+        .min(2 << 30)
+        .min(image_len / 4)
+        .max(min)
+}
+
+fn plan(mut args: MountArgs) -> CliResult<Plan> {
+    let mut mount_opts = MountOptions::default();
+    apply_options(&mut args, &mut mount_opts)?;
+    let mountpoint = check_mountpoint(&args.dir)?;
+    let (image, dev, format) = open_image(&args.image, mount_opts.read_only)?;
+    let cache = match args.cache_size {
+        Some(c) => c,
+        None => default_cache(dev.len(), &format),
+    };
+    let engine_opts = Options {
+        cache_size: cache as usize,
+        read_only: mount_opts.read_only,
+        ..Options::default()
+    };
+    engine_opts
+        .validate(&format)
+        .map_err(|e| Failure::new(format!("bad --cache-size: {e}")))?;
+    let threads = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+            .clamp(1, 8)
+    });
+    if threads == 0 || threads > 64 {
+        return Err(Failure::new("--threads must be between 1 and 64"));
+    }
+    mount_opts.threads = threads;
+    mount_opts.fsname = image.display().to_string();
+    let name = util::escape_path(&mountpoint);
+    let log_file = args.log_file.clone().unwrap_or_else(|| {
+        if util::is_root() {
+            PathBuf::from(format!("/var/log/amaranth-{name}.log"))
+        } else {
+            util::run_dir().join(format!("{name}.log"))
+        }
+    });
+    let pid_file = args.pid_file.as_ref().map(|p| {
+        if p.is_absolute() {
+            p.clone()
+        } else {
+            std::env::current_dir().unwrap_or_default().join(p)
+        }
+    });
+    Ok(Plan {
+        image,
+        mountpoint,
+        dev,
+        format,
+        engine_opts,
+        mount_opts,
+        pid_file,
+        log_file,
+        foreground: args.foreground,
+    })
+}
+
+/// Signals the daemon handles (blocked in every thread, taken by `sigwait` in one).
+fn signal_set() -> libc::sigset_t {
+    // SAFETY: sigset manipulation on a local, initialized by sigemptyset.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        set
+    }
+}
+
+fn block_signals() {
+    let set = signal_set();
+    // SAFETY: blocks signals for this thread (and the threads it creates later).
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
+}
+
+/// Runs `mount`: returns once the file system is mounted (background) or unmounted (foreground).
+pub fn run(args: MountArgs) -> CliResult {
+    let plan = plan(args)?;
+    // Block the shutdown signals before any thread exists, so every thread inherits the mask and
+    // only the signal thread (sigwait) sees them.
+    block_signals();
+    if plan.foreground {
+        init_logging(None);
+        return serve(plan, None);
+    }
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two fds.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(Failure::new(format!(
+            "pipe: {}",
+            io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: fds are fresh and owned here.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let mountpoint = plan.mountpoint.clone();
+    let image = plan.image.clone();
+    let log_file = plan.log_file.clone();
+    // SAFETY: the process is single-threaded here (no thread was started yet).
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(Failure::new(format!(
+            "fork: {}",
+            io::Error::last_os_error()
+        )));
+    }
+    if pid > 0 {
+        drop(wr);
+        return wait_for_child(rd, pid, &image, &mountpoint, &log_file);
+    }
+    // The daemon.
+    drop(rd);
+    // SAFETY: plain syscalls in the child.
+    unsafe {
+        libc::setsid();
+    }
+    let _ = std::env::set_current_dir("/");
+    if let Err(e) = redirect_stdio(&plan.log_file) {
+        let mut w = std::fs::File::from(wr);
+        let _ = writeln!(
+            w,
+            "ERR cannot open the log file {}: {e}",
+            plan.log_file.display()
+        );
+        std::process::exit(1);
+    }
+    init_logging(Some(&plan.log_file));
+    let code = match serve(plan, Some(wr)) {
+        Ok(()) => 0,
+        Err(f) => {
+            log::error!("amaranth: {f}");
+            f.code
+        }
+    };
+    std::process::exit(code);
+}
+
+/// The parent: waits for the daemon's word, prints it, exits.
+fn wait_for_child(
+    rd: OwnedFd,
+    pid: i32,
+    image: &Path,
+    mountpoint: &Path,
+    log_file: &Path,
+) -> CliResult {
+    let mut msg = String::new();
+    let _ = std::fs::File::from(rd).read_to_string(&mut msg);
+    let msg = msg.trim();
+    if msg == "OK" {
+        println!(
+            "mounted {} on {} (daemon pid {pid}, log {})",
+            image.display(),
+            mountpoint.display(),
+            log_file.display()
+        );
+        println!("unmount with: amaranth umount {}", mountpoint.display());
+        return Ok(());
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    unsafe {
+        libc::waitpid(pid, &mut status, 0);
+    }
+    match msg.strip_prefix("ERR ") {
+        Some(m) => Err(Failure::new(m.to_string())),
+        None => Err(Failure::new(format!(
+            "the daemon exited during startup (status {status}); see {}",
+            log_file.display()
+        ))),
+    }
+}
+
+fn redirect_stdio(log_file: &Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if let Some(parent) = log_file.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_file)?;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    // SAFETY: dup2 onto the standard descriptors.
+    unsafe {
+        libc::dup2(null.as_raw_fd(), 0);
+        libc::dup2(null.as_raw_fd(), 1);
+        libc::dup2(log.as_raw_fd(), 2);
+    }
+    Ok(())
+}
+
+fn init_logging(_file: Option<&Path>) {
+    // Both modes log to stderr: the terminal in the foreground, the log file in the background.
+    let env = env_logger::Env::default().default_filter_or("info,fuser=warn");
+    let _ = env_logger::Builder::from_env(env)
+        .format_timestamp_millis()
+        .try_init();
+}
+
+/// Tells the parent (or the terminal) how startup went.
+struct Ready(Option<OwnedFd>);
+
+impl Ready {
+    fn ok(&mut self) {
+        if let Some(fd) = self.0.take() {
+            let mut w = std::fs::File::from(fd);
+            let _ = w.write_all(b"OK\n");
+        }
+    }
+    fn fail(&mut self, f: &Failure) {
+        if let Some(fd) = self.0.take() {
+            let mut w = std::fs::File::from(fd);
+            let _ = writeln!(w, "ERR {}", f.message.replace('\n', " "));
+        }
+    }
+}
+
+/// The daemon proper.
+fn serve(plan: Plan, ready: Option<OwnedFd>) -> CliResult {
+    let mut ready = Ready(ready);
+    let r = serve_inner(plan, &mut ready);
+    if let Err(f) = &r {
+        ready.fail(f);
+    }
+    r
+}
+
+fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
+    let started = Instant::now();
+    let Plan {
+        image,
+        mountpoint,
+        dev,
+        format,
+        engine_opts,
+        mount_opts,
+        pid_file,
+        foreground,
+        ..
+    } = plan;
+    log::info!(
+        "amaranth: opening {} ({}, {} nodes), cache {}, {} threads",
+        image.display(),
+        human(dev.len()),
+        human(format.node_size as u64),
+        human(engine_opts.cache_size as u64),
+        mount_opts.threads
+    );
+    let engine = Arc::new(
+        Engine::open(Arc::new(dev), engine_opts)
+            .map_err(|e| Failure::new(format!("cannot open {}: {e}", image.display())))?,
+    );
+    let st = engine.stats();
+    if st.opened_after_crash {
+        log::warn!(
+            "amaranth: {} was not closed cleanly; replayed {} log records ({})",
+            image.display(),
+            st.recovered_records,
+            st.recovery_stop
+        );
+    }
+    let fs = match Fs::new(engine.clone(), FsOptions::default()) {
+        Ok(fs) => Arc::new(fs),
+        Err(e) => {
+            let _ = close_engine(engine);
+            return Err(Failure::new(format!(
+                "{} does not hold a usable file system: {e}",
+                image.display()
+            )));
+        }
+    };
+    let handle = match amaranth_fuse::mount(fs.clone(), &mountpoint, &mount_opts) {
+        Ok(h) => h,
+        Err(e) => {
+            drop(fs);
+            let _ = close_engine(engine);
+            return Err(Failure::new(format!(
+                "cannot mount on {}: {e}",
+                mountpoint.display()
+            )));
+        }
+    };
+    log::info!(
+        "amaranth: mounted {} on {} (device {:?})",
+        image.display(),
+        mountpoint.display(),
+        handle.device()
+    );
+    let pid = std::process::id();
+    let run_pid = util::pid_path(&mountpoint);
+    let mut pid_files = vec![run_pid];
+    pid_files.extend(pid_file);
+    for p in &pid_files {
+        if let Some(d) = p.parent() {
+            let _ = std::fs::create_dir_all(d);
+        }
+        if let Err(e) = std::fs::write(p, format!("{pid}\n")) {
+            log::warn!("amaranth: cannot write pid file {}: {e}", p.display());
+        }
+    }
+    let control = Control::start(fs.clone(), &image, &mountpoint, started);
+    spawn_signal_thread(handle.unmounter());
+    ready.ok();
+    if foreground {
+        eprintln!(
+            "mounted {} on {}; unmount with `amaranth umount {}` or Ctrl-C",
+            image.display(),
+            mountpoint.display(),
+            mountpoint.display()
+        );
+    }
+    // Serve until unmounted.
+    if let Err(e) = handle.join() {
+        log::warn!("amaranth: the FUSE session ended with: {e}");
+    }
+    log::info!("amaranth: {} unmounted; closing", mountpoint.display());
+    drop(control);
+    let leftover = Arc::strong_count(&fs) - 1;
+    drop(fs);
+    if leftover > 0 {
+        log::error!("amaranth: {leftover} references to the file system remain at shutdown");
+    }
+    let r = close_engine(engine);
+    for p in &pid_files {
+        if util::read_pid(p) == Some(pid as i32) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    r
+}
+
+/// Closes the engine (final checkpoint) once nothing else holds it.
+fn close_engine(engine: Arc<Engine>) -> CliResult {
+    let t = Instant::now();
+    match Arc::try_unwrap(engine) {
+        Ok(e) => match e.close() {
+            Ok(()) => {
+                log::info!(
+                    "amaranth: final checkpoint written in {:.2} s; image closed cleanly",
+                    t.elapsed().as_secs_f64()
+                );
+                Ok(())
+            }
+            Err(e) => Err(Failure::new(format!(
+                "closing the engine failed: {e} (the log keeps everything acknowledged; \
+                 the next mount replays it)"
+            ))),
+        },
+        Err(e) => {
+            let _ = e.sync();
+            Err(Failure::new(
+                "the engine is still referenced at shutdown; synced the log without a final \
+                 checkpoint",
+            ))
+        }
+    }
+}
+
+/// First SIGTERM/SIGINT/SIGHUP: unmount (lazily when busy: the daemon serves open files until
+/// they are closed). A second one: abort the connection.
+fn spawn_signal_thread(unmounter: Unmounter) {
+    let set = signal_set();
+    let _ = std::thread::Builder::new()
+        .name("amaranth-signals".into())
+        .spawn(move || {
+            let mut count = 0;
+            loop {
+                let mut sig = 0;
+                // SAFETY: waits for one of the blocked signals.
+                let rc = unsafe { libc::sigwait(&set, &mut sig) };
+                if rc != 0 {
+                    continue;
+                }
+                count += 1;
+                log::info!("amaranth: signal {sig}: unmounting");
+                if count == 1 {
+                    match unmounter.unmount(false) {
+                        Ok(()) => {}
+                        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                            log::warn!(
+                                "amaranth: the mount is busy; detaching it (the daemon exits when \
+                                 the last open file is closed; signal again to abort)"
+                            );
+                            if let Err(e) = unmounter.unmount(true) {
+                                log::error!("amaranth: lazy unmount failed: {e}");
+                            }
+                        }
+                        Err(e) => log::error!("amaranth: unmount failed: {e}"),
+                    }
+                } else if let Err(e) = unmounter.abort() {
+                    log::error!("amaranth: aborting the connection failed: {e}");
+                }
+            }
+        });
+}
+
+/// The control socket: each connection gets the live statistics as JSON.
+struct Control {
+    stop: Arc<AtomicBool>,
+    path: PathBuf,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Control {
+    fn start(fs: Arc<Fs>, image: &Path, mountpoint: &Path, started: Instant) -> Control {
+        let path = util::socket_path(mountpoint);
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut c = Control {
+            stop: stop.clone(),
+            path: path.clone(),
+            thread: None,
+        };
+        if let Some(d) = path.parent() {
+            let _ = std::fs::create_dir_all(d);
+        }
+        let _ = std::fs::remove_file(&path);
+        let listener = match UnixListener::bind(&path) {
+            Ok(l) => l,
+            Err(e) => {
+                log::warn!(
+                    "amaranth: no control socket at {} ({e}); `amaranth stat` will not reach \
+                     this daemon",
+                    path.display()
+                );
+                return c;
+            }
+        };
+        let image = image.display().to_string();
+        let mp = mountpoint.to_path_buf();
+        c.thread = std::thread::Builder::new()
+            .name("amaranth-control".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let Ok(mut conn) = conn else { continue };
+                    let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
+                    let v = crate::stat::live_json(&fs, &image, &mp, started);
+                    let _ = conn.write_all(v.to_string().as_bytes());
+                }
+            })
+            .ok();
+        c
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            // Wake the accept loop.
+            let _ = std::os::unix::net::UnixStream::connect(&self.path);
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// `mount.fuse.amaranth IMAGE DIR [-o OPTS] [-n] [-s] [-f] [-v] [-t TYPE]`, as `mount(8)` calls
+/// it for `mount -t fuse.amaranth` and fstab lines.
+pub fn helper(argv: &[String]) -> CliResult {
+    let mut positional = Vec::new();
+    let mut options = Vec::new();
+    let mut fake = false;
+    let mut i = 0;
+    while i < argv.len() {
+        let a = &argv[i];
+        match a.as_str() {
+            "-o" => {
+                i += 1;
+                options.push(
+                    argv.get(i)
+                        .cloned()
+                        .ok_or_else(|| Failure::new("-o needs an option list"))?,
+                );
+            }
+            "-t" | "-N" => i += 1,
+            "-f" => fake = true,
+            "-n" | "-s" | "-v" | "-i" => {}
+            s if s.starts_with("-o") => options.push(s[2..].to_string()),
+            s if s.starts_with('-') && s.len() > 1 => {
+                return Err(Failure::new(format!("mount helper: unknown flag {s}")))
+            }
+            _ => positional.push(a.clone()),
+        }
+        i += 1;
+    }
+    if positional.len() != 2 {
+        return Err(Failure::new(
+            "usage: mount.fuse.amaranth IMAGE DIR [-o options]",
+        ));
+    }
+    if fake {
+        return Ok(());
+    }
+    let image = positional[0]
+        .strip_prefix("amaranth#")
+        .unwrap_or(&positional[0])
+        .to_string();
+    run(MountArgs {
+        image: PathBuf::from(image),
+        dir: PathBuf::from(&positional[1]),
+        options,
+        ..MountArgs::default()
+    })
+}

@@ -1,0 +1,336 @@
+//! `amaranth stat`: an image's parameters and tree (offline), or a running daemon's live counters
+//! (asked over its control socket).
+
+use std::io::{self, Read};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use amaranth_device::{BlockDevice, FileDevice};
+use amaranth_engine::{Engine, Options, Stats, Superblock};
+use amaranth_fs::Fs;
+use serde_json::{json, Value};
+
+use crate::util::{self, human, CliResult, Failure};
+
+/// The engine's counters as JSON (shared by the live and the offline report).
+pub fn engine_json(s: &Stats) -> Value {
+    json!({
+        "height": s.height,
+        "nodes": s.nodes,
+        "cached_nodes": s.cached_nodes,
+        "dirty_nodes": s.dirty_nodes,
+        "cache_bytes": s.cache_bytes,
+        "cache_budget": s.cache_budget,
+        "cache_peak_bytes": s.cache_peak_bytes,
+        "cache_hits": s.cache_hits,
+        "cache_misses": s.cache_misses,
+        "partition_loads": s.partition_loads,
+        "evictions": s.evictions,
+        "writebacks": s.writebacks,
+        "writes": s.writes,
+        "user_bytes_written": s.user_bytes_written,
+        "bytes_written": s.device.bytes_written,
+        "device_bytes_written": s.device.bytes_written,
+        "device_bytes_read": s.device.bytes_read,
+        "device": {
+            "reads": s.device.reads,
+            "bytes_read": s.device.bytes_read,
+            "writes": s.device.writes,
+            "bytes_written": s.device.bytes_written,
+            "flushes": s.device.flushes,
+        },
+        "node_writes": s.node_writes,
+        "node_bytes_written": s.node_bytes_written,
+        "node_reads": s.node_reads,
+        "node_bytes_read": s.node_bytes_read,
+        "write_amplification": s.write_amplification,
+        "log": {
+            "bytes_written": s.log.bytes_written,
+            "chunks_written": s.log.chunks_written,
+            "device_flushes": s.log.device_flushes,
+            "used": s.log.used,
+            "capacity": s.log.capacity,
+            "next_lsn": s.log.next_lsn,
+            "durable_lsn": s.log.durable_lsn,
+        },
+        "flushes": s.flushes,
+        "bytes_flushed": s.bytes_flushed,
+        "leaf_splits": s.leaf_splits,
+        "internal_splits": s.internal_splits,
+        "merges": s.merges,
+        "checkpoints": s.checkpoints,
+        "checkpoint_seconds": s.checkpoint_seconds,
+        "syncs": s.syncs,
+        "generation": s.generation,
+        "free_bytes": s.free_bytes,
+        "data_bytes": s.data_bytes,
+        "free_extents": s.free_extents,
+        "device_size": s.device_bytes,
+        "opened_after_crash": s.opened_after_crash,
+        "recovered_records": s.recovered_records,
+        "failure": s.failure,
+    })
+}
+
+/// The live report a daemon serves on its control socket.
+pub fn live_json(fs: &Fs, image: &str, mountpoint: &Path, started: std::time::Instant) -> Value {
+    let s = fs.engine().stats();
+    let mut v = engine_json(&s);
+    let st = fs.statfs();
+    let c = &fs.counters;
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let o = v.as_object_mut().expect("an object");
+    o.insert("pid".into(), json!(std::process::id()));
+    o.insert("image".into(), json!(image));
+    o.insert("mountpoint".into(), json!(mountpoint.display().to_string()));
+    o.insert(
+        "uptime_seconds".into(),
+        json!(started.elapsed().as_secs_f64()),
+    );
+    o.insert("rss_bytes".into(), json!(rss_bytes()));
+    o.insert(
+        "fs".into(),
+        json!({
+            "writes": load(&c.writes),
+            "bytes_written": load(&c.bytes_written),
+            "bytes_read": load(&c.bytes_read),
+            "cached_inodes": fs.cached_inodes(),
+            "inodes_used": st.files.saturating_sub(st.ffree),
+            "blocks": st.blocks,
+            "blocks_free": st.bfree,
+            "blocks_available": st.bavail,
+            "block_size": st.bsize,
+        }),
+    );
+    v
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
+        .map(|pages| pages * 4096)
+        .unwrap_or(0)
+}
+
+/// Runs `stat`.
+pub fn run(target: &Path, as_json: bool) -> CliResult {
+    let meta = std::fs::metadata(target);
+    let is_dir = meta.as_ref().map(|m| m.is_dir()).unwrap_or(false);
+    let dead_mount = matches!(&meta, Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
+    if is_dir || dead_mount {
+        let mp = util::absolute(target).map_err(|e| Failure::new(e.to_string()))?;
+        return live(&mp, as_json);
+    }
+    if let Err(e) = &meta {
+        return Err(Failure::new(format!("{}: {e}", target.display())));
+    }
+    offline(target, as_json)
+}
+
+fn live(mp: &Path, as_json: bool) -> CliResult {
+    let ours = amaranth_fuse::find_mount(mp)
+        .filter(|m| m.fstype == format!("fuse.{}", amaranth_fuse::SUBTYPE));
+    if ours.is_none() {
+        return Err(Failure::new(format!(
+            "{} is not an Amaranth mount point (give a mount point or an image)",
+            mp.display()
+        )));
+    }
+    let v = query(mp).map_err(|e| {
+        Failure::new(format!(
+            "cannot reach the daemon of {} at {}: {e}",
+            mp.display(),
+            util::socket_path(mp).display()
+        ))
+    })?;
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+    } else {
+        print_live(&v);
+    }
+    Ok(())
+}
+
+/// Asks the daemon of `mp` for its live report.
+pub fn query(mp: &Path) -> io::Result<Value> {
+    let mut s = UnixStream::connect(util::socket_path(mp))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    serde_json::from_str(&text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+fn print_live(v: &Value) {
+    let g = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+    println!(
+        "mount point:     {}",
+        v["mountpoint"].as_str().unwrap_or("?")
+    );
+    println!("image:           {}", v["image"].as_str().unwrap_or("?"));
+    println!("daemon pid:      {}", g("pid"));
+    println!(
+        "uptime:          {:.0} s",
+        v["uptime_seconds"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "tree:            height {}, {} nodes",
+        g("height"),
+        g("nodes")
+    );
+    println!(
+        "cache:           {} used of {} (peak {}), {} nodes, {} dirty, {} hits / {} misses",
+        human(g("cache_bytes")),
+        human(g("cache_budget")),
+        human(g("cache_peak_bytes")),
+        g("cached_nodes"),
+        g("dirty_nodes"),
+        g("cache_hits"),
+        g("cache_misses")
+    );
+    println!(
+        "written:         {} by users, {} to the device (write amplification {:.2})",
+        human(g("user_bytes_written")),
+        human(g("device_bytes_written")),
+        v["write_amplification"].as_f64().unwrap_or(0.0)
+    );
+    println!(
+        "checkpoints:     {} ({:.2} s), generation {}, {} syncs",
+        g("checkpoints"),
+        v["checkpoint_seconds"].as_f64().unwrap_or(0.0),
+        g("generation"),
+        g("syncs")
+    );
+    let log = &v["log"];
+    println!(
+        "log:             {} used of {}",
+        human(log["used"].as_u64().unwrap_or(0)),
+        human(log["capacity"].as_u64().unwrap_or(0))
+    );
+    println!(
+        "space:           {} free of {}",
+        human(g("free_bytes")),
+        human(g("data_bytes"))
+    );
+    let fs = &v["fs"];
+    println!(
+        "file system:     {} inodes, {} operations, {} written, {} read, {} inodes cached",
+        fs["inodes_used"].as_u64().unwrap_or(0),
+        fs["writes"].as_u64().unwrap_or(0),
+        human(fs["bytes_written"].as_u64().unwrap_or(0)),
+        human(fs["bytes_read"].as_u64().unwrap_or(0)),
+        fs["cached_inodes"].as_u64().unwrap_or(0)
+    );
+    if let Some(f) = v["failure"].as_str() {
+        println!("FAILURE:         {f}");
+    }
+}
+
+fn offline(image: &Path, as_json: bool) -> CliResult {
+    let dev = match FileDevice::open_read_only(image) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::ResourceBusy => {
+            // Mounted: ask its daemon instead.
+            let abs = util::absolute(image).map_err(|e| Failure::new(e.to_string()))?;
+            let src = abs.display().to_string();
+            if let Some(m) = amaranth_fuse::mounts()
+                .into_iter()
+                .find(|m| m.source == src && m.fstype.starts_with("fuse."))
+            {
+                return live(&m.mountpoint, as_json);
+            }
+            return Err(Failure::new(format!(
+                "{} is in use by another process: {e}",
+                image.display()
+            )));
+        }
+        Err(e) => {
+            return Err(Failure::new(format!(
+                "cannot open {}: {e}",
+                image.display()
+            )))
+        }
+    };
+    let sb = Superblock::read_newest(&dev, false)
+        .map_err(|e| Failure::new(format!("{}: {e}", image.display())))?;
+    let format = sb
+        .format()
+        .map_err(|e| Failure::new(format!("{}: {e}", image.display())))?;
+    let len = dev.len();
+    let opts = Options {
+        read_only: true,
+        background_threads: false,
+        cache_size: (format.node_size * 16).max(128 << 20),
+        ..Options::default()
+    };
+    let engine = Engine::open(Arc::new(dev), opts)
+        .map_err(|e| Failure::new(format!("cannot open {}: {e}", image.display())))?;
+    let s = engine.stats();
+    let inodes = engine
+        .get(&amaranth_fs::keys::system_key("inodes"))
+        .ok()
+        .flatten()
+        .and_then(|v| v.try_into().ok().map(u64::from_le_bytes));
+    let _ = engine.close();
+    let uuid: String = sb.uuid.iter().map(|b| format!("{b:02x}")).collect();
+    let mut v = engine_json(&s);
+    let o = v.as_object_mut().expect("an object");
+    o.insert("image".into(), json!(image.display().to_string()));
+    o.insert("uuid".into(), json!(uuid));
+    o.insert("clean".into(), json!(sb.clean));
+    o.insert("created_unix".into(), json!(sb.created_unix));
+    o.insert("checkpoint_unix".into(), json!(sb.checkpoint_unix));
+    o.insert("inodes".into(), json!(inodes));
+    o.insert(
+        "format".into(),
+        json!({
+            "node_size": format.node_size,
+            "partition_size": format.partition_size,
+            "max_fanout": format.max_fanout,
+            "max_key_len": format.max_key_len,
+            "max_value_len": format.max_value_len,
+            "log_size": format.log_size,
+            "compression": format!("{:?}", format.compression).to_lowercase(),
+        }),
+    );
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+        return Ok(());
+    }
+    println!("image:           {} ({})", image.display(), human(len));
+    println!("uuid:            {uuid}");
+    println!(
+        "format:          {} nodes, {} partitions, fanout {}, {} log, compression {:?}",
+        human(format.node_size as u64),
+        human(format.partition_size as u64),
+        format.max_fanout,
+        human(format.log_size.unwrap_or(0)),
+        format.compression
+    );
+    println!(
+        "state:           generation {}, {}",
+        sb.generation,
+        if sb.clean {
+            "clean (unmounted properly)"
+        } else {
+            "not clean (the log will be replayed at the next mount)"
+        }
+    );
+    println!("tree:            height {}, {} nodes", s.height, s.nodes);
+    println!(
+        "space:           {} free of {} ({} free extents)",
+        human(s.free_bytes),
+        human(s.data_bytes),
+        s.free_extents
+    );
+    if let Some(n) = inodes {
+        println!("inodes:          {n}");
+    }
+    Ok(())
+}

@@ -1,0 +1,242 @@
+//! Small helpers shared by the subcommands: sizes, paths, the run directory, errors.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// An error that ends the command with a message and an exit code.
+#[derive(Debug)]
+pub struct Failure {
+    /// What to print (after `amaranth: `).
+    pub message: String,
+    /// Process exit code.
+    pub code: i32,
+}
+
+impl Failure {
+    /// A failure with exit code 1.
+    pub fn new(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            code: 1,
+        }
+    }
+    /// A failure with a chosen exit code.
+    pub fn with_code(code: i32, message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            code,
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Result of a subcommand.
+pub type CliResult<T = ()> = Result<T, Failure>;
+
+/// Parses a size: a number of bytes with an optional binary suffix (`K`, `M`, `G`, `T`, with or
+/// without `iB`/`B`), e.g. `8G`, `512M`, `1048576`, `1.5G`.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let num_end = lower
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(lower.len());
+    let (num, suffix) = lower.split_at(num_end);
+    let shift = match suffix.trim() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => {
+            return Err(format!(
+                "cannot parse size {s:?} (use e.g. 8G, 512M, 65536)"
+            ))
+        }
+    };
+    if num.is_empty() {
+        return Err(format!(
+            "cannot parse size {s:?} (use e.g. 8G, 512M, 65536)"
+        ));
+    }
+    if num.contains('.') {
+        let v: f64 = num
+            .parse()
+            .map_err(|_| format!("cannot parse size {s:?}"))?;
+        Ok((v * (1u64 << shift) as f64) as u64)
+    } else {
+        let v: u64 = num
+            .parse()
+            .map_err(|_| format!("cannot parse size {s:?}"))?;
+        v.checked_mul(1 << shift)
+            .ok_or_else(|| format!("size {s:?} is too large"))
+    }
+}
+
+/// Formats bytes for people: `8.0 GiB`, `512 MiB`, `4096 B`.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else if v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Physical memory in bytes.
+pub fn total_memory() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages > 0 && size > 0 {
+        pages as u64 * size as u64
+    } else {
+        4 << 30
+    }
+}
+
+/// Whether we run as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The directory holding pid files and control sockets of running daemons.
+pub fn run_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("AMARANTH_RUN_DIR") {
+        return PathBuf::from(d);
+    }
+    if is_root() {
+        return PathBuf::from("/run/amaranth");
+    }
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
+        return PathBuf::from(d).join("amaranth");
+    }
+    // SAFETY: getuid has no preconditions.
+    PathBuf::from(format!("/tmp/amaranth-{}", unsafe { libc::getuid() }))
+}
+
+/// A file name for a mount point, like systemd's unit names: `/mnt/amaranth` → `mnt-amaranth`
+/// (other bytes than `[A-Za-z0-9_.]` as `%XX`, slashes as dashes).
+pub fn escape_path(p: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = p.as_os_str().as_bytes();
+    let trimmed: &[u8] = {
+        let mut b = bytes;
+        while let [b'/', rest @ ..] = b {
+            b = rest;
+        }
+        while let [rest @ .., b'/'] = b {
+            b = rest;
+        }
+        b
+    };
+    if trimmed.is_empty() {
+        return "-".into();
+    }
+    let mut out = String::new();
+    for &c in trimmed {
+        match c {
+            b'/' => out.push('-'),
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' => out.push(c as char),
+            b'.' if !out.is_empty() => out.push('.'),
+            _ => out.push_str(&format!("%{c:02X}")),
+        }
+    }
+    out
+}
+
+/// Pid file of the daemon serving `mountpoint`.
+pub fn pid_path(mountpoint: &Path) -> PathBuf {
+    run_dir().join(format!("{}.pid", escape_path(mountpoint)))
+}
+
+/// Control socket of the daemon serving `mountpoint`.
+pub fn socket_path(mountpoint: &Path) -> PathBuf {
+    run_dir().join(format!("{}.sock", escape_path(mountpoint)))
+}
+
+/// An absolute, normalized path without touching the path itself (works on a dead FUSE mount,
+/// where `canonicalize` fails with `ENOTCONN`): the parent is canonicalized instead.
+pub fn absolute(p: &Path) -> io::Result<PathBuf> {
+    if let Ok(c) = p.canonicalize() {
+        return Ok(c);
+    }
+    let abs = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(p)
+    };
+    match (abs.parent(), abs.file_name()) {
+        (Some(parent), Some(name)) => Ok(parent
+            .canonicalize()
+            .unwrap_or_else(|_| parent.to_path_buf())
+            .join(name)),
+        _ => Ok(abs),
+    }
+}
+
+/// Whether process `pid` is alive (not gone and not a zombie).
+pub fn process_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            // The state follows the command name in parentheses.
+            let state = s
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.trim_start().chars().next());
+            !matches!(state, Some('Z') | Some('X') | None)
+        }
+        Err(_) => false,
+    }
+}
+
+/// Reads a pid file.
+pub fn read_pid(path: &Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("8G").unwrap(), 8 << 30);
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("1.5k").unwrap(), 1536);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("99999999999T").is_err());
+        assert_eq!(human(8 << 30), "8 GiB");
+        assert_eq!(human(1536), "1.5 KiB");
+        assert_eq!(human(12), "12 B");
+    }
+
+    #[test]
+    fn escaping() {
+        assert_eq!(escape_path(Path::new("/mnt/amaranth")), "mnt-amaranth");
+        assert_eq!(escape_path(Path::new("/tmp/a-b c/")), "tmp-a%2Db%20c");
+        assert_eq!(escape_path(Path::new("/")), "-");
+        assert_eq!(escape_path(Path::new("/.x")), "%2Ex");
+    }
+}

@@ -1,0 +1,437 @@
+//! Amaranth's FUSE transport: mounts an [`amaranth_fs::Fs`] and serves kernel requests with it.
+//!
+//! The adapter is thin on purpose: each request becomes one call on [`Fs`](amaranth_fs::Fs) and
+//! one reply, so another transport (FUSE-over-io_uring, a test harness) can replace this crate
+//! without touching the file system. The public surface is [`mount`], [`MountOptions`],
+//! [`MountHandle`] and [`Unmounter`].
+//!
+//! Settings (see `shared/notes/fuse.md` for the measurements behind them):
+//! - kernel writeback cache off: operations reach the daemon in application order and small writes
+//!   stay small;
+//! - page cache kept across opens (`FOPEN_KEEP_CACHE`): only the daemon changes data;
+//! - 1 MiB requests, `FUSE_HANDLE_KILLPRIV_V2` (set-id bits cleared by the daemon),
+//!   readdirplus (`FUSE_DO_READDIRPLUS | FUSE_READDIRPLUS_AUTO`), `FUSE_PARALLEL_DIROPS`,
+//!   `FUSE_ATOMIC_O_TRUNC`, `FUSE_CACHE_SYMLINKS`;
+//! - long entry and attribute lifetimes plus negative entries;
+//! - read-ahead of the mount's bdi raised to 1 MiB after mounting.
+//!
+//! As root the mount is made with `mount(2)` directly (type `fuse.amaranth`, source the image
+//! path), so unmounting is entirely in our hands; other users go through `fusermount3`.
+
+mod adapter;
+
+use std::ffi::CString;
+use std::fs::OpenOptions;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use amaranth_fs::{Fs, ROOT_INO};
+use fuser::{Config, MountOption, Session, SessionACL};
+
+use crate::adapter::Adapter;
+
+/// The file-system type shown in `/proc/mounts` is `fuse.` followed by this.
+pub const SUBTYPE: &str = "amaranth";
+
+/// How to mount.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// Name shown as the mount's source (the image path).
+    pub fsname: String,
+    /// Threads serving requests (each with its own `/dev/fuse` fd when more than one).
+    pub threads: usize,
+    /// Let other users use the mount (`allow_other`).
+    pub allow_other: bool,
+    /// Let the kernel check permissions from the mode bits (`default_permissions`).
+    pub default_permissions: bool,
+    /// Mount read-only.
+    pub read_only: bool,
+    /// Honor device nodes (`dev`; default `nodev`).
+    pub dev: bool,
+    /// Honor set-id bits (`suid`; default `nosuid`).
+    pub suid: bool,
+    /// Forbid executing programs (`noexec`).
+    pub noexec: bool,
+    /// Do not update access times (`noatime`).
+    pub noatime: bool,
+    /// Entry and attribute lifetime in the kernel.
+    pub ttl: Duration,
+    /// Lifetime of cached misses (negative entries); zero turns them off.
+    pub negative_ttl: Duration,
+    /// Read-ahead of the mount's bdi in KiB (`None`: leave the kernel's default).
+    pub read_ahead_kb: Option<u32>,
+}
+
+impl Default for MountOptions {
+    fn default() -> MountOptions {
+        MountOptions {
+            fsname: "amaranth".into(),
+            threads: 2,
+            allow_other: true,
+            default_permissions: true,
+            read_only: false,
+            dev: false,
+            suid: false,
+            noexec: false,
+            noatime: false,
+            ttl: Duration::from_secs(3600),
+            negative_ttl: Duration::from_secs(3600),
+            read_ahead_kb: Some(1024),
+        }
+    }
+}
+
+/// A live mount. [`MountHandle::join`] waits until it is unmounted.
+pub struct MountHandle {
+    mountpoint: PathBuf,
+    dev: Option<(u32, u32)>,
+    thread: Option<JoinHandle<io::Result<()>>>,
+    direct: bool,
+}
+
+/// Unmounts a mount from any thread (for example a signal handler thread).
+#[derive(Clone, Debug)]
+pub struct Unmounter {
+    mountpoint: PathBuf,
+    dev: Option<(u32, u32)>,
+    direct: bool,
+}
+
+/// Mounts `fs` on `mountpoint` and starts serving requests on background threads. Returns once
+/// the kernel has completed the FUSE handshake, so the mount is usable.
+pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Result<MountHandle> {
+    let mountpoint = mountpoint.canonicalize()?;
+    let adapter = Adapter {
+        fs: fs.clone(),
+        ttl: options.ttl,
+        negative_ttl: options.negative_ttl,
+    };
+    let threads = options.threads.max(1);
+    let mut config = Config::default();
+    config.n_threads = Some(threads);
+    config.clone_fd = threads > 1;
+    let acl = if options.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.acl = acl;
+    // SAFETY: geteuid has no preconditions.
+    let direct = unsafe { libc::geteuid() } == 0;
+    let session = if direct {
+        let root_mode = fs
+            .getattr(ROOT_INO)
+            .map_err(|e| io::Error::from_raw_os_error(e.0))?;
+        let fd = mount_direct(&mountpoint, options, root_mode.mode())?;
+        match Session::from_fd(adapter, fd, acl, config) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = umount2(&mountpoint, libc::MNT_DETACH);
+                return Err(e);
+            }
+        }
+    } else {
+        config.mount_options = fuser_options(options);
+        Session::new(adapter, &mountpoint, &config)?
+    };
+    let thread = std::thread::Builder::new()
+        .name("amaranth-fuse".into())
+        .spawn(move || session.run())?;
+    let dev = find_mount(&mountpoint).map(|m| m.dev);
+    let handle = MountHandle {
+        mountpoint,
+        dev,
+        thread: Some(thread),
+        direct,
+    };
+    if let (Some(kb), Some((major, minor))) = (options.read_ahead_kb, dev) {
+        let path = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+        if let Err(e) = std::fs::write(&path, kb.to_string()) {
+            log::warn!("amaranth: cannot set {path} to {kb}: {e}");
+        }
+    }
+    Ok(handle)
+}
+
+/// Mounts with `mount(2)` (root only): type `fuse.amaranth`, the image path as the source.
+fn mount_direct(mountpoint: &Path, o: &MountOptions, root_mode: u32) -> io::Result<OwnedFd> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open("/dev/fuse")
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot open /dev/fuse: {e}")))?;
+    let fd: OwnedFd = file.into();
+    // SAFETY: getuid/getgid have no preconditions.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let mut data = format!(
+        "fd={},rootmode={:o},user_id={uid},group_id={gid}",
+        fd.as_raw_fd(),
+        root_mode & libc::S_IFMT
+    );
+    if o.default_permissions {
+        data.push_str(",default_permissions");
+    }
+    if o.allow_other {
+        data.push_str(",allow_other");
+    }
+    let mut flags: libc::c_ulong = 0;
+    if !o.dev {
+        flags |= libc::MS_NODEV;
+    }
+    if !o.suid {
+        flags |= libc::MS_NOSUID;
+    }
+    if o.noexec {
+        flags |= libc::MS_NOEXEC;
+    }
+    if o.noatime {
+        flags |= libc::MS_NOATIME;
+    }
+    if o.read_only {
+        flags |= libc::MS_RDONLY;
+    }
+    let cstr = |s: &[u8]| {
+        CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in a name"))
+    };
+    let source = cstr(o.fsname.as_bytes())?;
+    let target = cstr(mountpoint.as_os_str().as_bytes())?;
+    let fstype = cstr(format!("fuse.{SUBTYPE}").as_bytes())?;
+    let cdata = cstr(data.as_bytes())?;
+    // SAFETY: all pointers are valid NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            flags,
+            cdata.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("mount(2) of {} failed: {e}", mountpoint.display()),
+        ));
+    }
+    Ok(fd)
+}
+
+fn fuser_options(o: &MountOptions) -> Vec<MountOption> {
+    let mut v = vec![
+        MountOption::FSName(o.fsname.clone()),
+        MountOption::Subtype(SUBTYPE.into()),
+    ];
+    if o.default_permissions {
+        v.push(MountOption::DefaultPermissions);
+    }
+    v.push(if o.read_only {
+        MountOption::RO
+    } else {
+        MountOption::RW
+    });
+    if o.dev {
+        v.push(MountOption::Dev);
+    }
+    if o.suid {
+        v.push(MountOption::Suid);
+    }
+    if o.noexec {
+        v.push(MountOption::NoExec);
+    }
+    if o.noatime {
+        v.push(MountOption::NoAtime);
+    }
+    v
+}
+
+fn umount2(mountpoint: &Path, flags: libc::c_int) -> io::Result<()> {
+    let target = CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in the mount point"))?;
+    // SAFETY: a valid NUL-terminated path.
+    if unsafe { libc::umount2(target.as_ptr(), flags) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl MountHandle {
+    /// The (canonical) mount point.
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// The mount's device number (`major`, `minor`): it names the FUSE connection and the bdi.
+    pub fn device(&self) -> Option<(u32, u32)> {
+        self.dev
+    }
+
+    /// Something that can unmount this mount from another thread.
+    pub fn unmounter(&self) -> Unmounter {
+        Unmounter {
+            mountpoint: self.mountpoint.clone(),
+            dev: self.dev,
+            direct: self.direct,
+        }
+    }
+
+    /// Waits until the file system is unmounted and every request thread has finished. The
+    /// adapter's reference to the [`Fs`] is dropped before this returns.
+    pub fn join(mut self) -> io::Result<()> {
+        match self.thread.take() {
+            Some(t) => t
+                .join()
+                .map_err(|_| io::Error::other("the FUSE session thread panicked"))?,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Unmounter {
+    /// Unmounts. `lazy` detaches the mount even while files on it are open (the daemon keeps
+    /// serving them until they are closed); otherwise a busy mount fails with `EBUSY`.
+    pub fn unmount(&self, lazy: bool) -> io::Result<()> {
+        if !self.still_ours() {
+            return Ok(());
+        }
+        if self.direct {
+            umount2(&self.mountpoint, if lazy { libc::MNT_DETACH } else { 0 })
+        } else {
+            let mut cmd = std::process::Command::new("fusermount3");
+            cmd.arg("-u").arg("-q");
+            if lazy {
+                cmd.arg("-z");
+            }
+            let out = cmd.arg("--").arg(&self.mountpoint).output()?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(io::Error::other(
+                    String::from_utf8_lossy(&out.stderr).trim().to_string(),
+                ))
+            }
+        }
+    }
+
+    /// Aborts the FUSE connection: pending and future requests fail with `ENOTCONN`, and the
+    /// session ends at once. Everything already acknowledged stays in the engine.
+    pub fn abort(&self) -> io::Result<()> {
+        let Some((major, minor)) = self.dev else {
+            return Err(io::Error::other("the mount's device number is unknown"));
+        };
+        // The connection directory is named by the kernel's dev_t (major 0 for FUSE).
+        let id = (major << 20) | minor;
+        std::fs::write(format!("/sys/fs/fuse/connections/{id}/abort"), "1")
+    }
+
+    /// Whether our mount is still the one at the mount point (so we never unmount another).
+    fn still_ours(&self) -> bool {
+        match (find_mount(&self.mountpoint), self.dev) {
+            (Some(m), Some(dev)) => m.dev == dev,
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
+}
+
+/// A mount found in `/proc/self/mountinfo`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountInfo {
+    /// Device number (`major`, `minor`).
+    pub dev: (u32, u32),
+    /// Mount point.
+    pub mountpoint: PathBuf,
+    /// File-system type (`fuse.amaranth` for ours).
+    pub fstype: String,
+    /// Source (our image path).
+    pub source: String,
+}
+
+/// Decodes the octal escapes (`\040` for a space...) of mountinfo fields.
+fn unescape_mountinfo(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() {
+            let oct = &b[i + 1..i + 4];
+            if oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
+                let v = oct
+                    .iter()
+                    .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
+                if let Ok(v) = u8::try_from(v) {
+                    out.push(v);
+                    i += 4;
+                    continue;
+                }
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    out
+}
+
+/// Every mount of this process's mount namespace (the last one for a path is on top).
+pub fn mounts() -> Vec<MountInfo> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let l: Vec<&str> = left.split(' ').collect();
+        let r: Vec<&str> = right.split(' ').collect();
+        if l.len() < 5 || r.len() < 2 {
+            continue;
+        }
+        let Some((major, minor)) = l[2].split_once(':') else {
+            continue;
+        };
+        let (Ok(major), Ok(minor)) = (major.parse(), minor.parse()) else {
+            continue;
+        };
+        out.push(MountInfo {
+            dev: (major, minor),
+            mountpoint: PathBuf::from(std::ffi::OsStr::from_bytes(&unescape_mountinfo(l[4]))),
+            fstype: r[0].to_string(),
+            source: String::from_utf8_lossy(&unescape_mountinfo(r[1])).into_owned(),
+        });
+    }
+    out
+}
+
+/// The mount on top at `mountpoint`, if any.
+pub fn find_mount(mountpoint: &Path) -> Option<MountInfo> {
+    mounts()
+        .into_iter()
+        .rev()
+        .find(|m| m.mountpoint == mountpoint)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(unescape_mountinfo(r"/mnt/a\040b"), b"/mnt/a b");
+        assert_eq!(unescape_mountinfo(r"/x\134y"), b"/x\\y");
+        assert_eq!(unescape_mountinfo(r"/plain"), b"/plain");
+        assert_eq!(unescape_mountinfo(r"/end\04"), b"/end\\04");
+    }
+
+    #[test]
+    fn root_is_mounted() {
+        assert!(find_mount(Path::new("/")).is_some());
+    }
+}
