@@ -424,7 +424,9 @@ impl Inner {
         })();
         match r {
             Ok(()) => {}
-            Err(Error::NoSpace(m)) => log::warn!("amaranth engine: cannot write back nodes ({m}); the cache is over its bound"),
+            Err(Error::NoSpace(m)) => log::warn!(
+                "amaranth engine: cannot write back nodes ({m}); the cache is over its bound"
+            ),
             Err(e) => self.fail(&e),
         }
         if self.options.background_threads {

@@ -229,6 +229,26 @@ impl Leaf {
                 out.keep(lo, slot);
                 continue;
             }
+            // A few point messages: patch the partition in place (one memmove per entry) instead of
+            // rebuilding it, when it stays within its size and does not become empty.
+            if my_ranges.is_empty() && my_points.len() <= 16 {
+                if let Some(base) = slot.data() {
+                    let grow: usize = my_points.iter().map(|(k, m)| k.len() + m.size() + 16).sum();
+                    if base.bytes() + grow <= format.partition_size {
+                        let mut p =
+                            Arc::try_unwrap(base).unwrap_or_else(|shared| (*shared).clone());
+                        for (k, km) in my_points {
+                            let old = p.get(k).map(|v| v.to_vec());
+                            p.set(k, km.apply(old).as_deref());
+                        }
+                        if !p.is_empty() {
+                            out.keep(lo, PartSlot::resident(p));
+                            continue;
+                        }
+                        // Emptied: fall through to the rebuild, which drops it.
+                    }
+                }
+            }
             // A partition wholly inside one range delete is dropped without being read.
             // (Range deletes are older than the point messages beside them, so the base is not needed.)
             let whole = my_ranges.iter().any(|r| {
@@ -390,7 +410,14 @@ impl LeafBuilder {
             .as_ref()
             .is_some_and(|(_, b)| !b.is_empty() && b.bytes() + size > self.partition_size);
         if full {
+            // Remember only the last key of each sealed partition (for the next pivot).
+            let prev = self
+                .cur
+                .as_ref()
+                .and_then(|(_, b)| b.last_key())
+                .map(|k| k.to_vec());
             self.seal();
+            self.last_key = prev;
         }
         if self.cur.is_none() {
             let low = if self.parts.is_empty() {
@@ -411,7 +438,6 @@ impl LeafBuilder {
             .expect("current partition")
             .1
             .push(key, value);
-        self.last_key = Some(key.to_vec());
     }
 
     /// Merges a partition's base entries with messages and appends the result.

@@ -89,6 +89,56 @@ impl Partition {
         }
     }
 
+    /// Sets (`Some`) or removes (`None`) the entry for `key` in place.
+    pub fn set(&mut self, key: &[u8], value: Option<&[u8]>) {
+        match (self.search(key), value) {
+            (Ok(i), Some(v)) => {
+                let (start, end) = self.entry_range(i);
+                let mut e = Vec::with_capacity(ENTRY_HEADER + key.len() + v.len());
+                encode_entry(&mut e, key, v);
+                let delta = e.len() as isize - (end - start) as isize;
+                self.data.splice(start..end, e);
+                self.shift_offsets(i + 1, delta);
+            }
+            (Ok(i), None) => {
+                let (start, end) = self.entry_range(i);
+                self.data.drain(start..end);
+                self.offs.remove(i);
+                self.shift_offsets(i, -((end - start) as isize));
+            }
+            (Err(i), Some(v)) => {
+                let start = if i < self.offs.len() {
+                    self.offs[i] as usize
+                } else {
+                    self.data.len()
+                };
+                let mut e = Vec::with_capacity(ENTRY_HEADER + key.len() + v.len());
+                encode_entry(&mut e, key, v);
+                let len = e.len();
+                self.data.splice(start..start, e);
+                self.offs.insert(i, start as u32);
+                self.shift_offsets(i + 1, len as isize);
+            }
+            (Err(_), None) => {}
+        }
+    }
+
+    fn entry_range(&self, i: usize) -> (usize, usize) {
+        let start = self.offs[i] as usize;
+        let end = if i + 1 < self.offs.len() {
+            self.offs[i + 1] as usize
+        } else {
+            self.data.len()
+        };
+        (start, end)
+    }
+
+    fn shift_offsets(&mut self, from: usize, delta: isize) {
+        for o in &mut self.offs[from..] {
+            *o = (*o as isize + delta) as u32;
+        }
+    }
+
     /// Parses a raw payload, checking that keys are strictly increasing and lengths in bounds.
     pub fn decode(data: Vec<u8>, max_key: usize, max_value: usize) -> Result<Partition> {
         let mut offs = Vec::new();
@@ -136,20 +186,12 @@ impl PartitionBuilder {
             self.last_key().is_none_or(|l| l < key),
             "partition keys out of order"
         );
-        assert!(
-            key.len() <= u16::MAX as usize,
-            "key length exceeds the format"
-        );
         self.offs.push(self.data.len() as u32);
-        self.data
-            .extend_from_slice(&(key.len() as u16).to_le_bytes());
-        self.data
-            .extend_from_slice(&(value.len() as u32).to_le_bytes());
-        self.data.extend_from_slice(key);
-        self.data.extend_from_slice(value);
+        encode_entry(&mut self.data, key, value);
     }
 
-    fn last_key(&self) -> Option<&[u8]> {
+    /// The key of the last entry pushed.
+    pub fn last_key(&self) -> Option<&[u8]> {
         let o = *self.offs.last()? as usize;
         let kl = u16::from_le_bytes([self.data[o], self.data[o + 1]]) as usize;
         Some(&self.data[o + ENTRY_HEADER..o + ENTRY_HEADER + kl])
@@ -167,13 +209,27 @@ impl PartitionBuilder {
 
     /// The finished partition.
     pub fn finish(mut self) -> Partition {
-        self.data.shrink_to_fit();
+        // Give back a large unused tail only (a reallocation copies the whole partition).
+        if self.data.capacity() > self.data.len() + self.data.len() / 4 + 4096 {
+            self.data.shrink_to_fit();
+        }
         self.offs.shrink_to_fit();
         Partition {
             data: self.data,
             offs: self.offs,
         }
     }
+}
+
+fn encode_entry(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
+    assert!(
+        key.len() <= u16::MAX as usize,
+        "key length exceeds the format"
+    );
+    out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    out.extend_from_slice(key);
+    out.extend_from_slice(value);
 }
 
 /// Encoded size of an entry.
@@ -198,6 +254,17 @@ mod tests {
         assert_eq!(p.lower_bound(b"k0042x"), 43);
         let q = Partition::decode(p.raw().to_vec(), 100, 100).unwrap();
         assert_eq!(p, q);
+        // In-place edits keep the encoding valid and sorted.
+        let mut r = q.clone();
+        r.set(b"k0042", Some(b"changed value"));
+        r.set(b"k0042a", Some(b"new"));
+        r.set(b"k0000", None);
+        r.set(b"zzz", Some(b""));
+        assert_eq!(r.get(b"k0042"), Some(&b"changed value"[..]));
+        assert_eq!(r.get(b"k0042a"), Some(&b"new"[..]));
+        assert_eq!(r.get(b"k0000"), None);
+        assert_eq!(r.len(), 101);
+        assert_eq!(Partition::decode(r.raw().to_vec(), 100, 100).unwrap(), r);
         let mut bad = p.raw().to_vec();
         bad.truncate(bad.len() - 1);
         assert!(Partition::decode(bad, 100, 100).is_err());

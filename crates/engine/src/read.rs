@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use crate::cache::ReadGuard;
 use crate::error::{Error, Result};
 use crate::msg::{KeyMsgs, Msn, RangeDel};
 use crate::node::{child_index, Body, ROOT_ID};
@@ -90,7 +91,9 @@ impl Tree {
         'restart: for _ in 0..MAX_RESTARTS {
             let mut lo: Vec<u8> = Vec::new();
             let mut hi: Option<Vec<u8>> = None;
-            let mut layers: Vec<Layer> = Vec::new();
+            // The path's read latches stay held until the leaf is reached and its range known, so
+            // only the messages for that range are copied out of each ancestor's buffer.
+            let mut path: Vec<(ReadGuard, usize)> = Vec::new();
             let mut cn = self.pin(ROOT_ID)?;
             let mut g = cn.read();
             loop {
@@ -105,15 +108,9 @@ impl Tree {
                         };
                         let (cl, ch) = n.child_bounds(c, &lo, hi.as_deref());
                         let (cl, ch) = (cl.to_vec(), ch.map(|h| h.to_vec()));
-                        let b = &n.buffers[c];
-                        let points: Vec<(Vec<u8>, KeyMsgs)> = b
-                            .points_in(&cl, ch.as_deref())
-                            .map(|(k, m)| (k.clone(), m.clone()))
-                            .collect();
-                        layers.push((b.ranges_in(&cl, ch.as_deref()), points));
                         lo = cl;
                         hi = ch;
-                        n.children[c]
+                        (n.children[c], c)
                     }
                     Body::Leaf(l) => {
                         let mut parts = Vec::with_capacity(l.parts.len());
@@ -122,23 +119,43 @@ impl Tree {
                                 Some(p) => parts.push(p),
                                 None => {
                                     drop(g);
+                                    drop(path);
                                     self.load_partitions(&cn, None)?;
                                     pins.push(cn);
                                     continue 'restart;
                                 }
                             }
                         }
-                        return Ok(Chunk::build(lo, hi, parts, layers, g.max_msn));
+                        let layers: Vec<Layer> = path
+                            .iter()
+                            .map(|(pg, c)| {
+                                let Body::Internal(n) = &pg.body else {
+                                    unreachable!("path of internal nodes")
+                                };
+                                let b = &n.buffers[*c];
+                                let points = b
+                                    .points_in(&lo, hi.as_deref())
+                                    .map(|(k, m)| (k.clone(), m.clone()))
+                                    .collect();
+                                (b.ranges_in(&lo, hi.as_deref()), points)
+                            })
+                            .collect();
+                        let max_msn = g.max_msn;
+                        drop(g);
+                        drop(path);
+                        return Ok(Chunk::build(lo, hi, parts, layers, max_msn));
                     }
                 };
+                let (next, c) = next;
                 match self.cache.get(next) {
                     Some(ccn) => {
                         let cg = ccn.read();
-                        g = cg;
+                        path.push((std::mem::replace(&mut g, cg), c));
                         cn = ccn;
                     }
                     None => {
                         drop(g);
+                        drop(path);
                         pins.push(self.pin(next)?);
                         continue 'restart;
                     }
