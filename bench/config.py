@@ -55,7 +55,7 @@ class Params:
     mail_boxes: int = 10
     mail_msgs: int = 1000
     mail_clients: int = 4
-    mail_ops: int = 2500  # per client
+    mail_ops: int = 2000  # per client
     # nanobench
     nano_iters: int = 100_000
     nano_meta_iters: int = 10_000
@@ -63,8 +63,9 @@ class Params:
     space_files: int = 8
     space_file_size: int = 512 * M
     space_settle_max: int = 90
-    space_settle_interval: int = 5
+    space_settle_interval: int = 3
     space_settle_samples: int = 3  # this many equal readings in a row = settled
+    space_settle_min_amaranth: int = 65  # Amaranth checkpoints every 60 s: wait at least one period
 
     def cache_size(self) -> int:
         return self.amaranth_cache_size or self.mem_limit
@@ -102,6 +103,7 @@ QUICK = dict(
     space_settle_max=6,
     space_settle_interval=1,
     space_settle_samples=2,
+    space_settle_min_amaranth=0,
 )
 
 SIZE_FIELDS = {"image_size", "mem_limit", "amaranth_cache_size", "fio_size", "large_file", "seq_write_block",

@@ -93,6 +93,29 @@ def linux_tree(cache: Path, subset: str) -> Tree:
     return Tree(base / "tree" / TOP, base / "linux.tar", files, dirs, size, subset)
 
 
+def tmpfs_copy(workdir: Path, tree: Tree) -> Tree:
+    """The tree on a tmpfs in the work dir, as a read source that `drop_caches` cannot evict (the
+    rsync benchmark reads it after every cold-cache step). Unmounted by the cleanup registry."""
+    from . import cleanup
+
+    mnt = workdir / f"src-tmpfs-{os.getpid()}"
+    mnt.mkdir(parents=True, exist_ok=True)
+    size = int(tree.bytes * 1.3) + (256 << 20)
+    with PROGRESS.step(f"copy the Linux tree to a tmpfs ({fmt_size(size)} limit) at {mnt}"):
+        run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(mnt)])
+
+        def undo():
+            run(["umount", str(mnt)], check=False)
+            try:
+                mnt.rmdir()
+            except OSError:
+                pass
+
+        cleanup.register(f"umount tmpfs {mnt}", undo)
+        run(["tar", "-xf", str(tree.tar), "-C", str(mnt)], timeout=3600)
+    return Tree(mnt / TOP, tree.tar, tree.files, tree.dirs, tree.bytes, tree.subset)
+
+
 # ---------------------------------------------------------------------------------------------
 # git repository with a history
 

@@ -157,7 +157,8 @@ def fig_hdd(data: Data, meta, bench: str, path: Path) -> bool:
         ax.grid(axis="y", alpha=0.3)
         if k == 1:
             ax.set_ylim(0, 1.05)
-    axes[0].legend(fontsize=7)
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend(fontsize=7)
     fig.suptitle(f"{info.title}: hard-disk view of the read phases "
                  f"({meta['params']['hdd_seek_ms']} ms seek per discontiguous request + bytes at "
                  f"{meta['params']['hdd_mb_s']} MB/s)", fontsize=9)
@@ -196,7 +197,8 @@ def fig_tokubench(data, meta, path) -> bool:
     ax.set_ylabel("cumulative files/s")
     ax.set_title("TokuBench: cumulative throughput (mean of repetitions)", fontsize=10)
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
+    if ok:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -216,7 +218,8 @@ def fig_rename(data, meta, path) -> bool:
     ax.set_ylabel("renames/s (rename + fsync dir)")
     ax.set_ylim(bottom=0)
     ax.set_title("Rename throughput by file size (mean, 95% CI)", fontsize=10)
-    ax.legend(fontsize=8)
+    if ok:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -229,14 +232,19 @@ def fig_clone(data, meta, path) -> bool:
     specs = [("copy", "seconds_incl_sync", "copy time incl. sync (s)", 1.0),
              ("write", "seconds", "16-byte write to every file + sync (s)", 1.0),
              ("grep", "seconds", "cold grep -r of the FS (s)", 1.0),
-             ("space", "used_bytes", "statfs used (MiB)", 1 / (1 << 20))]
+             ("space", "added_bytes", "space added by the copy (KiB, log scale)", 1 / 1024)]
     ok = False
     for ax, (ph, metric, label, scale) in zip(axes.flat, specs):
         ok |= _curve(ax, data, meta, "dirclone", ph, metric, scale)
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("copy number")
-        ax.set_ylim(bottom=0)
-    axes[0][0].legend(fontsize=8)
+        if metric == "added_bytes":
+            if ax.has_data():
+                ax.set_yscale("symlog", linthresh=64)
+        else:
+            ax.set_ylim(bottom=0)
+    if ok:
+        axes[0][0].legend(fontsize=8)
     fig.suptitle("Directory clone: per-copy latency and space (mean, 95% CI)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -248,8 +256,9 @@ def fig_clone(data, meta, path) -> bool:
 # tables
 
 
-def _cell(data: Data, meta, bench, fs, view, phase, metric, x=None, higher_better=True, base_vals=None) -> str:
-    vals = data.per_rep(bench, fs, view, phase, metric, x=x)
+def _cell(data: Data, meta, bench, fs, view, phase, metric, x=None, higher_better=True, base_vals=None,
+          scale: float = 1.0) -> str:
+    vals = [v * scale for v in data.per_rep(bench, fs, view, phase, metric, x=x)]
     st = _status(data, bench, fs, view)
     if not vals:
         return "**FAILED**" if st in ("failed", "partial") else "–"
@@ -268,15 +277,21 @@ def primary_table(data: Data, meta, bench: str) -> list[str]:
     cols = [(fs, view) for view in meta["views"] for fs in meta["fs"]]
     out = ["| metric | " + " | ".join(_fs_label(fs, v, meta) for fs, v in cols) + " |",
            "|---|" + "---|" * len(cols)]
-    for m in info.primary:
+    for m in info.primary + info.secondary:
         xs = data.xs_of(bench, m.phase, m.metric)
+        if m in info.secondary and not any(data.per_rep(bench, fs, v, m.phase, m.metric) for fs, v in cols):
+            continue
         for x in (xs or [None]):
-            label = f"{m.label}{' @ ' + _fmt_x(bench, x) if x is not None else ''} ({m.unit}, " \
-                    f"{'higher' if m.higher_better else 'lower'} is better)"
+            hint = "" if m.higher_better is None else f"{'higher' if m.higher_better else 'lower'} is better"
+            paren = ", ".join(t for t in (m.unit, hint) if t)
+            label = f"{m.label}{' @ ' + _fmt_x(bench, x) if x is not None else ''}{' (' + paren + ')' if paren else ''}"
+            if m in info.secondary:
+                label = f"*{label}*"
             cells = []
             for fs, view in cols:
-                base = data.per_rep(bench, BASELINE, view, m.phase, m.metric, x=x)
-                cells.append(_cell(data, meta, bench, fs, view, m.phase, m.metric, x, m.higher_better, base))
+                base = [v * m.scale for v in data.per_rep(bench, BASELINE, view, m.phase, m.metric, x=x)]
+                cells.append(_cell(data, meta, bench, fs, view, m.phase, m.metric, x, m.higher_better, base,
+                                   m.scale))
             out.append(f"| {_esc(label)} | " + " | ".join(cells) + " |")
     return out
 
@@ -291,23 +306,25 @@ def hdd_table(data: Data, meta, bench: str) -> list[str]:
         note = f" (summed over the {npts} points of the series)" if npts else ""
         out.append(f"*Phase `{ph}`{note}:*")
         out.append("")
-        out.append("| FS | measured (s) | requests | read MiB | layout score | modeled HDD (s) | modeled vs ext4 |")
-        out.append("|---|---|---|---|---|---|---|")
+        out.append("| FS | measured (s) | requests | MiB read | MiB written | layout score | modeled HDD (s) | "
+                   "modeled vs ext4 |")
+        out.append("|---|---|---|---|---|---|---|---|")
         for view in meta["views"]:
             base = data.per_rep(bench, BASELINE, view, ph, "hdd_model_s", combine="sum")
             for fs in meta["fs"]:
                 req = data.per_rep(bench, fs, view, ph, "requests", combine="sum")
                 if not req:
-                    out.append(f"| {_fs_label(fs, view, meta)} | **FAILED** | | | | | |"
-                               if _status(data, bench, fs, view) != "ok" else f"| {fs} | – | | | | | |")
+                    out.append(f"| {_fs_label(fs, view, meta)} | **FAILED** | | | | | | |"
+                               if _status(data, bench, fs, view) != "ok" else f"| {fs} | – | | | | | | |")
                     continue
                 secs = data.per_rep(bench, fs, view, ph, "seconds", combine="sum")
                 mib = [v / (1 << 20) for v in data.per_rep(bench, fs, view, ph, "dev_read_bytes", combine="sum")]
+                wmib = [v / (1 << 20) for v in data.per_rep(bench, fs, view, ph, "dev_write_bytes", combine="sum")]
                 lay = data.per_rep(bench, fs, view, ph, "layout_score")
                 hdd = data.per_rep(bench, fs, view, ph, "hdd_model_s", combine="sum")
                 r = ratio(mean_ci(hdd)[0], mean_ci(base)[0]) if base else float("nan")
                 out.append(f"| {_fs_label(fs, view, meta)} | {fmt_mean_ci(secs)} | {fmt_mean_ci(req)} | "
-                           f"{fmt_mean_ci(mib)} | {fmt_mean_ci(lay)} | {fmt_mean_ci(hdd)} | "
+                           f"{fmt_mean_ci(mib)} | {fmt_mean_ci(wmib)} | {fmt_mean_ci(lay)} | {fmt_mean_ci(hdd)} | "
                            f"{'×%.2f' % r if not math.isnan(r) else '–'} |")
         out.append("")
     return out
@@ -327,7 +344,7 @@ def resources_table(data: Data, meta, bench: str) -> list[str]:
             if not (dev or peak):
                 continue
             any_row = True
-            mib = lambda v: fmt_mean_ci([x / (1 << 20) for x in v]) + " MiB" if v else "–"  # noqa: E731
+            mib = lambda v: fmt_mean_ci([x / (1 << 20) for x in v]) + " MiB" if v and any(v) else "–"  # noqa: E731
             out.append(f"| {_fs_label(fs, view, meta)} | {mib(dev)} | {mib(log)} | "
                        f"{fmt_mean_ci(wa) if wa else '–'} | {mib(peak)} | {fmt_mean_ci(oom) if oom else '–'} | "
                        f"{mib(hwm) if hwm else '–'} | {fmt_mean_ci(cpu) if cpu else '–'} |")
@@ -358,7 +375,7 @@ def summary_table(data: Data, meta) -> list[str]:
             base = data.per_rep(bench, BASELINE, view, m.phase, m.metric)
             cells.append(_cell(data, meta, bench, fs, view, m.phase, m.metric, None, m.higher_better, base))
         unit = f"{m.unit}, {'higher' if m.higher_better else 'lower'} is better"
-        mean_note = " (mean over the series)" if data.xs_of(bench, m.phase, m.metric) else ""
+        mean_note = " (mean over all points of the series)" if data.xs_of(bench, m.phase, m.metric) else ""
         out.append(f"| [{bench}](#{bench}) | {_esc(m.label)}{mean_note} ({unit}) | " + " | ".join(cells) + " |")
     return out
 
@@ -500,7 +517,8 @@ def write_report(out: Path, meta: dict) -> Path:
             L.append("")
         hdd = hdd_table(data, meta, bench)
         if hdd:
-            L.append("**Hard-disk view** (block requests of the timed read phases):")
+            L.append("**Hard-disk view** (block requests issued to the loop device during the timed phase; a write "
+                     "phase includes its syncfs; *measured* is the time on this machine):")
             L.append("")
             L += hdd
         wa = phase_wa_table(data, meta, bench)

@@ -85,10 +85,11 @@ class RunContext:
     def sync(self) -> float:
         return fsmod.syncfs(self.mnt)
 
-    def untimed(self, cmd, what: str, logical_bytes: int = 0, **kw) -> Result:
-        """Setup work, not measured, run outside the cgroup."""
+    def untimed(self, cmd, what: str, logical_bytes: int = 0, in_cgroup: bool = False, **kw) -> Result:
+        """Work that is not timed: setup runs outside the cgroup; in_cgroup=True for untimed workload
+        steps (e.g. the space benchmark's writes), which must live within the memory limit."""
         with PROGRESS.step(what):
-            r = run(cmd, timeout=self.p.timeout, **kw)
+            r = run(cmd, timeout=self.p.timeout, cgroups=self.cgroups if in_cgroup else (), **kw)
         self.logical_written += logical_bytes
         return r
 
@@ -99,10 +100,11 @@ class RunContext:
         """Read benchmark *sources* on the host disk into the host page cache (outside the cgroup),
         so the timed phase measures the FS under test, not the work dir's disk."""
         for p in paths:
-            if p.is_dir():
-                run(f"tar -C {p.parent} -cf - {p.name} | cat > /dev/null", timeout=self.p.timeout)
-            else:
-                run(f"cat {p} > /dev/null", timeout=self.p.timeout)
+            with PROGRESS.step(f"read the source {p.name} into the host page cache (untimed)"):
+                if p.is_dir():
+                    run(f"tar -C {p.parent} -cf - {p.name} | cat > /dev/null", timeout=self.p.timeout)
+                else:
+                    run(f"cat {p} > /dev/null", timeout=self.p.timeout)
 
     def timed(self, bench: str, phase: str, cmd, *, kind: str = "read", cold: bool = False,
               warm: Sequence[Path] = (), logical_bytes: int = 0, label: str = "", record_seconds: bool = True,
@@ -138,6 +140,8 @@ class RunContext:
             rec("seconds", res.elapsed, "s")
             if kind == "write":
                 rec("seconds_incl_sync", res.elapsed + sync_s, "s")
+        if kind == "write":
+            rec("post_syncfs_s", sync_s, "s")
         rec("cpu_s", res.cpu_user + res.cpu_sys, "s")
         if amaranth:
             rec("daemon_cpu_s", max(0.0, self.m.driver.daemon_cpu_now() - dcpu0), "s")

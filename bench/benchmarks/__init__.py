@@ -12,7 +12,8 @@ class Metric:
     metric: str
     label: str
     unit: str
-    higher_better: bool
+    higher_better: bool | None  # None: informational, no direction
+    scale: float = 1.0  # multiply stored values by this for display (e.g. bytes -> MiB)
 
 
 @dataclass
@@ -24,6 +25,7 @@ class Info:
     primary: list[Metric]
     read_phases: list[str] = field(default_factory=list)  # phases shown in the hard-disk view
     curves: list[str] = field(default_factory=list)  # special figures: "tokubench", "rename", "clone"
+    secondary: list[Metric] = field(default_factory=list)  # more rows for the table (not charted)
 
 
 from . import (dirclone, dirrename, git, largefile, linuxtree, mailserver, nanobench,  # noqa: E402

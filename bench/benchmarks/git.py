@@ -20,7 +20,9 @@ INFO = {
         "linux-source-6.1 in stages (see the report's inputs section)",
         [Metric("clone", "seconds", "git clone", "s", False),
          Metric("diff", "seconds", "git diff", "s", False)],
-        ["diff"]),
+        ["diff"],
+        secondary=[Metric("clone", "seconds_incl_sync", "git clone + syncfs", "s", False),
+                   Metric("diff", "patch_bytes", "patch size", "MiB", None, 1 / (1 << 20))]),
 }
 
 

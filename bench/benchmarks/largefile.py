@@ -12,16 +12,20 @@ INFO = {
     "seqwrite": Info(
         "seqwrite", "Sequential write",
         "one file of `large_file` bytes written with `seq_write_block` pwrite()s of incompressible random data "
-        "(4 random buffers, rotated, so no two blocks are equal), then one fsync; MiB/s over writes+fsync "
+        "(taken at rotating offsets from one random pool, so no two blocks are equal), then one fsync; MiB/s "
+        "over writes+fsync "
         "(C helper `seqio`, timed inside the helper)",
         "BetrFS run-large-file-write.sh / sequential_write.c (10 GiB file, 40 KiB writes); here 4 GiB = 2x the "
         "memory limit, 40 MiB writes",
-        [Metric("write", "mib_per_s", "write + fsync", "MiB/s", True)], ["write"]),
+        [Metric("write", "mib_per_s", "write + fsync", "MiB/s", True)], ["write"],
+        secondary=[Metric("write", "write_s", "writes", "s", False),
+                   Metric("write", "fsync_s", "final fsync", "s", False)]),
     "seqread": Info(
         "seqread", "Sequential read (cold)",
         "cold cache, then the whole file read with `seq_read_block` read()s; MiB/s",
         "BetrFS run-large-file-read.sh (dd bs=40960 after a cache clear); here 10 MiB reads",
-        [Metric("read", "mib_per_s", "cold read", "MiB/s", True)], ["read"]),
+        [Metric("read", "mib_per_s", "cold read", "MiB/s", True)], ["read"],
+        secondary=[Metric("read", "seconds", "cold read", "s", False)]),
     "randwrite": Info(
         "randwrite", "Random 4-byte writes (cold)",
         "cold cache, then `rand_writes` pwrite()s of `rand_write_size` bytes at offsets "
@@ -29,7 +33,10 @@ INFO = {
         "(C helper `randwrite`, offsets precomputed, timed inside the helper)",
         "BetrFS run-large-file-random_write.sh / random_write.c (262,144 4-byte writes into a 10 GiB file, "
         "srand(42)); FAST'18 Table 2",
-        [Metric("randwrite", "seconds", "writes + fsync", "s", False)], ["randwrite"]),
+        [Metric("randwrite", "seconds", "writes + fsync", "s", False)], ["randwrite"],
+        secondary=[Metric("randwrite", "write_s", "writes", "s", False),
+                   Metric("randwrite", "fsync_s", "final fsync", "s", False),
+                   Metric("randwrite", "writes_per_s", "writes/s incl. fsync", "ops/s", True)]),
 }
 
 

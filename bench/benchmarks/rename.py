@@ -14,8 +14,9 @@ INFO = {
         "a->b and b->a (C helper `renamebench`); renames/s",
         "BetrFS micro/circlingtradeoff file-rename.c / rename-by-size.sh (2^12..2^22 bytes, 100 renames + "
         "fsync(dir)); FAST'18 range rename",
-        [Metric("rename", "renames_per_s", "renames/s (all sizes)", "renames/s", True)],
-        ["rename"], ["rename"]),
+        [Metric("rename", "renames_per_s", "renames/s", "renames/s", True)],
+        ["rename"], ["rename"],
+        secondary=[Metric("rename", "median_latency_us", "median rename+fsync latency", "µs", False)]),
 }
 
 

@@ -8,7 +8,9 @@ use amaranth_engine::Compression;
 use rand::{Rng, RngCore, SeedableRng};
 
 use crate::data::{bound, key, value, Perm, KEY_LEN, MAIN_SET, UPSERT_SET};
-use crate::stores::{Access, Amaranth, Lmdb, Res, Rocks, Store};
+#[cfg(feature = "rocksdb")]
+use crate::stores::Rocks;
+use crate::stores::{Access, Amaranth, Lmdb, Res, Store};
 use crate::sys;
 use crate::Cfg;
 
@@ -171,7 +173,10 @@ pub fn run_child(cfg: &Cfg, a: &ChildArgs) -> Res<()> {
                 .ok_or_else(|| format!("unknown compression {}", a.compression))?;
             Box::new(Amaranth::create(&a.mnt, a.space, cache, c)?)
         }
+        #[cfg(feature = "rocksdb")]
         "rocksdb" => Box::new(Rocks::create(&a.mnt, cache)?),
+        #[cfg(not(feature = "rocksdb"))]
+        "rocksdb" => return Err("built without the rocksdb feature".into()),
         "lmdb" => Box::new(Lmdb::create(&a.mnt, a.space as usize)?),
         s => return Err(format!("unknown store {s}")),
     };

@@ -312,7 +312,7 @@ fn run_store_inner(cfg: &Cfg, run: &Run, idx: usize, res: &mut RunResult) -> Res
         fs_bytes,
     )?;
     // What the store may occupy inside the file system (Amaranth: the image; LMDB: the map).
-    let space = fs_bytes / 100 * 85;
+    let space = fs_bytes / 100 * 85 / 4096 * 4096;
     let cg = if cfg.cgroup {
         Some(sys::MemCgroup::create(
             &format!("amaranth-engine-bench-{}-{idx}", std::process::id()),
@@ -493,9 +493,9 @@ fn main() {
     }
     // SAFETY: installing a handler that only stores to an atomic.
     unsafe {
-        libc::signal(libc::SIGINT, on_signal as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as libc::sighandler_t);
-        libc::signal(libc::SIGHUP, on_signal as libc::sighandler_t);
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGHUP, on_signal as *const () as libc::sighandler_t);
     }
     if let Err(e) = std::fs::create_dir_all(&cfg.dir) {
         eprintln!("{}: {e}", cfg.dir.display());

@@ -4,6 +4,7 @@
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+#[cfg(feature = "rocksdb")]
 use std::time::{Duration, Instant};
 
 use amaranth_device::FileDevice;
@@ -194,6 +195,7 @@ impl Store for Amaranth {
 // ---------------------------------------------------------------------------------------------
 // RocksDB
 
+#[cfg(feature = "rocksdb")]
 pub struct Rocks {
     path: PathBuf,
     cache: usize,
@@ -203,6 +205,7 @@ pub struct Rocks {
 
 /// Applies patch operands (offset u32 LE + bytes) to a value: the merge operator that makes
 /// RocksDB's upsert blind, like Amaranth's.
+#[cfg(feature = "rocksdb")]
 fn apply_patches<'a>(base: Option<&[u8]>, ops: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
     let mut v = base.map(|b| b.to_vec()).unwrap_or_default();
     for op in ops {
@@ -219,6 +222,7 @@ fn apply_patches<'a>(base: Option<&[u8]>, ops: impl Iterator<Item = &'a [u8]>) -
     v
 }
 
+#[cfg(feature = "rocksdb")]
 impl Rocks {
     pub fn create(dir: &Path, cache: usize) -> Res<Rocks> {
         let block_cache = rocksdb::Cache::new_lru_cache(cache / 2);
@@ -281,6 +285,7 @@ impl Rocks {
     }
 }
 
+#[cfg(feature = "rocksdb")]
 impl Store for Rocks {
     fn put_batch(&mut self, items: &[(Vec<u8>, Vec<u8>)]) -> Res<()> {
         let mut b = rocksdb::WriteBatch::default();
@@ -521,10 +526,9 @@ impl Store for Lmdb {
     }
     fn counters(&self) -> Vec<(String, f64)> {
         let mut v = Vec::new();
-        if let Ok(info) = self.env().info() {
-            v.push(("last_page".to_string(), info.last_page_number as f64));
-            v.push(("map_size".to_string(), info.map_size as f64));
-        }
+        let info = self.env().info();
+        v.push(("last_page".to_string(), info.last_page_number as f64));
+        v.push(("map_size".to_string(), info.map_size as f64));
         if let Ok(r) = self.env().read_txn() {
             if let Ok(s) = self.db().stat(&r) {
                 v.push(("depth".to_string(), s.depth as f64));
