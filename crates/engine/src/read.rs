@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::cache::ReadGuard;
 use crate::error::{Error, Result};
-use crate::msg::{KeyMsgs, Msn, RangeDel};
+use crate::msg::{Buffer, KeyMsgs, Msn, RangeDel};
 use crate::node::{child_index, Body, ROOT_ID};
 use crate::partition::Partition;
 use crate::tree::Tree;
@@ -126,24 +126,20 @@ impl Tree {
                                 }
                             }
                         }
-                        let layers: Vec<Layer> = path
+                        let buffers: Vec<&Buffer> = path
                             .iter()
                             .map(|(pg, c)| {
                                 let Body::Internal(n) = &pg.body else {
                                     unreachable!("path of internal nodes")
                                 };
-                                let b = &n.buffers[*c];
-                                let points = b
-                                    .points_in(&lo, hi.as_deref())
-                                    .map(|(k, m)| (k.clone(), m.clone()))
-                                    .collect();
-                                (b.ranges_in(&lo, hi.as_deref()), points)
+                                &n.buffers[*c]
                             })
                             .collect();
-                        let max_msn = g.max_msn;
+                        let chunk = Chunk::build(lo, hi, parts, &buffers, g.max_msn);
+                        drop(buffers);
                         drop(g);
                         drop(path);
-                        return Ok(Chunk::build(lo, hi, parts, layers, max_msn));
+                        return Ok(chunk);
                     }
                 };
                 let (next, c) = next;
@@ -156,7 +152,7 @@ impl Tree {
                     None => {
                         drop(g);
                         drop(path);
-                        pins.push(self.pin(next)?);
+                        pins.push(self.load_with(next, true)?);
                         continue 'restart;
                     }
                 }
@@ -185,75 +181,128 @@ pub struct Chunk {
     /// Exclusive high bound (`None`: unbounded).
     pub hi: Option<Vec<u8>>,
     parts: Vec<Arc<Partition>>,
-    /// Keys touched by point messages, with their resulting values (`None`: deleted), sorted.
-    overlay: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// Keys touched by point messages and their resulting values, sorted by key; bytes in `arena`.
+    overlay: Vec<OvEntry>,
+    arena: Vec<u8>,
     /// Union of pending range deletes, sorted and disjoint.
     deleted: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
-type Layer = (Vec<RangeDel>, Vec<(Vec<u8>, KeyMsgs)>);
+/// An overlay entry: offsets into the chunk's arena (`v_len == u32::MAX`: deleted).
+#[derive(Clone, Copy, Debug)]
+struct OvEntry {
+    k_off: u32,
+    k_len: u32,
+    v_off: u32,
+    v_len: u32,
+}
+
+const GONE: u32 = u32::MAX;
 
 impl Chunk {
+    /// Builds the chunk of a leaf (its resident partitions) under the buffers of its ancestors for
+    /// it, top to bottom (the caller holds their latches).
     fn build(
         lo: Vec<u8>,
         hi: Option<Vec<u8>>,
         parts: Vec<Arc<Partition>>,
-        layers: Vec<Layer>,
+        buffers: &[&Buffer],
         leaf_msn: Msn,
     ) -> Chunk {
-        let lookup = |k: &[u8]| -> Option<Vec<u8>> {
-            let i = parts.partition_point(|p| p.is_empty() || p.key(p.len() - 1) < k);
-            parts.get(i).and_then(|p| p.get(k)).map(|v| v.to_vec())
-        };
-        // Every key with a point message anywhere on the path.
-        // Upper layers were collected with their (wider) child ranges: keep only this leaf's range.
-        let inside = |k: &[u8]| k >= lo.as_slice() && hi.as_ref().is_none_or(|h| k < h.as_slice());
-        let mut keys: Vec<&Vec<u8>> = layers
+        let ranges: Vec<Vec<RangeDel>> = buffers
             .iter()
-            .flat_map(|(_, pts)| pts.iter().map(|(k, _)| k))
-            .filter(|k| inside(k))
+            .map(|b| {
+                b.ranges_in(&lo, hi.as_deref())
+                    .into_iter()
+                    .filter(|r| r.msn > leaf_msn)
+                    .collect()
+            })
             .collect();
-        keys.sort();
-        keys.dedup();
-        let mut overlay = Vec::with_capacity(keys.len());
-        // Per layer, a cursor into its sorted point list.
-        let mut cursors = vec![0usize; layers.len()];
-        for k in keys {
-            let mut v = lookup(k);
-            for (li, (ranges, pts)) in layers.iter().enumerate().rev() {
-                if ranges.iter().any(|r| r.msn > leaf_msn && r.covers(k)) {
-                    v = None;
-                }
-                let cur = &mut cursors[li];
-                while *cur < pts.len() && pts[*cur].0 < *k {
-                    *cur += 1;
-                }
-                if *cur < pts.len() && pts[*cur].0 == *k && pts[*cur].1.max_msn() > leaf_msn {
-                    v = pts[*cur].1.apply(v);
+        let mut iters: Vec<_> = buffers
+            .iter()
+            .map(|b| b.points_in(&lo, hi.as_deref()).peekable())
+            .collect();
+        let mut overlay = Vec::new();
+        let mut arena = Vec::new();
+        // A cursor over the base entries, moving forward with the (sorted) overlay keys.
+        let (mut bp, mut bi) = (0usize, 0usize);
+        loop {
+            let mut min: Option<&Vec<u8>> = None;
+            for it in iters.iter_mut() {
+                if let Some((k, _)) = it.peek() {
+                    if min.is_none_or(|m| *k < m) {
+                        min = Some(*k);
+                    }
                 }
             }
-            overlay.push((k.clone(), v));
+            let Some(k) = min else { break };
+            // Base value.
+            let mut base: Option<&[u8]> = None;
+            while bp < parts.len() {
+                let p = &parts[bp];
+                if bi >= p.len() {
+                    bp += 1;
+                    bi = 0;
+                    continue;
+                }
+                match p.key(bi).cmp(k.as_slice()) {
+                    std::cmp::Ordering::Less => bi += 1,
+                    std::cmp::Ordering::Equal => {
+                        base = Some(p.value(bi));
+                        break;
+                    }
+                    std::cmp::Ordering::Greater => break,
+                }
+            }
+            // Apply the layers deepest first; the common case (one put or delete) copies once.
+            let mut value: Option<std::borrow::Cow<'_, [u8]>> =
+                base.map(std::borrow::Cow::Borrowed);
+            for li in (0..iters.len()).rev() {
+                if ranges[li].iter().any(|r| r.covers(k)) {
+                    value = None;
+                }
+                let take = iters[li].peek().is_some_and(|(hk, _)| *hk == k);
+                if take {
+                    let (_, km) = iters[li].next().expect("peeked");
+                    debug_assert!(
+                        km.min_msn() > leaf_msn,
+                        "ancestor message already applied below"
+                    );
+                    if km.max_msn() > leaf_msn {
+                        value = match km {
+                            KeyMsgs::Put { value, .. } => {
+                                Some(std::borrow::Cow::Borrowed(value.as_slice()))
+                            }
+                            KeyMsgs::Delete { .. } => None,
+                            KeyMsgs::Upserts(_) => km
+                                .apply(value.map(|v| v.into_owned()))
+                                .map(std::borrow::Cow::Owned),
+                        };
+                    }
+                }
+            }
+            let k_off = arena.len() as u32;
+            arena.extend_from_slice(k);
+            let (v_off, v_len) = match value {
+                Some(v) => {
+                    let off = arena.len() as u32;
+                    arena.extend_from_slice(&v);
+                    (off, v.len() as u32)
+                }
+                None => (0, GONE),
+            };
+            overlay.push(OvEntry {
+                k_off,
+                k_len: k.len() as u32,
+                v_off,
+                v_len,
+            });
         }
-        let mut ranges: Vec<(Vec<u8>, Vec<u8>)> = layers
-            .into_iter()
-            .flat_map(|(r, _)| r.into_iter())
-            .filter(|r| {
-                r.msn > leaf_msn
-                    && r.hi.as_slice() > lo.as_slice()
-                    && hi.as_ref().is_none_or(|h| r.lo < *h)
-            })
-            .map(|r| {
-                let l = if r.lo < lo { lo.clone() } else { r.lo };
-                let h = match &hi {
-                    Some(h) if r.hi > *h => h.clone(),
-                    _ => r.hi,
-                };
-                (l, h)
-            })
-            .collect();
-        ranges.sort();
-        let mut deleted: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(ranges.len());
-        for (l, h) in ranges {
+        let mut all: Vec<(Vec<u8>, Vec<u8>)> =
+            ranges.into_iter().flatten().map(|r| (r.lo, r.hi)).collect();
+        all.sort();
+        let mut deleted: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(all.len());
+        for (l, h) in all {
             match deleted.last_mut() {
                 Some(last) if l <= last.1 => {
                     if h > last.1 {
@@ -263,13 +312,25 @@ impl Chunk {
                 _ => deleted.push((l, h)),
             }
         }
+        drop(iters);
         Chunk {
             lo,
             hi,
             parts,
             overlay,
+            arena,
             deleted,
         }
+    }
+
+    fn ov_key(&self, i: usize) -> &[u8] {
+        let e = self.overlay[i];
+        &self.arena[e.k_off as usize..(e.k_off + e.k_len) as usize]
+    }
+
+    fn ov_value(&self, i: usize) -> Option<&[u8]> {
+        let e = self.overlay[i];
+        (e.v_len != GONE).then(|| &self.arena[e.v_off as usize..(e.v_off + e.v_len) as usize])
     }
 
     /// Calls `f(key, value)` for live entries in `[start, end)` in key order (or reverse order if
@@ -283,20 +344,6 @@ impl Chunk {
     ) -> bool {
         let parts = &self.parts;
         let in_range = |k: &[u8]| k >= start && end.is_none_or(|e| k < e);
-        let covered = |k: &[u8]| {
-            if self.deleted.is_empty() {
-                return false;
-            }
-            let i = self.deleted.partition_point(|(l, _)| l.as_slice() <= k);
-            i > 0 && k < self.deleted[i - 1].1.as_slice()
-        };
-        let in_overlay = |k: &[u8]| {
-            !self.overlay.is_empty()
-                && self
-                    .overlay
-                    .binary_search_by(|(ok, _)| ok.as_slice().cmp(k))
-                    .is_ok()
-        };
         // Position of the first base entry >= k, as (partition, index).
         let lower = |k: &[u8]| -> (usize, usize) {
             let p = parts.partition_point(|p| p.is_empty() || p.key(p.len() - 1) < k);
@@ -306,16 +353,24 @@ impl Chunk {
                 (p, parts[p].lower_bound(k))
             }
         };
+        let ov_lower = |k: &[u8]| {
+            self.overlay.partition_point(|e| {
+                &self.arena[e.k_off as usize..(e.k_off + e.k_len) as usize] < k
+            })
+        };
+        // Base and overlay are merged in order: a base key below the next overlay key is not in the
+        // overlay, so only range deletes need a check (a cursor moving with the walk).
         if forward {
             let (mut p, mut i) = lower(start);
-            let mut o = self.overlay.partition_point(|(k, _)| k.as_slice() < start);
+            let mut o = ov_lower(start);
+            let mut d = self.deleted.partition_point(|(_, h)| h.as_slice() <= start);
             loop {
                 while p < parts.len() && i >= parts[p].len() {
                     p += 1;
                     i = 0;
                 }
                 let kb = (p < parts.len()).then(|| parts[p].key(i));
-                let ko = self.overlay.get(o).map(|(k, _)| k.as_slice());
+                let ko = (o < self.overlay.len()).then(|| self.ov_key(o));
                 let take_base = match (kb, ko) {
                     (None, None) => return true,
                     (Some(_), None) => true,
@@ -327,19 +382,23 @@ impl Chunk {
                     if !in_range(k) {
                         return true;
                     }
-                    if !covered(k) && !in_overlay(k) && !f(k, parts[p].value(i)) {
+                    while d < self.deleted.len() && self.deleted[d].1.as_slice() <= k {
+                        d += 1;
+                    }
+                    let covered = d < self.deleted.len() && self.deleted[d].0.as_slice() <= k;
+                    if !covered && !f(k, parts[p].value(i)) {
                         return false;
                     }
                     i += 1;
                 } else {
-                    let (k, v) = &self.overlay[o];
+                    let k = self.ov_key(o);
                     if !in_range(k) {
                         return true;
                     }
-                    if kb == Some(k.as_slice()) {
+                    if kb == Some(k) {
                         i += 1;
                     }
-                    if let Some(v) = v {
+                    if let Some(v) = self.ov_value(o) {
                         if !f(k, v) {
                             return false;
                         }
@@ -354,8 +413,12 @@ impl Chunk {
                 None => (parts.len(), 0),
             };
             let mut o = match end {
-                Some(e) => self.overlay.partition_point(|(k, _)| k.as_slice() < e),
+                Some(e) => ov_lower(e),
                 None => self.overlay.len(),
+            };
+            let mut d = match end {
+                Some(e) => self.deleted.partition_point(|(l, _)| l.as_slice() < e),
+                None => self.deleted.len(),
             };
             loop {
                 while i == 0 && p > 0 {
@@ -363,7 +426,7 @@ impl Chunk {
                     i = parts[p].len();
                 }
                 let kb = (i > 0).then(|| parts[p].key(i - 1));
-                let ko = (o > 0).then(|| self.overlay[o - 1].0.as_slice());
+                let ko = (o > 0).then(|| self.ov_key(o - 1));
                 let take_base = match (kb, ko) {
                     (None, None) => return true,
                     (Some(_), None) => true,
@@ -375,19 +438,23 @@ impl Chunk {
                     if !in_range(k) {
                         return true;
                     }
-                    if !covered(k) && !in_overlay(k) && !f(k, parts[p].value(i - 1)) {
+                    while d > 0 && self.deleted[d - 1].0.as_slice() > k {
+                        d -= 1;
+                    }
+                    let covered = d > 0 && k < self.deleted[d - 1].1.as_slice();
+                    if !covered && !f(k, parts[p].value(i - 1)) {
                         return false;
                     }
                     i -= 1;
                 } else {
-                    let (k, v) = &self.overlay[o - 1];
+                    let k = self.ov_key(o - 1);
                     if !in_range(k) {
                         return true;
                     }
-                    if kb == Some(k.as_slice()) {
+                    if kb == Some(k) {
                         i -= 1;
                     }
-                    if let Some(v) = v {
+                    if let Some(v) = self.ov_value(o - 1) {
                         if !f(k, v) {
                             return false;
                         }

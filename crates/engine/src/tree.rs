@@ -137,27 +137,39 @@ impl Tree {
     }
 
     fn load(&self, id: NodeId) -> Result<Arc<CachedNode>> {
+        self.load_with(id, false)
+    }
+
+    /// Loads node `id`; `whole`: read the entire image in one request (a leaf then has every
+    /// partition in memory), as scans and flushes want. Otherwise a leaf is loaded as its skeleton.
+    pub fn load_with(&self, id: NodeId, whole: bool) -> Result<Arc<CachedNode>> {
         if let Ok(cn) = self.cache.begin_load(id) {
             return Ok(cn);
         }
-        let result = self.make_room().and_then(|_| self.read_node(id));
+        let result = self.make_room().and_then(|_| self.read_node(id, whole));
         let out = result.map(|node| self.cache.insert(id, node, false));
         self.cache.finish_load(id);
         out
     }
 
-    /// Reads node `id` from its current extent: whole for internal nodes, the skeleton for leaves.
-    pub fn read_node(&self, id: NodeId) -> Result<Node> {
+    /// Reads node `id` from its current extent: whole for internal nodes (and for leaves when
+    /// `whole`), otherwise just a leaf's skeleton (header, pivots, partition locations).
+    pub fn read_node(&self, id: NodeId, whole: bool) -> Result<Node> {
         let ext = self.store.location(id).ok_or_else(|| {
             Error::Corrupt(format!("node {id} is referenced but has no location"))
         })?;
         let what = format!("node {id}");
-        let first = self
-            .store
-            .read(ext.offset(), amaranth_device::BLOCK_SIZE, &what)?;
+        let first_len = if whole {
+            ext.len()
+        } else {
+            amaranth_device::BLOCK_SIZE
+        };
+        let first = self.store.read(ext.offset(), first_len, &what)?;
         let span = node::header_span(&first, &what, ext.offset())?;
         let is_leaf = first[6] == 0;
-        let image = if !is_leaf || span > first.len() {
+        let image = if whole || (is_leaf && span <= first.len()) {
+            first
+        } else {
             let len = if is_leaf {
                 amaranth_device::round_up(span)
             } else {
@@ -169,8 +181,6 @@ impl Tree {
                 )));
             }
             self.store.read(ext.offset(), len, &what)?
-        } else {
-            first
         };
         let h = node::parse_header(&image, &self.format, &what, ext.offset())?;
         if h.id != id {
@@ -184,7 +194,11 @@ impl Tree {
                 "{what}: image longer than its extent"
             )));
         }
-        let full = if h.is_leaf { None } else { Some(&image[..]) };
+        let full = if h.is_leaf && !whole {
+            None
+        } else {
+            Some(&image[..])
+        };
         node::build_node(&h, full, &self.format, ext.offset())
     }
 
@@ -420,10 +434,10 @@ impl Tree {
                     Some(c) => c,
                     None if at_root => {
                         drop(pg);
-                        pins.push(self.load(cid)?);
+                        pins.push(self.load_with(cid, true)?);
                         continue 'retry;
                     }
-                    None => self.load(cid)?,
+                    None => self.load_with(cid, true)?,
                 };
                 if ccn.read().leaf().is_some_and(|l| !l.fully_resident()) {
                     if at_root {
