@@ -151,6 +151,7 @@ class Amaranth(Driver):
         self.pid: int | None = None
         self.hwm_kb = 0  # highest VmHWM seen over daemons since reset_stats()
         self.daemon_cpu_s = 0.0
+        self._log_file_opt: bool | None = None
 
     def check(self) -> None:
         if not self.bin.exists():
@@ -174,10 +175,22 @@ class Amaranth(Driver):
     def mkfs(self, loop, log):
         run([str(self.bin), "mkfs", loop.dev], timeout=600, stdout=log, stderr=log)
 
+    def _supports_log_file(self) -> bool:
+        """Newer CLIs take --log-file for the daemon's log (beyond the contract): use it when offered,
+        so the daemon log lands in the results' logs/ directory."""
+        if self._log_file_opt is None:
+            try:
+                r = run([str(self.bin), "mount", "--help"], log=False, check=False, timeout=10)
+                self._log_file_opt = "--log-file" in (r.stdout + r.stderr)
+            except (CommandError, OSError):
+                self._log_file_opt = False
+        return self._log_file_opt
+
     def mount(self, loop, mnt, cgroups, log):
         self.pid_file.unlink(missing_ok=True)
+        extra = ["--log-file", str(log.with_suffix(".daemon.log"))] if self._supports_log_file() else []
         run([str(self.bin), "mount", loop.dev, str(mnt), "--cache-size", str(self.cache_size),
-             "--pid-file", str(self.pid_file)], cgroups=cgroups, timeout=300, stdout=log, stderr=log)
+             "--pid-file", str(self.pid_file)] + extra, cgroups=cgroups, timeout=300, stdout=log, stderr=log)
         if not is_mounted(mnt):
             raise RuntimeError(f"`amaranth mount` returned 0 but {mnt} is not a mount point")
         try:

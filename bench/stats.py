@@ -44,6 +44,8 @@ def fmt_num(v: float, digits: int = 3) -> str:
     a = abs(v)
     if a == 0:
         return "0"
+    if a >= 1 and float(v).is_integer():
+        return f"{int(v):,}"
     if a >= 10 ** digits:
         return f"{v:,.0f}"
     decimals = max(0, digits - 1 - int(math.floor(math.log10(a))))

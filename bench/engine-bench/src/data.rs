@@ -92,6 +92,27 @@ impl Perm {
         (l << self.half_bits) | r
     }
 
+    fn unround(&self, x: u64) -> u64 {
+        let mask = (1u64 << self.half_bits) - 1;
+        let mut l = x >> self.half_bits;
+        let mut r = x & mask;
+        for k in self.keys.iter().rev() {
+            let pl = r ^ (splitmix(l ^ k) & mask);
+            r = l;
+            l = pl;
+        }
+        (l << self.half_bits) | r
+    }
+
+    /// The position of `x` in the permutation (`inverse(get(i)) == i`).
+    pub fn inverse(&self, x: u64) -> u64 {
+        let mut i = self.unround(x);
+        while i >= self.n {
+            i = self.unround(i);
+        }
+        i
+    }
+
     pub fn get(&self, i: u64) -> u64 {
         let mut x = self.round(i);
         while x >= self.n {
@@ -113,6 +134,7 @@ mod tests {
                 let x = p.get(i) as usize;
                 assert!(!seen[x]);
                 seen[x] = true;
+                assert_eq!(p.inverse(x as u64), i);
             }
         }
     }

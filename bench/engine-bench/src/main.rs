@@ -28,6 +28,7 @@ pub struct Cfg {
     pub cache_mb: u64,
     pub slack_mb: u64,
     pub phase_secs: f64,
+    pub load_secs: f64,
     pub seed: u64,
     pub stores: Vec<String>,
     pub phases: Vec<String>,
@@ -57,7 +58,8 @@ impl Cfg {
             batch: 1000,
             cache_mb: 256,
             slack_mb: 256,
-            phase_secs: 180.0,
+            phase_secs: 120.0,
+            load_secs: 600.0,
             seed: 42,
             stores: vec!["amaranth".into(), "rocksdb".into(), "lmdb".into()],
             phases: ALL_PHASES.iter().map(|s| s.to_string()).collect(),
@@ -84,6 +86,7 @@ impl Cfg {
             format!("--batch={}", self.batch),
             format!("--cache-mb={}", self.cache_mb),
             format!("--phase-secs={}", self.phase_secs),
+            format!("--load-secs={}", self.load_secs),
             format!("--seed={}", self.seed),
         ]
     }
@@ -100,7 +103,9 @@ const USAGE: &str = "engine-bench: Amaranth's engine vs RocksDB vs LMDB, side by
   --batch N              operations per batch / write transaction, default 1000
   --cache-mb N           memory bound of every store, default 256
   --slack-mb N           cgroup limit = cache + slack (process + page cache), default 256
-  --phase-secs S         time cap of the upsert and read phases, default 180
+  --phase-secs S         time cap of the upsert and read phases, default 120
+  --load-secs S          time cap of the random-order part of insert and upsert-load, default
+                         600 (the rest is then filled in key order, untimed)
   --stores LIST          amaranth,rocksdb,lmdb (default all)
   --phases LIST          insert,upsert-load,upsert,read,scan,rangedel (default all)
   --compression LIST     Amaranth node compression to compare, default none,lz4,zstd
@@ -158,6 +163,9 @@ fn parse(args: &[String]) -> Result<(Cfg, Option<child::ChildArgs>), String> {
             "--slack-mb" => c.slack_mb = num(&val)?,
             "--phase-secs" => {
                 c.phase_secs = val.parse().map_err(|_| format!("bad --phase-secs {val}"))?
+            }
+            "--load-secs" => {
+                c.load_secs = val.parse().map_err(|_| format!("bad --load-secs {val}"))?
             }
             "--seed" => c.seed = num(&val)?,
             "--stores" => c.stores = list(&val),
