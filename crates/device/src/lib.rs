@@ -12,6 +12,8 @@
 //!
 //! The layer has no knowledge of what is stored: it moves blocks and counts them.
 
+#![deny(missing_docs)]
+
 mod aligned;
 mod fault;
 mod file;

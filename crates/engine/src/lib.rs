@@ -27,6 +27,8 @@
 //! assert_eq!(engine.get(b"a").unwrap().as_deref(), Some(&b"hello world"[..]));
 //! ```
 
+#![deny(missing_docs)]
+
 mod cache;
 mod codec;
 mod compress;

@@ -5,6 +5,8 @@
 //! operation becomes one atomic engine batch, so after a crash the file system is the result of a
 //! prefix of the operations, in order.
 
+#![deny(missing_docs)]
+
 pub mod check;
 mod error;
 mod fs;
