@@ -1044,6 +1044,42 @@ impl Engine {
         )
     }
 
+    /// Frees the space of deleted data until `target_free` bytes are free or nothing more can be
+    /// reclaimed: flushes pending messages down to the leaves a few at a time, with a checkpoint after
+    /// each round (old node images are freed only once a checkpoint no longer needs them, so working in
+    /// rounds keeps the temporary space small). Readers wait while a round runs. Returns free bytes.
+    pub fn reclaim_space(&self, target_free: u64) -> Result<u64> {
+        self.inner.check_writable()?;
+        let mut from: Vec<u8> = Vec::new();
+        loop {
+            let round = {
+                let _w = self.inner.tree.writers.read();
+                self.inner.tree.drain_from(&from, 32)
+            };
+            let (_, resume) = match round {
+                Ok(r) => r,
+                Err(Error::NoSpace(_)) => (0, None),
+                Err(e) => {
+                    self.inner.fail(&e);
+                    return Err(e);
+                }
+            };
+            match self.inner.tree.make_room() {
+                Ok(()) | Err(Error::NoSpace(_)) => {}
+                Err(e) => {
+                    self.inner.fail(&e);
+                    return Err(e);
+                }
+            }
+            self.inner.checkpoint(false)?;
+            let free = self.space().0;
+            match resume {
+                Some(r) if free < target_free => from = r,
+                _ => return Ok(free),
+            }
+        }
+    }
+
     /// A snapshot of counters and sizes.
     pub fn stats(&self) -> Stats {
         let i = &self.inner;

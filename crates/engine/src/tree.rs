@@ -474,6 +474,81 @@ impl Tree {
         ))
     }
 
+    /// Flushes buffers down to the leaves, depth first in key order, starting with the subtree
+    /// holding `from` and stopping after about `max_flushes` flushes. Returns where to resume
+    /// (`None`: the end of the tree was reached). Holds the write latches of the path it works on,
+    /// so readers wait: a maintenance operation (reclaiming the space of deleted data), not for the
+    /// fast path. The caller holds `writers` shared.
+    pub fn drain_from(&self, from: &[u8], max_flushes: usize) -> Result<(usize, Option<Vec<u8>>)> {
+        let root = self.pin(ROOT_ID)?;
+        let mut g = root.write();
+        let mut flushes = 0;
+        let resume = self.drain_node(&root, &mut g, from, None, max_flushes, &mut flushes)?;
+        Ok((flushes, resume))
+    }
+
+    fn drain_node(
+        &self,
+        cn: &Arc<CachedNode>,
+        g: &mut WriteGuard,
+        from: &[u8],
+        node_hi: Option<&[u8]>,
+        max_flushes: usize,
+        flushes: &mut usize,
+    ) -> Result<Option<Vec<u8>>> {
+        let mut i = match &g.body {
+            Body::Internal(n) => child_index(&n.pivots, from),
+            Body::Leaf(_) => return Ok(None),
+        };
+        loop {
+            let (cid, pending, lo, hi) = match &g.body {
+                Body::Internal(n) if i < n.children.len() => {
+                    let (l, h) = n.child_bounds(i, &[], node_hi);
+                    (
+                        n.children[i],
+                        !n.buffers[i].is_empty(),
+                        l.to_vec(),
+                        h.map(|h| h.to_vec()),
+                    )
+                }
+                _ => return Ok(None),
+            };
+            if *flushes >= max_flushes {
+                return Ok(Some(lo));
+            }
+            let ccn = match self.cache.get(cid) {
+                Some(c) => c,
+                None => self.load_with(cid, true)?,
+            };
+            if ccn.read().leaf().is_some_and(|l| !l.fully_resident()) {
+                self.load_partitions(&ccn, None)?;
+            }
+            let mut cg = ccn.write();
+            if pending {
+                let alive = self.flush_into_child(cn, g, i, &ccn, &mut cg)?;
+                *flushes += 1;
+                if !alive {
+                    // Merged into its left sibling: look at that one again.
+                    i = i.saturating_sub(1);
+                    continue;
+                }
+            }
+            if matches!(cg.body, Body::Internal(_)) {
+                let start = if from > lo.as_slice() {
+                    from
+                } else {
+                    lo.as_slice()
+                };
+                if let Some(resume) =
+                    self.drain_node(&ccn, &mut cg, start, hi.as_deref(), max_flushes, flushes)?
+                {
+                    return Ok(Some(resume));
+                }
+            }
+            i += 1;
+        }
+    }
+
     fn satisfy(&self, need: Need) -> Result<Arc<CachedNode>> {
         match need {
             Need::Node(id) => self.load(id),

@@ -200,7 +200,10 @@ pub struct Fs {
     files: Mutex<HashMap<u64, FileHandle>>,
     dirs: Mutex<HashMap<u64, DirHandle>>,
     next_fh: AtomicU64,
-    last_reclaim: Mutex<Option<Instant>>,
+    /// When space was last reclaimed, the deletion count then, and the bytes it freed.
+    last_reclaim: Mutex<(Option<Instant>, u64, u64)>,
+    /// Operations that freed space (unlink, rmdir, truncate, punch) so far.
+    deletions: AtomicU64,
     /// Largest write put in one batch (well inside one log record).
     max_piece: usize,
     /// Counters.
@@ -280,7 +283,8 @@ impl Fs {
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            last_reclaim: Mutex::new(None),
+            last_reclaim: Mutex::new((None, 0, 0)),
+            deletions: AtomicU64::new(0),
             max_piece: (log_capacity / 16).clamp(64 << 10, 1 << 20),
             counters: FsCounters::default(),
         };
@@ -335,6 +339,12 @@ impl Fs {
     fn commit(&self, b: &Batch) -> Result<()> {
         self.engine.write(b)?;
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        if b.ops
+            .iter()
+            .any(|o| matches!(o, Op::RangeDelete { .. } | Op::Delete { .. }))
+        {
+            self.deletions.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -345,14 +355,23 @@ impl Fs {
         if free >= reserve + extra {
             return Ok(());
         }
-        // Deletes free space only once they reach the leaves and a checkpoint completes.
+        // Deletes free space only once they reach the leaves and a checkpoint completes: try that
+        // when something was deleted since the last attempt, when the last attempt freed something,
+        // or after a while.
         let mut last = self.last_reclaim.lock();
-        if last.is_none_or(|t| t.elapsed() > Duration::from_secs(2)) {
-            *last = Some(Instant::now());
+        let deleted = self.deletions.load(Ordering::Relaxed);
+        let (when, seen, gained) = *last;
+        if deleted != seen
+            || gained > 0
+            || when.is_none_or(|t| t.elapsed() > Duration::from_secs(2))
+        {
+            let after = self
+                .engine
+                .reclaim_space(2 * reserve + extra)
+                .unwrap_or(free);
+            *last = (Some(Instant::now()), deleted, after.saturating_sub(free));
             drop(last);
-            let _ = self.engine.flush_buffers(0, 10_000);
-            let _ = self.engine.checkpoint();
-            if self.engine.space().0 >= reserve + extra {
+            if after >= reserve + extra {
                 return Ok(());
             }
         }
