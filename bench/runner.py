@@ -249,6 +249,11 @@ def run_group(env: Env, group: Group, fs_name: str, rep: int, view: str) -> None
                 mounted.close()
             except Exception as e:  # noqa: BLE001
                 error = error or f"unmount failed: {e}"
+        if memcg is not None and error:
+            st = memcg.stats()
+            if st.get("oom_kill"):
+                error += (f" [the memory cgroup ({fmt_size(p.mem_limit)} limit) OOM-killed {st['oom_kill']} "
+                          f"process(es) during this run; peak usage {fmt_size(st.get('max_usage_in_bytes', 0))}]")
         if memcg is not None:
             for name in group.names:
                 if ctx is None or name not in ctx.recorded:

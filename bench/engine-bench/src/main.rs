@@ -42,7 +42,7 @@ pub struct Cfg {
     pub note: String,
 }
 
-fn repo_root() -> PathBuf {
+pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 

@@ -132,6 +132,16 @@ pub fn render(
     let _ = writeln!(w, "| CPU | {} × {} |", m0.cores, m0.cpu);
     let _ = writeln!(w, "| memory | {:.1} GiB |", m0.mem_gib);
     let _ = writeln!(w, "| kernel | {} |", m0.kernel);
+    let root = crate::repo_root();
+    let _ = writeln!(
+        w,
+        "| engine source | commit {} ({}) |",
+        sh(&format!("git -C {} rev-parse --short HEAD", root.display())),
+        match sh(&format!("git -C {} status --porcelain -- crates/engine crates/device | wc -l", root.display())).as_str() {
+            "0" => "crates/engine and crates/device as committed".to_string(),
+            n => format!("{n} files of crates/engine, crates/device modified in the work tree"),
+        }
+    );
     let _ = writeln!(w, "| disk | {} |", m0.disk);
     let _ = writeln!(w, "| load average at start / end | {} / {} |", m0.load, m1.load);
     let _ = writeln!(w, "| busiest processes at start / end | {} / {} |", m0.busy, m1.busy);
