@@ -206,7 +206,12 @@ fn default_cache(image_len: u64, format: &Format) -> u64 {
 }
 
 fn plan(mut args: MountArgs) -> CliResult<Plan> {
-    let mut mount_opts = MountOptions::default();
+    let mut mount_opts = MountOptions {
+        // Other users may use a mount root made (the kernel checks permissions); for others
+        // fusermount3 would refuse allow_other unless /etc/fuse.conf has user_allow_other.
+        allow_other: util::is_root(),
+        ..MountOptions::default()
+    };
     apply_options(&mut args, &mut mount_opts)?;
     let mountpoint = check_mountpoint(&args.dir)?;
     let (image, dev, format) = open_image(&args.image, mount_opts.read_only)?;

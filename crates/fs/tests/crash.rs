@@ -54,7 +54,7 @@ fn sampled_sequences_of_three_operations() {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             ops.push(alpha[(x >> 33) as usize % alpha.len()].clone());
-            if (x >> 20) % 3 == 0 {
+            if (x >> 20).is_multiple_of(3) {
                 ops.push(FsOp::Sync);
             }
         }

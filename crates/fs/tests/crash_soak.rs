@@ -31,7 +31,7 @@ fn crash_soak() {
     while Instant::now() < deadline {
         seed += 1;
         // Alternate long random workloads with random sequences of three ACE operations.
-        let (ops, what) = if seed % 4 == 0 {
+        let (ops, what) = if seed.is_multiple_of(4) {
             (
                 random_ops(seed, 600),
                 format!("soak random workload seed {seed}"),
@@ -44,7 +44,7 @@ fn crash_soak() {
                 x ^= x >> 7;
                 x ^= x << 17;
                 ops.push(alpha[(x % alpha.len() as u64) as usize].clone());
-                if x % 3 == 0 {
+                if x.is_multiple_of(3) {
                     ops.push(FsOp::Sync);
                 }
             }

@@ -134,24 +134,24 @@ impl fuser::Filesystem for Adapter {
         // small writes must stay small), FUSE_AUTO_INVAL_DATA (would drop the page cache after our
         // own writes), FUSE_POSIX_LOCKS/FLOCK_LOCKS (the kernel handles locks locally),
         // FUSE_SETXATTR_EXT (fuser 0.18.0 cannot parse it).
-        Self::want(
-            config,
-            InitFlags::FUSE_HANDLE_KILLPRIV_V2
-                | InitFlags::FUSE_DO_READDIRPLUS
-                | InitFlags::FUSE_READDIRPLUS_AUTO
-                | InitFlags::FUSE_PARALLEL_DIROPS
-                | InitFlags::FUSE_ATOMIC_O_TRUNC
-                | InitFlags::FUSE_CACHE_SYMLINKS
-                | InitFlags::FUSE_MAX_PAGES,
-        );
+        let wanted = InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            | InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_MAX_PAGES;
+        Self::want(config, wanted);
         if let Err(max) = config.set_max_write(MAX_REQUEST) {
             let _ = config.set_max_write(max);
         }
         let _ = config.set_max_background(MAX_BACKGROUND);
+        log::debug!("amaranth: the kernel offers {:?}", config.capabilities());
         log::info!(
-            "amaranth: FUSE protocol {:?}, kernel offers {:?}",
-            config.kernel_abi(),
-            config.capabilities()
+            "amaranth: FUSE protocol {}.{}, enabled {:?}",
+            config.kernel_abi().0,
+            config.kernel_abi().1,
+            config.capabilities() & wanted
         );
         Ok(())
     }
