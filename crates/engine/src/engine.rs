@@ -175,10 +175,10 @@ fn random_u64() -> u64 {
 fn apply_ops(
     tree: &Tree,
     log: Option<&Log>,
-    ops: &[Op],
+    ops: Vec<Op>,
     replay_first_msn: Option<u64>,
 ) -> Result<Option<Lsn>> {
-    let mut record = log.map(|_| ops::encode_record(ops));
+    let mut record = log.map(|_| ops::encode_record(&ops));
     let mut lsn = None;
     let mut check_first = replay_first_msn;
     let mut before = |first: u64| -> Result<()> {
@@ -196,7 +196,7 @@ fn apply_ops(
         Ok(())
     };
     if !ops.iter().any(|o| o.reads_tree()) {
-        let msgs: Vec<Msg> = ops.iter().filter_map(|o| o.to_msg()).collect();
+        let msgs: Vec<Msg> = ops.into_iter().filter_map(Op::into_msg).collect();
         let _w = tree.writers.read();
         let (_, needs_flush) = tree.inject(msgs, &mut before)?;
         drop(_w);
@@ -216,7 +216,7 @@ fn apply_ops(
         tree.make_room()
     };
     let mut simple: Vec<Msg> = Vec::new();
-    for op in ops {
+    for op in &ops {
         let (from, to, keep) = match op {
             Op::MovePrefix { from, to } => (from, to, false),
             Op::CopyPrefix { from, to } => (from, to, true),
@@ -370,9 +370,9 @@ impl Inner {
         self.wake.notify_all();
     }
 
-    fn write_ops(&self, ops: &[Op]) -> Result<Lsn> {
+    fn write_ops(&self, ops: Vec<Op>) -> Result<Lsn> {
         self.check_writable()?;
-        for op in ops {
+        for op in &ops {
             op.validate(&self.tree.format)?;
         }
         let estimate = 16 + ops.iter().map(|o| o.user_bytes() + 16).sum::<usize>();
@@ -383,6 +383,7 @@ impl Inner {
             )));
         }
         self.admit(estimate)?;
+        let user_bytes: u64 = ops.iter().map(|o| o.user_bytes() as u64).sum();
         let r = apply_ops(&self.tree, Some(&self.log), ops, None);
         let lsn = match r {
             Ok(l) => l.expect("a logged batch has an LSN"),
@@ -392,10 +393,9 @@ impl Inner {
             }
         };
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        self.counters.user_bytes.fetch_add(
-            ops.iter().map(|o| o.user_bytes() as u64).sum(),
-            Ordering::Relaxed,
-        );
+        self.counters
+            .user_bytes
+            .fetch_add(user_bytes, Ordering::Relaxed);
         self.after_write();
         Ok(lsn)
     }
@@ -822,7 +822,7 @@ impl Engine {
                     return Ok(());
                 }
                 let (first_msn, ops) = ops::decode_record(payload, &tree.format)?;
-                apply_ops(&tree, None, &ops, Some(first_msn))?;
+                apply_ops(&tree, None, ops, Some(first_msn))?;
                 tree.make_room()
             },
         )?;
@@ -920,7 +920,7 @@ impl Engine {
 
     /// Sets `key` to `value`.
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<Lsn> {
-        self.inner.write_ops(&[Op::Put {
+        self.inner.write_ops(vec![Op::Put {
             key: key.to_vec(),
             value: value.to_vec(),
         }])
@@ -928,12 +928,12 @@ impl Engine {
 
     /// Removes `key` (a no-op if absent).
     pub fn delete(&self, key: &[u8]) -> Result<Lsn> {
-        self.inner.write_ops(&[Op::Delete { key: key.to_vec() }])
+        self.inner.write_ops(vec![Op::Delete { key: key.to_vec() }])
     }
 
     /// Patches the value of `key` without reading it.
     pub fn upsert(&self, key: &[u8], patch: Patch) -> Result<Lsn> {
-        self.inner.write_ops(&[Op::Upsert {
+        self.inner.write_ops(vec![Op::Upsert {
             key: key.to_vec(),
             patch,
         }])
@@ -941,7 +941,7 @@ impl Engine {
 
     /// Removes every key in `[lo, hi)`.
     pub fn range_delete(&self, lo: &[u8], hi: &[u8]) -> Result<Lsn> {
-        self.inner.write_ops(&[Op::RangeDelete {
+        self.inner.write_ops(vec![Op::RangeDelete {
             lo: lo.to_vec(),
             hi: hi.to_vec(),
         }])
@@ -949,7 +949,7 @@ impl Engine {
 
     /// Applies a batch atomically (one log record) and returns its LSN.
     pub fn write(&self, batch: &Batch) -> Result<Lsn> {
-        self.inner.write_ops(&batch.ops)
+        self.inner.write_ops(batch.ops.clone())
     }
 
     /// The value of `key`.

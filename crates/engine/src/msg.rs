@@ -369,14 +369,15 @@ impl Buffer {
     }
 
     /// Adds a point message (newer than everything held).
-    pub fn add_point(&mut self, key: &[u8], msn: Msn, op: PointOp) {
+    pub fn add_point(&mut self, key: impl Into<Vec<u8>>, msn: Msn, op: PointOp) {
+        let key: Vec<u8> = key.into();
         assert!(
             msn > self.max_msn,
             "buffer messages out of order: {msn} after {}",
             self.max_msn
         );
         self.max_msn = msn;
-        match self.points.get_mut(key) {
+        match self.points.get_mut(&key) {
             Some(km) => {
                 self.bytes -= km.size();
                 km.push(msn, op);
@@ -385,7 +386,7 @@ impl Buffer {
             None => {
                 let km = KeyMsgs::from_op(msn, op);
                 self.bytes += key.len() + 4 + km.size();
-                self.points.insert(key.to_vec(), km);
+                self.points.insert(key, km);
             }
         }
     }

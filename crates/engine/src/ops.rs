@@ -129,6 +129,27 @@ impl Op {
         Ok(())
     }
 
+    /// The message for a simple operation, consuming it (`None` for prefix operations and empty
+    /// ranges).
+    pub fn into_msg(self) -> Option<Msg> {
+        Some(match self {
+            Op::Put { key, value } => Msg::Point {
+                key,
+                op: PointOp::Put(value),
+            },
+            Op::Delete { key } => Msg::Point {
+                key,
+                op: PointOp::Delete,
+            },
+            Op::Upsert { key, patch } => Msg::Point {
+                key,
+                op: PointOp::Upsert(patch),
+            },
+            Op::RangeDelete { lo, hi } if lo < hi => Msg::Range { lo, hi },
+            _ => return None,
+        })
+    }
+
     /// The message for a simple operation (`None` for prefix operations and empty ranges).
     pub fn to_msg(&self) -> Option<Msg> {
         Some(match self {

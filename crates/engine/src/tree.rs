@@ -370,7 +370,7 @@ impl Tree {
                     for (i, m) in msgs.into_iter().enumerate() {
                         let msn = first + i as u64;
                         match m {
-                            Msg::Point { key, op } => tmp.add_point(&key, msn, op),
+                            Msg::Point { key, op } => tmp.add_point(key, msn, op),
                             Msg::Range { lo, hi } => tmp.add_range(msn, &lo, &hi),
                         }
                     }
@@ -882,7 +882,7 @@ fn route(n: &mut Internal, msn: Msn, m: Msg) {
     match m {
         Msg::Point { key, op } => {
             let c = child_index(&n.pivots, &key);
-            n.buffers[c].add_point(&key, msn, op);
+            n.buffers[c].add_point(key, msn, op);
         }
         Msg::Range { lo, hi } => route_range(n, msn, &lo, &hi),
     }
