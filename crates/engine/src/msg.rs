@@ -431,42 +431,46 @@ impl Buffer {
             let km = self.points.remove(&k).expect("key just seen");
             self.bytes -= k.len() + 4 + km.size();
         }
-        // Trim overlapping older ranges.
-        let mut kept = Vec::with_capacity(self.ranges.len() + 2);
-        for r in self.ranges.drain(..) {
-            if r.hi.as_slice() <= lo || r.lo.as_slice() >= hi {
-                kept.push(r);
-                continue;
+        // Trim the overlapping older ranges (a contiguous run: ranges are sorted and disjoint).
+        let first = self.ranges.partition_point(|r| r.hi.as_slice() <= lo);
+        let last = self.ranges.partition_point(|r| r.lo.as_slice() < hi);
+        let mut replacement = Vec::with_capacity(3);
+        if first < last {
+            let (head_lo, head_msn) = (self.ranges[first].lo.clone(), self.ranges[first].msn);
+            let (tail_hi, tail_msn) = (self.ranges[last - 1].hi.clone(), self.ranges[last - 1].msn);
+            for r in &self.ranges[first..last] {
+                self.bytes -= r.size();
             }
-            self.bytes -= r.size();
-            if r.lo.as_slice() < lo {
-                let left = RangeDel {
-                    msn: r.msn,
-                    lo: r.lo.clone(),
+            if head_lo.as_slice() < lo {
+                replacement.push(RangeDel {
+                    msn: head_msn,
+                    lo: head_lo,
                     hi: lo.to_vec(),
-                };
-                self.bytes += left.size();
-                kept.push(left);
+                });
             }
-            if r.hi.as_slice() > hi {
-                let right = RangeDel {
-                    msn: r.msn,
+            replacement.push(RangeDel {
+                msn,
+                lo: lo.to_vec(),
+                hi: hi.to_vec(),
+            });
+            if tail_hi.as_slice() > hi {
+                replacement.push(RangeDel {
+                    msn: tail_msn,
                     lo: hi.to_vec(),
-                    hi: r.hi,
-                };
-                self.bytes += right.size();
-                kept.push(right);
+                    hi: tail_hi,
+                });
             }
+        } else {
+            replacement.push(RangeDel {
+                msn,
+                lo: lo.to_vec(),
+                hi: hi.to_vec(),
+            });
         }
-        let new = RangeDel {
-            msn,
-            lo: lo.to_vec(),
-            hi: hi.to_vec(),
-        };
-        self.bytes += new.size();
-        kept.push(new);
-        kept.sort_by(|a, b| a.lo.cmp(&b.lo));
-        self.ranges = kept;
+        for r in &replacement {
+            self.bytes += r.size();
+        }
+        self.ranges.splice(first..last, replacement);
         self.check_ranges();
     }
 
@@ -508,8 +512,10 @@ impl Buffer {
 
     /// Range deletes intersecting `[lo, hi)`, clipped to it.
     pub fn ranges_in(&self, lo: &[u8], hi: Option<&[u8]>) -> Vec<RangeDel> {
-        self.ranges
+        let first = self.ranges.partition_point(|r| r.hi.as_slice() <= lo);
+        self.ranges[first..]
             .iter()
+            .take_while(|r| hi.is_none_or(|h| r.lo.as_slice() < h))
             .filter(|r| r.hi.as_slice() > lo && hi.is_none_or(|h| r.lo.as_slice() < h))
             .map(|r| RangeDel {
                 msn: r.msn,
