@@ -411,7 +411,10 @@ fn run_store_inner(cfg: &Cfg, run: &Run, idx: usize, res: &mut RunResult) -> Res
     drop(cg);
     drop(lfs);
     if !status.success() {
-        return Err(format!("child exited with {status} {oom}"));
+        // The phase that was running: the one after the last reported.
+        let done = res.phases.len();
+        let next = run.phases.get(done).cloned().unwrap_or_default();
+        return Err(format!("child exited with {status} {oom} during phase {next}"));
     }
     Ok(())
 }

@@ -16,10 +16,26 @@ pub struct Machine {
     pub disk: String,
     pub load: String,
     pub busy: String,
+    pub engine: String,
 }
 
 fn sh(cmd: &str) -> String {
     crate::sys::run("sh", &["-c", cmd]).unwrap_or_default().trim().to_string()
+}
+
+/// The commit of the engine this binary was built from, and whether the work tree differed
+/// (probed when the run starts; `make engine-bench` builds right before).
+fn engine_source() -> String {
+    let root = crate::repo_root();
+    let commit = sh(&format!("git -C {} rev-parse --short HEAD", root.display()));
+    let dirty = sh(&format!(
+        "git -C {} status --porcelain -- crates/engine crates/device | wc -l",
+        root.display()
+    ));
+    match dirty.as_str() {
+        "0" => format!("commit {commit} (crates/engine and crates/device as committed)"),
+        n => format!("commit {commit} + {n} modified files in crates/engine, crates/device"),
+    }
 }
 
 impl Machine {
@@ -54,6 +70,7 @@ impl Machine {
                 .take(3)
                 .collect::<Vec<_>>()
                 .join(" "),
+            engine: engine_source(),
             busy: sh("ps -eo pcpu,comm --sort=-pcpu --no-headers | head -4 | awk '{printf \"%s %s%%, \", $2, $1}'"),
         }
     }
@@ -132,16 +149,7 @@ pub fn render(
     let _ = writeln!(w, "| CPU | {} × {} |", m0.cores, m0.cpu);
     let _ = writeln!(w, "| memory | {:.1} GiB |", m0.mem_gib);
     let _ = writeln!(w, "| kernel | {} |", m0.kernel);
-    let root = crate::repo_root();
-    let _ = writeln!(
-        w,
-        "| engine source | commit {} ({}) |",
-        sh(&format!("git -C {} rev-parse --short HEAD", root.display())),
-        match sh(&format!("git -C {} status --porcelain -- crates/engine crates/device | wc -l", root.display())).as_str() {
-            "0" => "crates/engine and crates/device as committed".to_string(),
-            n => format!("{n} files of crates/engine, crates/device modified in the work tree"),
-        }
-    );
+    let _ = writeln!(w, "| engine source | {} |", m0.engine);
     let _ = writeln!(w, "| disk | {} |", m0.disk);
     let _ = writeln!(w, "| load average at start / end | {} / {} |", m0.load, m1.load);
     let _ = writeln!(w, "| busiest processes at start / end | {} / {} |", m0.busy, m1.busy);
