@@ -204,7 +204,7 @@ def main(argv=None) -> int:
         cache.mkdir(exist_ok=True)
         if "tree" in needs or "git" in needs:
             try:
-                data["tree"] = datasets.linux_tree(cache, params.tree_subset)
+                data["tree"] = datasets.linux_tree(cache, params.tree_subset, params.tree_exclude)
                 meta["tree"] = data["tree"].description
             except Exception as e:  # noqa: BLE001 - the benchmarks that need it fail with this error
                 data["tree"] = e

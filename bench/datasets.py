@@ -46,10 +46,13 @@ class Tree:
     dirs: int
     bytes: int  # sum of regular file sizes
     subset: str
+    exclude: str = ""
 
     @property
     def description(self) -> str:
         what = f"subdirectories {self.subset} of" if self.subset else "the whole"
+        if self.exclude:
+            what += f" (without {', '.join(e + '/' for e in self.exclude.split(','))})"
         return (f"{what} Debian linux-source-6.1 ({LINUX_TXZ}): {self.files:,} files, {self.dirs:,} directories, "
                 f"{fmt_size(self.bytes)}")
 
@@ -66,31 +69,47 @@ def _scan(root: Path) -> tuple[int, int, int]:
     return files, dirs, size
 
 
-def linux_tree(cache: Path, subset: str) -> Tree:
-    key = "full" if not subset else "sub-" + hashlib.sha256(subset.encode()).hexdigest()[:8]
+def _parts(spec: str) -> list[str]:
+    return [s.strip().strip("/") for s in spec.split(",") if s.strip().strip("/")]
+
+
+def linux_tree(cache: Path, subset: str, exclude: str = "") -> Tree:
+    """The tree, extracted once: whole, only `subset` (comma-separated subdirectories), and/or without
+    `exclude` (comma-separated subdirectories). The whole tree's uncompressed tar is kept too."""
+    subset, exclude = ",".join(_parts(subset)), ",".join(_parts(exclude))
+    variant = subset or exclude
+    key = "full" if not variant else "var-" + hashlib.sha256(f"{subset}|{exclude}".encode()).hexdigest()[:8]
     base = cache / f"linux-{key}"
     meta = base / "meta.json"
     if meta.exists():
         m = json.loads(meta.read_text())
-        return Tree(base / "tree" / TOP, base / "linux.tar", m["files"], m["dirs"], m["bytes"], subset)
+        return Tree(base / "tree" / TOP, base / "linux.tar", m["files"], m["dirs"], m["bytes"], subset, exclude)
     if not LINUX_TXZ.exists():
         raise FileNotFoundError(f"{LINUX_TXZ} missing: install the Debian package linux-source-6.1 "
                                 "(scripts/install-deps.sh --bench)")
     if base.exists():
         shutil.rmtree(base)
     (base / "tree").mkdir(parents=True)
-    with PROGRESS.step(f"prepare Linux tree ({'full' if not subset else subset}) in {base}"):
-        if not subset:
+    label = "whole" if not variant else (f"only {subset}" if subset else "") + (f" without {exclude}" if exclude else "")
+    with PROGRESS.step(f"prepare Linux tree ({label.strip()}) in {base}"):
+        if not variant:
             run(f"xz -T0 -dc {LINUX_TXZ} > {base / 'linux.tar.part'}", timeout=3600)
             os.replace(base / "linux.tar.part", base / "linux.tar")
             run(["tar", "-xf", str(base / "linux.tar"), "-C", str(base / "tree")], timeout=3600)
         else:
-            members = [f"{TOP}/{s.strip().strip('/')}" for s in subset.split(",") if s.strip()]
-            run(["tar", "-xJf", str(LINUX_TXZ), "-C", str(base / "tree")] + members, timeout=3600)
+            members = [f"{TOP}/{s}" for s in _parts(subset)] or [TOP]
+            excl = [f"--exclude={TOP}/{e}" for e in _parts(exclude)]
+            full_tar = cache / "linux-full" / "linux.tar"
+            if (cache / "linux-full" / "meta.json").exists():
+                src = ["tar", "-xf", str(full_tar)]
+            else:
+                src = ["tar", "-xJf", str(LINUX_TXZ)]
+            run(src + ["-C", str(base / "tree")] + excl + members, timeout=3600)
             run(["tar", "-C", str(base / "tree"), "-cf", str(base / "linux.tar"), TOP], timeout=3600)
         files, dirs, size = _scan(base / "tree" / TOP)
-        meta.write_text(json.dumps({"files": files, "dirs": dirs, "bytes": size, "subset": subset}))
-    return Tree(base / "tree" / TOP, base / "linux.tar", files, dirs, size, subset)
+        meta.write_text(json.dumps({"files": files, "dirs": dirs, "bytes": size, "subset": subset,
+                                    "exclude": exclude}))
+    return Tree(base / "tree" / TOP, base / "linux.tar", files, dirs, size, subset, exclude)
 
 
 def tmpfs_copy(workdir: Path, tree: Tree) -> Tree:
@@ -113,7 +132,7 @@ def tmpfs_copy(workdir: Path, tree: Tree) -> Tree:
 
         cleanup.register(f"umount tmpfs {mnt}", undo)
         run(["tar", "-xf", str(tree.tar), "-C", str(mnt)], timeout=3600)
-    return Tree(mnt / TOP, tree.tar, tree.files, tree.dirs, tree.bytes, tree.subset)
+    return Tree(mnt / TOP, tree.tar, tree.files, tree.dirs, tree.bytes, tree.subset, tree.exclude)
 
 
 # ---------------------------------------------------------------------------------------------

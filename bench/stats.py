@@ -58,4 +58,6 @@ def fmt_mean_ci(values: list[float], digits: int = 3) -> str:
         return "–"
     if n < 2:
         return fmt_num(m, digits)
+    if h <= abs(m) * 1e-4:
+        return f"{fmt_num(m, digits)} ± 0"
     return f"{fmt_num(m, digits)} ± {fmt_num(h, 2)}"
