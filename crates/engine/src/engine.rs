@@ -291,7 +291,7 @@ fn scan_tree(
 ) -> Result<()> {
     let mut cursor = lo.to_vec();
     loop {
-        let chunk = tree.chunk(Target::AtOrAfter(&cursor))?;
+        let chunk = tree.chunk(Target::AtOrAfter(&cursor), &cursor, hi)?;
         if !chunk.walk(&cursor, hi, true, f) {
             return Ok(());
         }
@@ -1279,14 +1279,14 @@ impl<'a> RangeIter<'a> {
             };
             if self.forward {
                 let start = cur.expect("forward cursor");
-                let chunk = tree.chunk(Target::AtOrAfter(&start))?;
+                let chunk = tree.chunk(Target::AtOrAfter(&start), &start, self.hi.as_deref())?;
                 chunk.walk(&start, self.hi.as_deref(), true, &mut push);
                 self.cursor = match &chunk.hi {
                     Some(h) if self.hi.as_ref().is_none_or(|e| h < e) => Some(Some(h.clone())),
                     _ => None,
                 };
             } else {
-                let chunk = tree.chunk(Target::Before(cur.as_deref()))?;
+                let chunk = tree.chunk(Target::Before(cur.as_deref()), &self.lo, cur.as_deref())?;
                 chunk.walk(&self.lo, cur.as_deref(), false, &mut push);
                 self.cursor = if !chunk.lo.is_empty() && chunk.lo > self.lo {
                     Some(Some(chunk.lo.clone()))

@@ -109,6 +109,91 @@ pub struct Leaf {
     pub parts: Vec<PartSlot>,
 }
 
+/// Residency and disk location of one child's message buffer.
+#[derive(Debug, Default)]
+pub struct BufState {
+    /// The messages, when in memory.
+    pub data: Option<Arc<Buffer>>,
+    /// Where the buffer lies in the node's current image (`None`: only in memory).
+    pub loc: Option<SubLoc>,
+}
+
+/// The message buffer an internal node holds for one child. Like a leaf partition it can be read
+/// from disk on its own (a point query needs one buffer per level, not the whole node) and dropped
+/// from memory while the node's skeleton stays.
+#[derive(Debug)]
+pub struct BufSlot {
+    /// Residency and location, changed under the node's read latch (loads, partial eviction).
+    pub state: Mutex<BufState>,
+    /// Serialized size of the messages (known even when not resident).
+    bytes: usize,
+}
+
+/// Encoding overhead of a buffer sub-block beyond [`Buffer::bytes`] (max MSN and two counts).
+pub const BUFFER_HEADER: usize = 16;
+
+impl BufSlot {
+    /// A resident buffer not yet written anywhere.
+    pub fn resident(b: Buffer) -> BufSlot {
+        BufSlot {
+            bytes: b.bytes(),
+            state: Mutex::new(BufState {
+                data: Some(Arc::new(b)),
+                loc: None,
+            }),
+        }
+    }
+
+    /// An empty resident buffer.
+    pub fn empty() -> BufSlot {
+        BufSlot::resident(Buffer::new())
+    }
+
+    /// Serialized size of the messages.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Whether the buffer holds no message.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// The buffer if resident.
+    pub fn data(&self) -> Option<Arc<Buffer>> {
+        self.state.lock().data.clone()
+    }
+
+    /// Whether the buffer is in memory.
+    pub fn is_resident(&self) -> bool {
+        self.state.lock().data.is_some()
+    }
+
+    /// Changes the buffer (which must be resident; the caller holds the node's write latch).
+    pub fn mutate<R>(&mut self, f: impl FnOnce(&mut Buffer) -> R) -> R {
+        let st = self.state.get_mut();
+        let arc = st
+            .data
+            .as_mut()
+            .expect("a buffer being changed is resident");
+        let b = Arc::make_mut(arc);
+        let r = f(b);
+        self.bytes = b.bytes();
+        st.loc = None;
+        r
+    }
+
+    /// Takes every message out, leaving the buffer empty (its max MSN is kept).
+    pub fn take(&mut self) -> Buffer {
+        self.mutate(|b| b.take())
+    }
+
+    /// Memory held.
+    pub fn mem(&self) -> usize {
+        self.state.lock().data.as_ref().map_or(0, |b| b.mem()) + 96
+    }
+}
+
 /// An internal node: pivots, children and their buffers.
 #[derive(Debug)]
 pub struct Internal {
@@ -117,7 +202,7 @@ pub struct Internal {
     /// Child node ids.
     pub children: Vec<NodeId>,
     /// Pending messages for each child.
-    pub buffers: Vec<Buffer>,
+    pub buffers: Vec<BufSlot>,
 }
 
 /// A node's contents.
@@ -591,6 +676,11 @@ impl Internal {
         self.children.extend(right.children);
         self.buffers.extend(right.buffers);
     }
+
+    /// Whether every buffer is in memory.
+    pub fn fully_resident(&self) -> bool {
+        self.buffers.iter().all(|b| b.is_resident())
+    }
 }
 
 impl Node {
@@ -619,7 +709,16 @@ impl Node {
         }
     }
 
+    /// Whether every partition (leaf) or buffer (internal node) is in memory.
+    pub fn fully_resident(&self) -> bool {
+        match &self.body {
+            Body::Leaf(l) => l.fully_resident(),
+            Body::Internal(n) => n.fully_resident(),
+        }
+    }
+
     /// The leaf, if this is one.
+    #[cfg(test)]
     pub fn leaf(&self) -> Option<&Leaf> {
         match &self.body {
             Body::Leaf(l) => Some(l),
@@ -686,7 +785,9 @@ impl Node {
                 for w in n.pivots.windows(2) {
                     assert!(w[0] < w[1], "node {id}: pivots out of order");
                 }
-                for (i, b) in n.buffers.iter().enumerate() {
+                for (i, slot) in n.buffers.iter().enumerate() {
+                    let Some(b) = slot.data() else { continue };
+                    assert_eq!(b.bytes(), slot.bytes(), "node {id}: buffer {i} size");
                     let (lo, hi) = n.child_bounds(i, &[], None);
                     for (k, _) in b.points_in(&[], None) {
                         assert!(
@@ -712,7 +813,7 @@ pub struct NodeImage {
     pub sublocs: Vec<SubLoc>,
 }
 
-/// Serializes a node. A leaf must be fully resident.
+/// Serializes a node, which must be fully resident.
 pub fn serialize(id: NodeId, node: &Node, codec: Compression) -> NodeImage {
     let mut index = Enc::with_capacity(256);
     let mut subs: Vec<(u8, Vec<u8>, usize, u32)> = Vec::new(); // (codec, stored, raw_len, count)
@@ -725,8 +826,11 @@ pub fn serialize(id: NodeId, node: &Node, codec: Compression) -> NodeImage {
             (KIND_LEAF, &l.pivots, l.parts.len())
         }
         Body::Internal(int) => {
-            for b in &int.buffers {
-                let mut e = Enc::with_capacity(b.bytes() + 16);
+            for slot in &int.buffers {
+                let b = slot
+                    .data()
+                    .expect("an internal node being written is fully resident");
+                let mut e = Enc::with_capacity(b.bytes() + BUFFER_HEADER);
                 b.encode(&mut e);
                 let (used, stored) = compress::compress(codec, &e.buf);
                 let (np, nr) = b.counts();
@@ -1017,61 +1121,102 @@ pub fn build_node(
             max_msn: h.max_msn,
             body: Body::Leaf(leaf),
         };
-        check_pivot_ranges(&node, h.id)?;
         Ok(node)
     } else {
-        let img = image.expect("internal nodes are read whole");
         let mut buffers = Vec::with_capacity(h.sublocs.len());
         for (i, loc) in h.sublocs.iter().enumerate() {
-            let o = loc.offset as usize;
-            let what = format!("node {} buffer {}", h.id, i);
-            let raw = decode_sub(&img[o..], loc, &what, dev_offset + o as u64)?;
-            let mut d = Dec::new(&raw, "message buffer");
-            let b = Buffer::decode(&mut d, format.max_key_len, format.max_value_len)?;
-            d.finish()?;
-            if b.max_msn() > h.max_msn {
+            if (loc.raw_len as usize) < BUFFER_HEADER {
                 return Err(Error::Corrupt(format!(
-                    "{what}: messages newer than the node"
+                    "node {} buffer {i}: impossible length",
+                    h.id
                 )));
             }
-            buffers.push(b);
+            let data = match image {
+                Some(img) => {
+                    let o = loc.offset as usize;
+                    let what = format!("node {} buffer {}", h.id, i);
+                    let (lo, hi) = child_bounds_of(&h.pivots, i);
+                    let b = decode_buffer(
+                        &img[o..],
+                        loc,
+                        format,
+                        &what,
+                        dev_offset + o as u64,
+                        h.max_msn,
+                        lo,
+                        hi,
+                    )?;
+                    Some(Arc::new(b))
+                }
+                None => None,
+            };
+            buffers.push(BufSlot {
+                bytes: loc.raw_len as usize - BUFFER_HEADER,
+                state: Mutex::new(BufState {
+                    data,
+                    loc: Some(*loc),
+                }),
+            });
         }
         let int = Internal {
             pivots: h.pivots.clone(),
             children: h.children.clone(),
             buffers,
         };
-        let node = Node {
+        Ok(Node {
             height: h.height,
             max_msn: h.max_msn,
             body: Body::Internal(int),
-        };
-        check_pivot_ranges(&node, h.id)?;
-        Ok(node)
+        })
     }
 }
 
-/// Checks that every buffered message lies within its child's pivots (as a typed error: the data
-/// came from disk).
-fn check_pivot_ranges(node: &Node, id: NodeId) -> Result<()> {
-    if let Body::Internal(n) = &node.body {
-        for (i, b) in n.buffers.iter().enumerate() {
-            let (lo, hi) = n.child_bounds(i, &[], None);
-            let bad_point = b
-                .points_in(&[], None)
-                .any(|(k, _)| k.as_slice() < lo || hi.is_some_and(|h| k.as_slice() >= h));
-            let bad_range = b
-                .ranges_in(&[], None)
-                .iter()
-                .any(|r| r.lo.as_slice() < lo || hi.is_some_and(|h| r.hi.as_slice() > h));
-            if bad_point || bad_range {
-                return Err(Error::Corrupt(format!(
-                    "node {id}: buffer {i} holds messages outside its child's range"
-                )));
-            }
-        }
+/// Low and high bounds of child `i` given a node's pivots (the node's own bounds left open).
+pub fn child_bounds_of(pivots: &[Vec<u8>], i: usize) -> (&[u8], Option<&[u8]>) {
+    let lo: &[u8] = if i == 0 { &[] } else { &pivots[i - 1] };
+    (lo, pivots.get(i).map(|p| p.as_slice()))
+}
+
+/// Verifies and decodes one child's message buffer: its checksum, its encoding, that no message is
+/// newer than the node and that every message lies in the child's range `[lo, hi)`.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_buffer(
+    stored: &[u8],
+    loc: &SubLoc,
+    format: &Format,
+    what: &str,
+    dev_offset: u64,
+    node_max_msn: Msn,
+    lo: &[u8],
+    hi: Option<&[u8]>,
+) -> Result<Buffer> {
+    let raw = decode_sub(stored, loc, what, dev_offset)?;
+    let mut d = Dec::new(&raw, "message buffer");
+    let b = Buffer::decode(&mut d, format.max_key_len, format.max_value_len)?;
+    d.finish()?;
+    if b.max_msn() > node_max_msn {
+        return Err(Error::Corrupt(format!(
+            "{what}: messages newer than the node"
+        )));
     }
-    Ok(())
+    if b.bytes() + BUFFER_HEADER != raw.len() {
+        return Err(Error::Corrupt(format!(
+            "{what}: size differs from its encoding"
+        )));
+    }
+    let bad_point = b
+        .points_in(&[], None)
+        .any(|(k, _)| k.as_slice() < lo || hi.is_some_and(|h| k.as_slice() >= h));
+    let bad_range = b
+        .ranges_in(&[], None)
+        .iter()
+        .any(|r| r.lo.as_slice() < lo || hi.is_some_and(|h| r.hi.as_slice() > h));
+    if bad_point || bad_range {
+        return Err(Error::Corrupt(format!(
+            "{what}: messages outside the child's range"
+        )));
+    }
+    Ok(b)
 }
 
 #[cfg(test)]
@@ -1173,7 +1318,7 @@ mod tests {
         let int = Internal {
             pivots: vec![b"m".to_vec()],
             children: vec![2, 3],
-            buffers: vec![b0, b1],
+            buffers: vec![BufSlot::resident(b0), BufSlot::resident(b1)],
         };
         let node = Node {
             height: 1,
@@ -1187,7 +1332,7 @@ mod tests {
             panic!("internal expected")
         };
         assert_eq!(n.children, vec![2, 3]);
-        assert!(n.buffers[1].range_covering(b"n").is_some());
+        assert!(n.buffers[1].data().unwrap().range_covering(b"n").is_some());
         // A flipped byte anywhere is detected.
         for pos in [3usize, 70, 4096 + 5] {
             let mut bad = img.buf.to_vec();

@@ -29,7 +29,12 @@ impl Tree {
                 let next = match &g.body {
                     Body::Internal(n) => {
                         let c = child_index(&n.pivots, key);
-                        let b = &n.buffers[c];
+                        let Some(b) = n.buffers[c].data() else {
+                            drop(g);
+                            self.load_partitions(&cn, Some(c))?;
+                            pins.push(cn);
+                            break;
+                        };
                         layers.push((b.range_covering(key).map(|r| r.msn), b.point(key).cloned()));
                         n.children[c]
                     }
@@ -85,15 +90,17 @@ impl Tree {
         ))
     }
 
-    /// The chunk of the tree around a position: one leaf's range with every pending message applied.
-    pub fn chunk(&self, target: Target<'_>) -> Result<Chunk> {
+    /// The chunk of the tree around a position: the part of one leaf's range that lies in
+    /// `[from, to)`, with every pending message applied. Only the partitions and buffers that
+    /// part needs are read.
+    pub fn chunk(&self, target: Target<'_>, from: &[u8], to: Option<&[u8]>) -> Result<Chunk> {
         let mut pins = Vec::new();
         'restart: for _ in 0..MAX_RESTARTS {
             let mut lo: Vec<u8> = Vec::new();
             let mut hi: Option<Vec<u8>> = None;
             // The path's read latches stay held until the leaf is reached and its range known, so
-            // only the messages for that range are copied out of each ancestor's buffer.
-            let mut path: Vec<(ReadGuard, usize)> = Vec::new();
+            // only the messages for the wanted range are copied out of each ancestor's buffer.
+            let mut path: Vec<(ReadGuard, Arc<Buffer>)> = Vec::new();
             let mut cn = self.pin(ROOT_ID)?;
             let mut g = cn.read();
             loop {
@@ -106,53 +113,76 @@ impl Tree {
                             }
                             Target::Before(None) => n.children.len() - 1,
                         };
+                        let Some(b) = n.buffers[c].data() else {
+                            drop(g);
+                            drop(path);
+                            self.load_partitions(&cn, Some(c))?;
+                            pins.push(cn);
+                            continue 'restart;
+                        };
                         let (cl, ch) = n.child_bounds(c, &lo, hi.as_deref());
                         let (cl, ch) = (cl.to_vec(), ch.map(|h| h.to_vec()));
                         lo = cl;
                         hi = ch;
-                        (n.children[c], c)
+                        (n.children[c], b)
                     }
                     Body::Leaf(l) => {
-                        let mut parts = Vec::with_capacity(l.parts.len());
-                        for slot in &l.parts {
+                        // The part of the leaf that is wanted, and the partitions holding it.
+                        let cf: Vec<u8> = if from > lo.as_slice() {
+                            from.to_vec()
+                        } else {
+                            lo.clone()
+                        };
+                        let ct: Option<Vec<u8>> = match (to, &hi) {
+                            (Some(t), Some(h)) => Some(if t < h.as_slice() {
+                                t.to_vec()
+                            } else {
+                                h.clone()
+                            }),
+                            (Some(t), None) => Some(t.to_vec()),
+                            (None, h) => h.clone(),
+                        };
+                        let p0 = child_index(&l.pivots, &cf);
+                        let p1 = match &ct {
+                            Some(t) => l.pivots.partition_point(|p| p.as_slice() < t.as_slice()),
+                            None => l.parts.len() - 1,
+                        }
+                        .max(p0);
+                        let mut parts = Vec::with_capacity(p1 + 1 - p0);
+                        for slot in &l.parts[p0..=p1] {
                             match slot.data() {
                                 Some(p) => parts.push(p),
                                 None => {
                                     drop(g);
                                     drop(path);
-                                    self.load_partitions(&cn, None)?;
+                                    self.load_subblocks(&cn, p0, p1 + 1)?;
                                     pins.push(cn);
                                     continue 'restart;
                                 }
                             }
                         }
-                        let buffers: Vec<&Buffer> = path
-                            .iter()
-                            .map(|(pg, c)| {
-                                let Body::Internal(n) = &pg.body else {
-                                    unreachable!("path of internal nodes")
-                                };
-                                &n.buffers[*c]
-                            })
-                            .collect();
-                        let chunk = Chunk::build(lo, hi, parts, &buffers, g.max_msn);
+                        let buffers: Vec<&Buffer> = path.iter().map(|(_, b)| &**b).collect();
+                        let chunk =
+                            Chunk::build(lo, hi, &cf, ct.as_deref(), parts, &buffers, g.max_msn);
                         drop(buffers);
                         drop(g);
                         drop(path);
                         return Ok(chunk);
                     }
                 };
-                let (next, c) = next;
+                let (next, buf) = next;
                 match self.cache.get(next) {
                     Some(ccn) => {
                         let cg = ccn.read();
-                        path.push((std::mem::replace(&mut g, cg), c));
+                        path.push((std::mem::replace(&mut g, cg), buf));
                         cn = ccn;
                     }
                     None => {
                         drop(g);
                         drop(path);
-                        pins.push(self.load_with(next, true)?);
+                        // A whole-image read for an open-ended scan; otherwise the skeleton, then
+                        // only the partitions and buffers the range needs.
+                        pins.push(self.load_with(next, to.is_none())?);
                         continue 'restart;
                     }
                 }
@@ -202,9 +232,12 @@ const GONE: u32 = u32::MAX;
 impl Chunk {
     /// Builds the chunk of a leaf (its resident partitions) under the buffers of its ancestors for
     /// it, top to bottom (the caller holds their latches).
+    #[allow(clippy::too_many_arguments)]
     fn build(
         lo: Vec<u8>,
         hi: Option<Vec<u8>>,
+        from: &[u8],
+        to: Option<&[u8]>,
         parts: Vec<Arc<Partition>>,
         buffers: &[&Buffer],
         leaf_msn: Msn,
@@ -212,15 +245,17 @@ impl Chunk {
         let ranges: Vec<Vec<RangeDel>> = buffers
             .iter()
             .map(|b| {
-                b.ranges_in(&lo, hi.as_deref())
+                b.ranges_in(from, to)
                     .into_iter()
                     .filter(|r| r.msn > leaf_msn)
                     .collect()
             })
             .collect();
+        // Per layer, a cursor into its sorted, disjoint range deletes (keys come in order).
+        let mut rcur = vec![0usize; ranges.len()];
         let mut iters: Vec<_> = buffers
             .iter()
-            .map(|b| b.points_in(&lo, hi.as_deref()).peekable())
+            .map(|b| b.points_in(from, to).peekable())
             .collect();
         let mut overlay = Vec::new();
         let mut arena = Vec::new();
@@ -258,7 +293,11 @@ impl Chunk {
             let mut value: Option<std::borrow::Cow<'_, [u8]>> =
                 base.map(std::borrow::Cow::Borrowed);
             for li in (0..iters.len()).rev() {
-                if ranges[li].iter().any(|r| r.covers(k)) {
+                let rs = &ranges[li];
+                while rcur[li] < rs.len() && rs[rcur[li]].hi.as_slice() <= k.as_slice() {
+                    rcur[li] += 1;
+                }
+                if rcur[li] < rs.len() && rs[rcur[li]].covers(k) {
                     value = None;
                 }
                 let take = iters[li].peek().is_some_and(|(hk, _)| *hk == k);

@@ -21,7 +21,7 @@ use crate::cache::{Cache, CachedNode, WriteGuard};
 use crate::config::Format;
 use crate::error::{Error, Result};
 use crate::msg::{Buffer, Msn, PointOp};
-use crate::node::{self, child_index, Body, Internal, Leaf, Node, NodeId, ROOT_ID};
+use crate::node::{self, child_index, Body, BufSlot, Internal, Leaf, Node, NodeId, ROOT_ID};
 use crate::store::Store;
 
 /// A message before it gets its sequence number.
@@ -152,8 +152,9 @@ impl Tree {
         out
     }
 
-    /// Reads node `id` from its current extent: whole for internal nodes (and for leaves when
-    /// `whole`), otherwise just a leaf's skeleton (header, pivots, partition locations).
+    /// Reads node `id` from its current extent: the whole image when `whole`, otherwise its
+    /// skeleton (header, pivots, children, sub-block locations); partitions and buffers then load
+    /// on demand.
     pub fn read_node(&self, id: NodeId, whole: bool) -> Result<Node> {
         let ext = self.store.location(id).ok_or_else(|| {
             Error::Corrupt(format!("node {id} is referenced but has no location"))
@@ -166,15 +167,10 @@ impl Tree {
         };
         let first = self.store.read(ext.offset(), first_len, &what)?;
         let span = node::header_span(&first, &what, ext.offset())?;
-        let is_leaf = first[6] == 0;
-        let image = if whole || (is_leaf && span <= first.len()) {
+        let image = if whole || span <= first.len() {
             first
         } else {
-            let len = if is_leaf {
-                amaranth_device::round_up(span)
-            } else {
-                ext.len()
-            };
+            let len = amaranth_device::round_up(span);
             if len > ext.len() {
                 return Err(Error::Corrupt(format!(
                     "{what}: header larger than its extent"
@@ -194,75 +190,105 @@ impl Tree {
                 "{what}: image longer than its extent"
             )));
         }
-        let full = if h.is_leaf && !whole {
-            None
-        } else {
-            Some(&image[..])
-        };
+        let full = if whole { Some(&image[..]) } else { None };
         node::build_node(&h, full, &self.format, ext.offset())
     }
 
-    /// Loads missing partitions of a leaf: partition `which`, or all of them with one read.
+    /// Loads missing partitions of a leaf, or missing buffers of an internal node: sub-block
+    /// `which`, or all of them (`None`). See [`Tree::load_subblocks`].
     pub fn load_partitions(&self, cn: &Arc<CachedNode>, which: Option<usize>) -> Result<()> {
+        match which {
+            Some(i) => self.load_subblocks(cn, i, i + 1),
+            None => self.load_subblocks(cn, 0, usize::MAX),
+        }
+    }
+
+    /// Loads the missing sub-blocks `[from, to)` (partitions of a leaf, buffers of an internal node)
+    /// under the node's read latch: one read of the whole image when several are missing, otherwise
+    /// one read per sub-block. Each is checked against its checksum and the node's index.
+    pub fn load_subblocks(&self, cn: &Arc<CachedNode>, from: usize, to: usize) -> Result<()> {
         self.make_room()?;
         let g = cn.read();
-        let Body::Leaf(l) = &g.body else {
-            return Ok(());
+        let (count, is_leaf) = match &g.body {
+            Body::Leaf(l) => (l.parts.len(), true),
+            Body::Internal(n) => (n.buffers.len(), false),
         };
-        let missing: Vec<usize> = match which {
-            Some(i) => (i < l.parts.len() && l.parts[i].data().is_none())
-                .then_some(i)
-                .into_iter()
-                .collect(),
-            None => (0..l.parts.len())
-                .filter(|&i| l.parts[i].data().is_none())
-                .collect(),
+        let resident = |i: usize| match &g.body {
+            Body::Leaf(l) => l.parts[i].data().is_some(),
+            Body::Internal(n) => n.buffers[i].is_resident(),
         };
+        let missing: Vec<usize> = (from..to.min(count)).filter(|&i| !resident(i)).collect();
         if missing.is_empty() {
             return Ok(());
         }
         let ext = self.store.location(cn.id).ok_or_else(|| {
             Error::Corrupt(format!(
-                "leaf {} has partitions on disk but no location",
+                "node {} has sub-blocks on disk but no location",
                 cn.id
             ))
         })?;
-        let whole = if missing.len() > 1 {
-            Some(self.store.read(ext.offset(), ext.len(), "leaf")?)
+        let whole = if missing.len() > 2 {
+            Some(self.store.read(ext.offset(), ext.len(), "node")?)
         } else {
             None
         };
         for i in missing {
-            let slot = &l.parts[i];
-            let loc = slot
-                .state
-                .lock()
-                .loc
-                .expect("a partition not in memory has a disk location");
-            let what = format!("node {} partition {i}", cn.id);
+            let loc = match &g.body {
+                Body::Leaf(l) => l.parts[i].state.lock().loc,
+                Body::Internal(n) => n.buffers[i].state.lock().loc,
+            }
+            .expect("a sub-block not in memory has a disk location");
+            let what = format!(
+                "node {} {} {i}",
+                cn.id,
+                if is_leaf { "partition" } else { "buffer" }
+            );
             let dev_off = ext.offset() + loc.offset as u64;
-            let p = match &whole {
-                Some(img) => node::decode_partition(
-                    &img[loc.offset as usize..],
-                    &loc,
-                    &self.format,
-                    &what,
-                    dev_off,
-                )?,
+            let fetched;
+            let stored: &[u8] = match &whole {
+                Some(img) => &img[loc.offset as usize..],
                 None => {
                     let (off, len) = loc.aligned_range();
-                    let b = self.store.read(ext.offset() + off, len, &what)?;
-                    node::decode_partition(&b, &loc, &self.format, &what, dev_off)?
+                    fetched = self.store.read(ext.offset() + off, len, &what)?;
+                    &fetched
                 }
             };
-            if p.len() != slot.entries || p.bytes() != slot.bytes {
-                return Err(Error::Corrupt(format!(
-                    "{what}: contents differ from the node index"
-                )));
-            }
-            let mut st = slot.state.lock();
-            if st.data.is_none() {
-                st.data = Some(Arc::new(p));
+            match &g.body {
+                Body::Leaf(l) => {
+                    let slot = &l.parts[i];
+                    let p = node::decode_partition(stored, &loc, &self.format, &what, dev_off)?;
+                    if p.len() != slot.entries || p.bytes() != slot.bytes {
+                        return Err(Error::Corrupt(format!(
+                            "{what}: contents differ from the node index"
+                        )));
+                    }
+                    let mut st = slot.state.lock();
+                    if st.data.is_none() {
+                        st.data = Some(Arc::new(p));
+                    }
+                }
+                Body::Internal(n) => {
+                    let (lo, hi) = node::child_bounds_of(&n.pivots, i);
+                    let b = node::decode_buffer(
+                        stored,
+                        &loc,
+                        &self.format,
+                        &what,
+                        dev_off,
+                        g.max_msn,
+                        lo,
+                        hi,
+                    )?;
+                    if b.bytes() != n.buffers[i].bytes() {
+                        return Err(Error::Corrupt(format!(
+                            "{what}: contents differ from the node index"
+                        )));
+                    }
+                    let mut st = n.buffers[i].state.lock();
+                    if st.data.is_none() {
+                        st.data = Some(Arc::new(b));
+                    }
+                }
             }
             self.cache
                 .counters
@@ -289,9 +315,10 @@ impl Tree {
             }
             m.pending = false;
         }
-        if let Body::Leaf(l) = &node.body {
-            assert!(l.fully_resident(), "a dirty leaf is always fully resident");
-        }
+        assert!(
+            node.fully_resident(),
+            "a dirty node is always fully resident"
+        );
         let img = node::serialize(cn.id, node, self.format.compression);
         self.cache.add_used(img.buf.len() as isize);
         q.push((cn.id, img.buf));
@@ -345,13 +372,11 @@ impl Tree {
         loop {
             let root = self.pin(ROOT_ID)?;
             let mut g = root.write();
-            if let Body::Leaf(l) = &g.body {
-                if !l.fully_resident() {
-                    drop(g);
-                    self.load_partitions(&root, None)?;
-                    pins.push(root);
-                    continue;
-                }
+            if !g.fully_resident() {
+                drop(g);
+                self.load_partitions(&root, None)?;
+                pins.push(root);
+                continue;
             }
             self.begin_modify(&root, &g)?;
             let first = self.next_msn.load(Ordering::Relaxed);
@@ -410,6 +435,12 @@ impl Tree {
         'retry: for _ in 0..256 {
             let root = self.pin(ROOT_ID)?;
             let mut pg = root.write();
+            if !pg.fully_resident() {
+                drop(pg);
+                self.load_partitions(&root, None)?;
+                pins.push(root);
+                continue 'retry;
+            }
             match self.fix_root(&root, &mut pg)? {
                 Ok(changed) => did |= changed,
                 Err(need) => {
@@ -439,7 +470,7 @@ impl Tree {
                     }
                     None => self.load_with(cid, true)?,
                 };
-                if ccn.read().leaf().is_some_and(|l| !l.fully_resident()) {
+                if !ccn.read().fully_resident() {
                     if at_root {
                         drop(pg);
                         self.load_partitions(&ccn, None)?;
@@ -449,7 +480,7 @@ impl Tree {
                     self.load_partitions(&ccn, None)?;
                 }
                 let mut cg = ccn.write();
-                if cg.leaf().is_some_and(|l| !l.fully_resident()) {
+                if !cg.fully_resident() {
                     // Evicted again between the load and the latch (tiny cache): start over.
                     drop(cg);
                     drop(pg);
@@ -481,7 +512,11 @@ impl Tree {
     /// fast path. The caller holds `writers` shared.
     pub fn drain_from(&self, from: &[u8], max_flushes: usize) -> Result<(usize, Option<Vec<u8>>)> {
         let root = self.pin(ROOT_ID)?;
+        self.load_partitions(&root, None)?;
         let mut g = root.write();
+        if !g.fully_resident() {
+            return Ok((0, Some(from.to_vec())));
+        }
         let mut flushes = 0;
         let resume = self.drain_node(&root, &mut g, from, None, max_flushes, &mut flushes)?;
         Ok((flushes, resume))
@@ -520,7 +555,7 @@ impl Tree {
                 Some(c) => c,
                 None => self.load_with(cid, true)?,
             };
-            if ccn.read().leaf().is_some_and(|l| !l.fully_resident()) {
+            if !ccn.read().fully_resident() {
                 self.load_partitions(&ccn, None)?;
             }
             let mut cg = ccn.write();
@@ -610,7 +645,7 @@ impl Tree {
                         body: Body::Leaf(leaf),
                     }));
                 }
-                let buffers = children.iter().map(|_| Buffer::new()).collect();
+                let buffers = children.iter().map(|_| BufSlot::empty()).collect();
                 rg.body = Body::Internal(Internal {
                     pivots,
                     children,
@@ -651,7 +686,7 @@ impl Tree {
                         body: Body::Internal(piece),
                     }));
                 }
-                let buffers = children.iter().map(|_| Buffer::new()).collect();
+                let buffers = children.iter().map(|_| BufSlot::empty()).collect();
                 rg.body = Body::Internal(Internal {
                     pivots,
                     children,
@@ -666,7 +701,7 @@ impl Tree {
                     return Ok(Err(Need::Node(cid)));
                 };
                 let mut cg = ccn.write();
-                if cg.leaf().is_some_and(|l| !l.fully_resident()) {
+                if !cg.fully_resident() {
                     drop(cg);
                     return Ok(Err(Need::Partitions(ccn)));
                 }
@@ -743,7 +778,7 @@ impl Tree {
             return Ok(true);
         };
         let mut sg = scn.write();
-        if sg.leaf().is_some_and(|l| !l.fully_resident()) || sg.height != cg.height {
+        if !sg.fully_resident() || sg.height != cg.height {
             return Ok(true);
         }
         // Merge only when the result fits comfortably (no merge-then-split churn).
@@ -870,7 +905,7 @@ impl Tree {
             let id = self.new_node(node);
             pn.pivots.insert(c + k, low);
             pn.children.insert(c + 1 + k, id);
-            pn.buffers.insert(c + 1 + k, Buffer::new());
+            pn.buffers.insert(c + 1 + k, BufSlot::empty());
         }
         self.end_modify(ccn, cg);
         true
@@ -882,7 +917,7 @@ fn route(n: &mut Internal, msn: Msn, m: Msg) {
     match m {
         Msg::Point { key, op } => {
             let c = child_index(&n.pivots, &key);
-            n.buffers[c].add_point(key, msn, op);
+            n.buffers[c].mutate(|b| b.add_point(key, msn, op));
         }
         Msg::Range { lo, hi } => route_range(n, msn, &lo, &hi),
     }
@@ -900,7 +935,7 @@ fn route_range(n: &mut Internal, msn: Msn, lo: &[u8], hi: &[u8]) {
             _ => hi.to_vec(),
         };
         if l < h {
-            n.buffers[c].add_range(msn, &l, &h);
+            n.buffers[c].mutate(|b| b.add_range(msn, &l, &h));
         }
     }
 }
@@ -919,7 +954,7 @@ fn deliver(buf: Buffer, node: &mut Node, format: &Format) {
             }
             for (k, km) in points {
                 let c = child_index(&n.pivots, &k);
-                n.buffers[c].add_key_msgs(k, km);
+                n.buffers[c].mutate(|b| b.add_key_msgs(k, km));
             }
         }
         Body::Leaf(l) => l.apply(&ranges, &points, format),

@@ -126,7 +126,15 @@ pub fn verify(tree: &Tree) -> Result<Report> {
                         return Err(broken(format!("node {id}: pivots out of order")));
                     }
                 }
-                for (i, b) in n.buffers.iter().enumerate() {
+                for (i, slot) in n.buffers.iter().enumerate() {
+                    let b = slot
+                        .data()
+                        .ok_or_else(|| broken(format!("node {id}: buffer {i} did not load")))?;
+                    if b.bytes() != slot.bytes() {
+                        return Err(broken(format!(
+                            "node {id}: buffer {i} size differs from its slot"
+                        )));
+                    }
                     let (cl, ch) = n.child_bounds(i, &lo, hi.as_deref());
                     let mut oldest = u64::MAX;
                     for (k, km) in b.points_in(&[], None) {

@@ -17,7 +17,16 @@ impl Tree {
             return Ok(());
         }
         let target = self.cache.budget() / 10 * 9;
-        for cn in self.cache.victims() {
+        let victims = self.cache.victims();
+        // First drop the partitions and buffers of cold clean nodes (their skeletons stay: a later
+        // point query reads just the sub-block it needs), then whole nodes.
+        for cn in &victims {
+            if self.cache.used() <= target {
+                return Ok(());
+            }
+            self.shed(cn);
+        }
+        for cn in victims {
             if self.cache.used() <= target {
                 break;
             }
@@ -39,10 +48,47 @@ impl Tree {
         Ok(())
     }
 
+    /// Drops the in-memory copies of a clean node's sub-blocks that are on disk. Returns whether
+    /// anything was dropped.
+    fn shed(&self, cn: &Arc<CachedNode>) -> bool {
+        let g = cn.read();
+        {
+            let m = cn.meta.lock();
+            if m.dirty || m.pending || m.deleted {
+                return false;
+            }
+        }
+        let mut dropped = false;
+        match &g.body {
+            Body::Leaf(l) => {
+                for slot in &l.parts {
+                    let mut st = slot.state.lock();
+                    if st.data.is_some() && st.loc.is_some() {
+                        st.data = None;
+                        dropped = true;
+                    }
+                }
+            }
+            Body::Internal(n) => {
+                for slot in &n.buffers {
+                    let mut st = slot.state.lock();
+                    if st.data.is_some() && st.loc.is_some() {
+                        st.data = None;
+                        dropped = true;
+                    }
+                }
+            }
+        }
+        if dropped {
+            self.cache.remeasure(cn, &g);
+        }
+        dropped
+    }
+
     /// Writes a dirty node to a new extent and, if it did not change meanwhile, marks it clean there.
     pub fn write_back(&self, cn: &Arc<CachedNode>) -> Result<()> {
         let mut g = cn.read();
-        if g.leaf().is_some_and(|l| !l.fully_resident()) {
+        if !g.fully_resident() {
             drop(g);
             self.load_partitions(cn, None)?;
             g = cn.read();
@@ -93,14 +139,26 @@ impl Tree {
             }
             m.dirty = false;
             btt.relocate(cn.id, ext);
-            if let Body::Leaf(l) = &g.body {
-                assert_eq!(
-                    l.parts.len(),
-                    sublocs.len(),
-                    "leaf layout changed under an unchanged version"
-                );
-                for (slot, loc) in l.parts.iter().zip(sublocs) {
-                    slot.state.lock().loc = Some(*loc);
+            match &g.body {
+                Body::Leaf(l) => {
+                    assert_eq!(
+                        l.parts.len(),
+                        sublocs.len(),
+                        "leaf layout changed under an unchanged version"
+                    );
+                    for (slot, loc) in l.parts.iter().zip(sublocs) {
+                        slot.state.lock().loc = Some(*loc);
+                    }
+                }
+                Body::Internal(n) => {
+                    assert_eq!(
+                        n.buffers.len(),
+                        sublocs.len(),
+                        "node layout changed under an unchanged version"
+                    );
+                    for (slot, loc) in n.buffers.iter().zip(sublocs) {
+                        slot.state.lock().loc = Some(*loc);
+                    }
                 }
             }
         } else if !for_checkpoint {
@@ -120,9 +178,7 @@ impl Tree {
             m.pending = false;
             m.version
         };
-        if let Body::Leaf(l) = &g.body {
-            assert!(l.fully_resident(), "a dirty leaf is always fully resident");
-        }
+        assert!(g.fully_resident(), "a dirty node is always fully resident");
         let img = node::serialize(cn.id, &g, self.format.compression);
         drop(g);
         let ext = self
