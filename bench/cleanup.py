@@ -8,6 +8,8 @@ blocks, from `atexit`, and after SIGINT/SIGTERM/SIGHUP (which the harness turns 
 from __future__ import annotations
 
 import atexit
+import os
+import re
 import signal
 import sys
 import threading
@@ -98,3 +100,21 @@ def install() -> None:
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, _handler)
     atexit.register(run_all)
+
+
+# leftovers carry the harness pid in their names: run-<pid>/, src-tmpfs-<pid>, amaranth-bench-<pid>-*
+# (cgroups), amaranth_bench_<pid> (tracing instances)
+_PID_IN_NAME = re.compile(r"(?:run-|src-tmpfs-|amaranth-bench-|amaranth_bench_)(\d+)")
+
+
+def owned_by_live_run(name: str) -> bool:
+    """True if `name` (a path, cgroup or tracing instance) belongs to a harness process that is still
+    running: `--cleanup` must not tear down a run in progress (e.g. `make test` beside a full run)."""
+    m = _PID_IN_NAME.search(name)
+    if not m or int(m.group(1)) == os.getpid():
+        return False
+    try:
+        with open(f"/proc/{m.group(1)}/cmdline", "rb") as f:
+            return b"bench" in f.read()
+    except OSError:
+        return False

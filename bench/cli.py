@@ -7,7 +7,7 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from . import benchmarks, cleanup, datasets
@@ -42,7 +42,7 @@ def parse_args(argv):
     ap.add_argument("--image-size", help="image file size per FS (default 16G, quick 3G)")
     ap.add_argument("--amaranth-bin", type=Path, default=REPO / "target/release/amaranth",
                     help="amaranth binary (default: %(default)s)")
-    ap.add_argument("--amaranth-cache-size", help="Amaranth --cache-size (default: the memory limit)")
+    ap.add_argument("--amaranth-cache-size", help="Amaranth --cache-size (default: half the memory limit)")
     ap.add_argument("--hdd-throttle", type=int, metavar="IOPS",
                     help="also run everything under a cgroup v1 blkio throttle of IOPS on the loop device")
     ap.add_argument("--hdd-seek-ms", type=float, help="modeled hard disk: seek time per discontiguous request (8)")
@@ -83,7 +83,7 @@ def do_cleanup(workdir: Path) -> int:
     wd = workdir.resolve()
     for line in open("/proc/self/mountinfo").read().splitlines():
         mp = line.split()[4]
-        if mp.startswith(str(wd) + "/"):
+        if mp.startswith(str(wd) + "/") and not cleanup.owned_by_live_run(mp):
             print(f"unmounting {mp}")
             fstype = line.partition(" - ")[2].split()[0]
             if fstype.startswith("fuse"):
@@ -93,18 +93,19 @@ def do_cleanup(workdir: Path) -> int:
             if is_mounted(Path(mp)):
                 run(["umount", "-l", mp], check=False)
             n += 1
-    for dev in leftover_loops(wd):
+    for dev in leftover_loops(wd, skip=cleanup.owned_by_live_run):
         print(f"detaching {dev}")
         run(["losetup", "-d", dev], check=False)
         n += 1
-    for cg in sorted(leftovers(), key=lambda p: -len(p.parts)):
+    stale = [c for c in leftovers() if not cleanup.owned_by_live_run(c.name)]
+    for cg in sorted(stale, key=lambda p: -len(p.parts)):
         print(f"removing cgroup {cg} (members: {open(cg / 'cgroup.procs').read().split()})")
         try:
             cg.rmdir()
         except OSError as e:
             print(f"  could not remove: {e}")
         n += 1
-    for inst in leftover_trace_instances():
+    for inst in (i for i in leftover_trace_instances() if not cleanup.owned_by_live_run(i.name)):
         print(f"removing tracing instance {inst}")
         try:
             (inst / "tracing_on").write_text("0")
@@ -149,7 +150,8 @@ def main(argv=None) -> int:
         if f not in ALL_FS:
             print(f"unknown file system {f!r}; known: {', '.join(ALL_FS)}", file=sys.stderr)
             return 2
-    args.amaranth_cache_size = params.cache_size()
+    params = replace(params, amaranth_cache_size=params.cache_size())  # the value used, in run.json too
+    args.amaranth_cache_size = params.amaranth_cache_size
     args.workdir = args.workdir.resolve()
     out = (args.out or REPO / "bench" / "results" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ class Params:
     # environment
     image_size: int = 16 * G  # every FS gets a sparse image file of this size on a loop device
     mem_limit: int = 2 * G  # cgroup v1 memory limit for the workload (and the Amaranth daemon)
-    amaranth_cache_size: int = 0  # 0 = same as mem_limit
+    amaranth_cache_size: int = 0  # 0 = half of mem_limit
     repeat: int = 3
     timeout: int = 3600  # per command, seconds
     hdd_seek_ms: float = 8.0
@@ -71,7 +71,10 @@ class Params:
     space_settle_min_amaranth: int = 65  # Amaranth checkpoints every 60 s: wait at least one period
 
     def cache_size(self) -> int:
-        return self.amaranth_cache_size or self.mem_limit
+        """Amaranth's --cache-size: by default half the memory limit. The daemon shares the memory group
+        with the workload and the page cache of its own FUSE files; a cache as large as the whole limit
+        gets the daemon OOM-killed once it fills (seen with 256 MiB and 2 GiB limits)."""
+        return self.amaranth_cache_size or self.mem_limit // 2
 
 
 QUICK = dict(

@@ -72,8 +72,9 @@ class LoopDevice:
         cleanup.release(self._img_tok)
 
 
-def leftover_loops(workdir: Path) -> list[str]:
-    """Loop devices whose backing file is inside `workdir` (from a crashed run), for `--cleanup`."""
+def leftover_loops(workdir: Path, skip=lambda back_file: False) -> list[str]:
+    """Loop devices whose backing file is inside `workdir` (from a crashed run), for `--cleanup`;
+    not those whose backing file `skip` accepts."""
     out = []
     try:
         res = run(["losetup", "-a", "-O", "NAME,BACK-FILE", "-n", "-l"], log=False, check=False)
@@ -82,7 +83,7 @@ def leftover_loops(workdir: Path) -> list[str]:
     wd = str(workdir.resolve())
     for line in res.stdout.splitlines():
         parts = line.split(None, 1)
-        if len(parts) == 2 and parts[1].strip().startswith(wd):
+        if len(parts) == 2 and parts[1].strip().startswith(wd) and not skip(parts[1].strip()):
             out.append(parts[0])
     return out
 

@@ -433,9 +433,10 @@ def write_report(out: Path, meta: dict) -> Path:
     L.append(
         f"- **Small machine:** the workload processes (and the Amaranth daemon, started by `amaranth mount` "
         f"inside the group) run in a cgroup v1 memory group limited to **{fmt_size(p['mem_limit'])}**; page cache "
-        f"is charged to it. Amaranth gets `--cache-size {p['amaranth_cache_size'] or p['mem_limit']}` "
-        f"({fmt_size(p['amaranth_cache_size'] or p['mem_limit'])}). Setup steps (copying inputs in) run outside "
-        f"the group.")
+        f"is charged to it. Amaranth gets `--cache-size {p['amaranth_cache_size'] or p['mem_limit'] // 2}` "
+        f"({fmt_size(p['amaranth_cache_size'] or p['mem_limit'] // 2)}, its engine cache; the group's limit also "
+        f"holds the daemon's other memory and its files' page cache). Setup steps (copying inputs in) run "
+        f"outside the group.")
     L.append(
         "- **Cold cache** before every timed read phase (and where marked cold): `sync`, unmount, "
         "`echo 3 > /proc/sys/vm/drop_caches`, mount again (for Amaranth: `amaranth umount` + `amaranth mount`, "
@@ -444,7 +445,9 @@ def write_report(out: Path, meta: dict) -> Path:
         "host disk.")
     L.append(
         "- **Write phases** are followed by `syncfs` (`sync -f`), timed separately (`seconds_incl_sync`); "
-        "device counters and block traces of a write phase include that flush.")
+        "device counters and block traces of a write phase include that flush. The kernel does not pass "
+        "syncfs on to a FUSE daemon, so on Amaranth the mount's root directory is also fsync()ed (`sync DIR`), "
+        "which makes the daemon sync its log.")
     L.append(
         f"- **Hard-disk view:** every timed phase is traced with the `block:block_rq_issue` tracepoint (private "
         f"tracefs instance, filtered on the loop device). Per phase: requests, bytes, the *dynamic layout score* "

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 static inline double now_s(void) {
     struct timespec ts;
@@ -51,6 +52,14 @@ static inline void *xmalloc(size_t n) {
     void *p = NULL;
     if (posix_memalign(&p, 4096, n ? n : 1)) die("posix_memalign(%zu)", n);
     return p;
+}
+
+/* Make the whole file system durable: syncfs(2), then fsync(2) of the directory. The kernel does not
+ * pass syncfs on to a FUSE daemon (only virtiofs gets it), so for Amaranth the directory fsync
+ * (FUSE_FSYNCDIR, a sync of the daemon's log) is what flushes; on a kernel FS it finds nothing left. */
+static inline void sync_fs_of(int dfd, const char *what) {
+    if (syncfs(dfd)) die("syncfs %s", what);
+    if (fsync(dfd)) die("fsync %s", what);
 }
 
 static inline unsigned long long parse_u64(const char *s) {
