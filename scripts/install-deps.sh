@@ -10,7 +10,8 @@ want_engine_bench=0
 [[ "${1:-}" == "--bench" ]] && want_bench=1
 [[ "${1:-}" == "--engine-bench" ]] && want_engine_bench=1
 
-apt_pkgs=(fuse3 pkg-config build-essential sqlite3 rsync git)
+# linux-source-6.1: the Linux tar the mount tests (programs, crash_mount) unpack and compare.
+apt_pkgs=(fuse3 pkg-config build-essential sqlite3 rsync git xz-utils linux-source-6.1)
 if (( want_bench )); then
   apt_pkgs+=(fio xfsprogs btrfs-progs e2fsprogs dovecot-imapd postmark linux-source-6.1 time)
 fi

@@ -47,64 +47,6 @@ fn remount(s: &Scratch, m: Mount) -> Mount {
     s.mount(&img, "mnt", &MountOpts::default())
 }
 
-fn xattr_set(p: &Path, name: &str, value: &[u8], flags: i32) -> i32 {
-    let (c, n) = (cstr(p), CString::new(name).unwrap());
-    // SAFETY: valid pointers and lengths.
-    rc(unsafe {
-        libc::setxattr(
-            c.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            flags,
-        )
-    })
-}
-
-fn xattr_get(p: &Path, name: &str) -> Result<Vec<u8>, i32> {
-    let (c, n) = (cstr(p), CString::new(name).unwrap());
-    // SAFETY: a size probe with a null buffer, then a read into a buffer of that size.
-    unsafe {
-        let len = libc::getxattr(c.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0);
-        if len < 0 {
-            return Err(errno());
-        }
-        let mut buf = vec![0u8; len as usize];
-        let got = libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
-        if got < 0 {
-            return Err(errno());
-        }
-        buf.truncate(got as usize);
-        Ok(buf)
-    }
-}
-
-fn xattr_list(p: &Path) -> Vec<String> {
-    let c = cstr(p);
-    // SAFETY: a size probe, then a read into a buffer of that size.
-    unsafe {
-        let len = libc::listxattr(c.as_ptr(), std::ptr::null_mut(), 0);
-        assert!(len >= 0, "listxattr: errno {}", errno());
-        let mut buf = vec![0u8; len as usize];
-        let got = libc::listxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
-        assert!(got >= 0);
-        buf.truncate(got as usize);
-        let mut v: Vec<String> = buf
-            .split(|&b| b == 0)
-            .filter(|s| !s.is_empty())
-            .map(|s| String::from_utf8_lossy(s).into_owned())
-            .collect();
-        v.sort();
-        v
-    }
-}
-
-fn xattr_remove(p: &Path, name: &str) -> i32 {
-    let (c, n) = (cstr(p), CString::new(name).unwrap());
-    // SAFETY: valid pointers.
-    rc(unsafe { libc::removexattr(c.as_ptr(), n.as_ptr()) })
-}
-
 fn utimens(p: &Path, atime: (i64, i64), mtime: (i64, i64), flags: i32) -> i32 {
     let t = [
         libc::timespec {
@@ -633,11 +575,10 @@ fn chmod_chown_and_times_with_nanoseconds() {
     s.finish(m);
 }
 
-/// KNOWN BUG (fuser 0.18.0, `system_time_from_time`): a time before 1970 with nanoseconds is
-/// decoded as `epoch - (sec, nsec)` instead of `epoch - sec + nsec`, so `touch -d
-/// '1969-12-31 23:59:59.0000005'` stores 23:59:58.9999995. Run with `--ignored` once fixed.
+/// fuser 0.18.0 decodes a time before 1970 with nanoseconds as `epoch - (sec, nsec)` instead of
+/// `epoch - sec + nsec` (`touch -d '1969-12-31 23:59:59.0000005'` would store 23:59:58.9999995);
+/// the adapter inverts that decoding exactly (`time_of` in crates/fuse/src/adapter.rs).
 #[test]
-#[ignore = "known bug: fuser decodes pre-1970 times with nanoseconds wrongly"]
 fn pre_epoch_times_keep_their_nanoseconds() {
     if !mount_env_ok() {
         return;
@@ -650,6 +591,72 @@ fn pre_epoch_times_keep_their_nanoseconds() {
     let got = ((st.atime(), st.atime_nsec()), (st.mtime(), st.mtime_nsec()));
     s.finish(m);
     assert_eq!(got, ((-1, 500), (-1_000_000, 999_999_999)));
+}
+
+/// An access ACL in the kernel's xattr encoding: version 2, then (tag, perm, id) entries.
+fn acl_xattr(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
+/// `system.posix_acl_access` and the mode are one thing (as on ext4): setting an ACL sets the
+/// mode (what `cp -a` relies on: it creates files 0600 and sets the source's mode as an ACL), an
+/// ACL that only restates the mode is not stored, chmod rewrites a stored ACL, and `stat` sees
+/// the new mode at once.
+#[test]
+fn access_acls_and_the_mode_agree() {
+    if !mount_env_ok() {
+        return;
+    }
+    let (s, m) = setup("acl", "256M");
+    let f = m.p("f");
+    fs::write(&f, b"x").unwrap();
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
+    let _ = fs::metadata(&f).unwrap(); // the kernel caches the attributes
+    const ANY: u32 = u32::MAX;
+    let minimal = acl_xattr(&[(0x01, 6, ANY), (0x04, 4, ANY), (0x20, 4, ANY)]);
+    assert_eq!(xattr_set(&f, "system.posix_acl_access", &minimal, 0), 0);
+    assert_eq!(fs::metadata(&f).unwrap().mode() & 0o7777, 0o644);
+    assert_eq!(
+        xattr_list(&f),
+        Vec::<String>::new(),
+        "a minimal ACL is the mode"
+    );
+    assert_eq!(xattr_get(&f, "system.posix_acl_access"), Err(libc::ENODATA));
+    // An extended ACL: the mask is the group's bits; it is stored; chmod rewrites it.
+    let extended = acl_xattr(&[
+        (0x01, 7, ANY),
+        (0x02, 5, 1000),
+        (0x04, 4, ANY),
+        (0x10, 5, ANY),
+        (0x20, 0, ANY),
+    ]);
+    assert_eq!(xattr_set(&f, "system.posix_acl_access", &extended, 0), 0);
+    assert_eq!(fs::metadata(&f).unwrap().mode() & 0o7777, 0o750);
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o640)).unwrap();
+    let want = acl_xattr(&[
+        (0x01, 6, ANY),
+        (0x02, 5, 1000),
+        (0x04, 4, ANY),
+        (0x10, 4, ANY),
+        (0x20, 0, ANY),
+    ]);
+    let m = remount(&s, m);
+    let f = m.p("f");
+    assert_eq!(xattr_get(&f, "system.posix_acl_access"), Ok(want));
+    assert_eq!(fs::metadata(&f).unwrap().mode() & 0o7777, 0o640);
+    // cp -a of a 0644 file keeps 0644 and adds no ACL.
+    fs::write(m.p("g"), b"g").unwrap();
+    fs::set_permissions(m.p("g"), fs::Permissions::from_mode(0o644)).unwrap();
+    sh_ok(&format!("cp -a {} {}", q(&m.p("g")), q(&m.p("h"))));
+    assert_eq!(fs::metadata(m.p("h")).unwrap().mode() & 0o7777, 0o644);
+    assert_eq!(xattr_list(&m.p("h")), Vec::<String>::new());
+    s.finish(m);
 }
 
 #[test]
@@ -1002,16 +1009,11 @@ fn name_and_path_limits_and_odd_bytes() {
     s.finish(m);
 }
 
-/// Renaming a directory whose subtree is deep into a place with a longer path must either work
-/// or fail cleanly; the file system stays consistent (fsck) either way.
-///
-/// KNOWN BUG: `Fs::rename` checks only the length of the new name's key, not of the keys of the
-/// moved subtree: the move-prefix writes keys longer than the engine's limit (16 KiB), the rename
-/// succeeds, and after the unmount fsck reports "leaf partition: entry lengths .. out of bounds"
-/// and the image no longer mounts ("does not hold a usable file system: EIO"). Run with
-/// `--ignored` once fixed.
+/// Renaming a directory whose subtree is deep into a place with a longer path: some descendant's
+/// key would pass the engine's limit (16 KiB), so the rename fails with ENAMETOOLONG before
+/// anything changes (it used to write over-long keys and corrupt the image); a shorter move of
+/// the same tree works. The file system stays consistent (fsck) throughout.
 #[test]
-#[ignore = "known bug: renaming a deep tree past the key limit corrupts the image"]
 fn rename_of_a_deep_tree_to_a_longer_path() {
     if !mount_env_ok() {
         return;
@@ -1068,27 +1070,32 @@ fn rename_of_a_deep_tree_to_a_longer_path() {
     let target = m.p(&format!("{}/{}", "L".repeat(255), "M".repeat(255)));
     let r = fs::rename(m.p("top"), &target);
     eprintln!("rename of the deep tree to a longer path: {r:?}");
-    if let Err(e) = &r {
-        assert_eq!(
-            e.raw_os_error(),
-            Some(libc::ENAMETOOLONG),
-            "rename failed with an unexpected error"
-        );
-    }
-    // Whatever happened, the file system keeps working and stays consistent.
+    assert_eq!(
+        r.map_err(|e| e.raw_os_error()),
+        Err(Some(libc::ENAMETOOLONG)),
+        "the tree is as deep as keys allow: a longer path cannot fit"
+    );
+    // Nothing changed, and the file system keeps working.
+    assert!(m.p("top").is_dir());
+    assert!(!target.exists());
     fs::write(m.p("after"), b"still writable").unwrap();
     assert_eq!(fs::read(m.p("after")).unwrap(), b"still writable");
-    let moved = r.is_ok();
     let m = remount(&s, m);
-    let base = if moved { target.clone() } else { m.p("top") };
-    assert!(base.is_dir());
-    sh_ok(&format!(
-        "rm -rf {} {}",
-        q(&m.p("top")),
-        q(&m.p(&"L".repeat(255)))
-    ));
+    // A shorter name for the same tree works; the whole tree moved (as many directories).
+    let count = |m: &Mount, d: &str| {
+        sh_ok(&format!("cd {} && find {d} | wc -l", q(&m.mp)))
+            .trim()
+            .parse::<usize>()
+            .unwrap()
+    };
+    let before = count(&m, "top");
+    assert_eq!(before, depth + 1 + usize::from(leaf_ok));
+    fs::rename(m.p("top"), m.p("t")).unwrap();
+    let m = remount(&s, m);
+    assert_eq!(count(&m, "t"), before);
+    assert!(!m.p("top").exists());
+    sh_ok(&format!("cd {} && rm -rf t {}", q(&m.mp), "L".repeat(255)));
     s.finish(m);
-    let _ = leaf_ok;
 }
 
 #[test]

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use amaranth_engine::{Batch, Engine, Op, Patch};
 use parking_lot::{Mutex, RwLock};
 
+use crate::acl;
 use crate::error::{Errno, Result};
 use crate::inode::{Inode, Kind, Meta, Time};
 use crate::keys::{self, BLOCK};
@@ -498,6 +499,48 @@ impl Fs {
         Ok(())
     }
 
+    /// Longest key in `[lo, hi)` (0 when the range is empty).
+    fn longest_key_in(&self, lo: &[u8], hi: &[u8]) -> Result<usize> {
+        let mut longest = 0;
+        self.engine
+            .scan(Bound::Included(lo), Bound::Excluded(hi), |k, _| {
+                longest = longest.max(k.len());
+                true
+            })?;
+        Ok(longest)
+    }
+
+    /// Checks that moving the entry `found` to the path key `to` keeps every key it moves within
+    /// the engine's limit: its own name, its extended attributes and, for a directory, every
+    /// descendant's metadata (with room for data keys, as at creation) and extended attributes.
+    /// `ENAMETOOLONG` otherwise, before anything is changed. The scan costs what the move costs.
+    fn check_move_fits(&self, found: &Found, to: &[u8]) -> Result<()> {
+        self.check_key_len(to)?;
+        let from = &found.key;
+        if found.redirect || to.len() <= from.len() {
+            // A redirect moves alone; shorter or equal prefixes only shorten keys.
+            return Ok(());
+        }
+        let growth = to.len() - from.len();
+        let limit = self.max_key();
+        let x = keys::xattr_prefix(from);
+        let mut longest = self.longest_key_in(&x, &amaranth_engine::prefix_end(&x, limit))?;
+        if found.inode.kind == Kind::Dir {
+            let [m, _, x] = keys::subtree_prefixes(from);
+            // Data keys are 9 bytes longer than their file's metadata key.
+            let meta = self.longest_key_in(&m, &amaranth_engine::prefix_end(&m, limit))?;
+            if meta > 0 {
+                longest = longest.max(meta + 9);
+            }
+            longest =
+                longest.max(self.longest_key_in(&x, &amaranth_engine::prefix_end(&x, limit))?);
+        }
+        if longest + growth > limit {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        Ok(())
+    }
+
     // ----- lookup and attributes ------------------------------------------------------------
 
     /// Looks up `name` in `parent`, counting one kernel lookup.
@@ -580,6 +623,11 @@ impl Fs {
         }
         if let Some(mode) = set.mode {
             next.perm = (mode & 0o7777) as u16;
+            // A stored access ACL follows the mode (its owner, group or mask, other entries).
+            let acl_key = keys::xattr_key(&fk, acl::ACCESS);
+            if let Some(old) = self.engine.get(&acl_key)? {
+                b.put(acl_key, acl::chmod(&old, next.perm)?);
+            }
         }
         if set.uid.is_some() || set.gid.is_some() {
             let changes =
@@ -971,6 +1019,11 @@ impl Fs {
                 }
             }
         }
+        // Every moved key must fit (a deep subtree under a longer path may not).
+        if let Some(d) = dst.as_ref().filter(|_| exchange) {
+            self.check_move_fits(d, &src.key)?;
+        }
+        self.check_move_fits(&src, &dst_key)?;
         let now = Time::now();
         let mut b = Batch::new();
         // Parent directories (one or two), locked in inode order.
@@ -1564,7 +1617,17 @@ impl Fs {
         let mut next = inode.clone();
         next.ctime = Time::now();
         let mut b = Batch::new();
-        b.put(key, value.to_vec());
+        if name == acl::ACCESS {
+            let (perm, store) = acl::apply_access(value, next.perm)?;
+            next.perm = perm;
+            if store {
+                b.put(key, value.to_vec());
+            } else if exists {
+                b.delete(key);
+            }
+        } else {
+            b.put(key, value.to_vec());
+        }
         b.put(keys::meta_key(&fk), next.encode());
         self.commit(&b)?;
         *inode = next;

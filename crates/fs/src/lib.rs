@@ -7,6 +7,7 @@
 
 #![deny(missing_docs)]
 
+pub mod acl;
 pub mod check;
 mod error;
 mod fs;

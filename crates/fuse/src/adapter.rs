@@ -4,7 +4,7 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use amaranth_fs::{Ctx, Errno, Fs, Inode, Kind, SetAttr, SetTime, Time};
@@ -30,6 +30,8 @@ pub(crate) struct Adapter {
     pub(crate) ttl: Duration,
     /// Lifetime of a negative entry (a name that does not exist); zero disables them.
     pub(crate) negative_ttl: Duration,
+    /// Notifications to the kernel, set once the session exists.
+    pub(crate) notifier: Arc<OnceLock<fuser::Notifier>>,
 }
 
 fn errno(e: Errno) -> fuser::Errno {
@@ -56,8 +58,24 @@ fn file_type(kind: Kind) -> FileType {
     }
 }
 
-fn time_of(t: SystemTime) -> Time {
-    Time::from_system(t)
+/// A time the kernel sent (setattr), as fuser 0.18.0 (pinned in the workspace) hands it over.
+///
+/// fuser decodes the kernel's `(sec, nsec)` before 1970 as `epoch - (-sec s + nsec ns)` instead
+/// of `epoch + sec s + nsec ns`, so `(-1, 500)` arrives as 1.000000500 s before the epoch. The
+/// kernel's `nsec` is always below one billion, so that decoding is one-to-one and is inverted
+/// here exactly: whole seconds before the epoch give `-sec`, the remaining nanoseconds `nsec`.
+/// Times after the epoch are decoded correctly and pass through.
+pub(crate) fn time_of(t: SystemTime) -> Time {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(_) => Time::from_system(t),
+        Err(e) => {
+            let d = e.duration();
+            Time {
+                sec: (d.as_secs() as i64).wrapping_neg(),
+                nsec: d.subsec_nanos(),
+            }
+        }
+    }
 }
 
 /// The kernel's view of an inode.
@@ -522,7 +540,18 @@ impl fuser::Filesystem for Adapter {
             return reply.error(fuser::Errno::EINVAL);
         }
         match self.fs.setxattr(ino.0, name.as_bytes(), value, flags) {
-            Ok(()) => reply.ok(),
+            Ok(()) => {
+                if name.as_bytes() == amaranth_fs::acl::ACCESS {
+                    // An access ACL sets the mode, and the kernel (without FUSE_POSIX_ACL) keeps
+                    // its cached attributes: drop them (attributes only, not pages).
+                    if let Some(n) = self.notifier.get() {
+                        if let Err(e) = n.inval_inode(ino, -1, 0) {
+                            log::debug!("amaranth: invalidating {}: {e}", ino.0);
+                        }
+                    }
+                }
+                reply.ok()
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -686,5 +715,39 @@ fn sized_reply(reply: ReplyXattr, size: u32, r: amaranth_fs::Result<Vec<u8>>) {
         Ok(v) if v.len() > size as usize => reply.error(fuser::Errno::ERANGE),
         Ok(v) => reply.data(&v),
         Err(e) => reply.error(errno(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What fuser 0.18.0 makes of the kernel's `(sec, nsec)` (see `time_of`).
+    fn as_fuser_decodes(sec: i64, nsec: u32) -> SystemTime {
+        if sec >= 0 {
+            UNIX_EPOCH + Duration::new(sec as u64, nsec)
+        } else {
+            UNIX_EPOCH - Duration::new(sec.unsigned_abs(), nsec)
+        }
+    }
+
+    #[test]
+    fn kernel_times_round_trip_through_fusers_decoding() {
+        for (sec, nsec) in [
+            (0, 0),
+            (1, 1),
+            (1_700_000_000, 999_999_999),
+            (-1, 0),
+            (-1, 500),
+            (-1, 999_999_999),
+            (-1_000_000, 999_999_999),
+            (-2_208_988_800, 123_456_789),
+        ] {
+            assert_eq!(
+                time_of(as_fuser_decodes(sec, nsec)),
+                Time { sec, nsec },
+                "({sec}, {nsec})"
+            );
+        }
     }
 }

@@ -107,10 +107,12 @@ pub struct Unmounter {
 /// the kernel has completed the FUSE handshake, so the mount is usable.
 pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Result<MountHandle> {
     let mountpoint = mountpoint.canonicalize()?;
+    let notifier = Arc::new(std::sync::OnceLock::new());
     let adapter = Adapter {
         fs: fs.clone(),
         ttl: options.ttl,
         negative_ttl: options.negative_ttl,
+        notifier: notifier.clone(),
     };
     let threads = options.threads.max(1);
     let mut config = Config::default();
@@ -140,6 +142,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Resu
         config.mount_options = fuser_options(options);
         Session::new(adapter, &mountpoint, &config)?
     };
+    let _ = notifier.set(session.notifier());
     let thread = std::thread::Builder::new()
         .name("amaranth-fuse".into())
         .spawn(move || session.run())?;

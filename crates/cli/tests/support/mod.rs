@@ -466,6 +466,8 @@ impl Scratch {
         for e in &o.extra {
             args.push(e.as_ref());
         }
+        // The log is appended to: this session's lines start here.
+        let log_from = fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
         let out = self.run(&args);
         let pid = fs::read_to_string(&pid_file)
             .ok()
@@ -477,6 +479,7 @@ impl Scratch {
             pid,
             run_dir: self.path("run"),
             log,
+            log_from,
         };
         assert!(
             out.status.success(),
@@ -545,6 +548,8 @@ pub struct Mount {
     pid: Option<i32>,
     run_dir: PathBuf,
     pub log: PathBuf,
+    /// Where this session's lines start in the (appended) log.
+    log_from: u64,
 }
 
 impl Mount {
@@ -554,6 +559,12 @@ impl Mount {
     /// The daemon's pid.
     pub fn pid(&self) -> i32 {
         self.pid.expect("daemon pid")
+    }
+    /// What the daemon logged since this mount.
+    pub fn session_log(&self) -> String {
+        let all = fs::read(&self.log).unwrap_or_default();
+        let from = (self.log_from as usize).min(all.len());
+        String::from_utf8_lossy(&all[from..]).into_owned()
     }
     pub fn log_tail(&self, lines: usize) -> String {
         let s = fs::read_to_string(&self.log).unwrap_or_default();
@@ -585,9 +596,8 @@ impl Mount {
             wait_gone(pid, Duration::from_secs(30)),
             "daemon {pid} alive after umount"
         );
-        let log = fs::read_to_string(&self.log).unwrap_or_default();
         assert!(
-            log.contains("closed cleanly"),
+            self.session_log().contains("closed cleanly"),
             "daemon log lacks the clean close:\n{}",
             self.log_tail(30)
         );
@@ -595,6 +605,25 @@ impl Mount {
             "umount {} in {:.1} s",
             self.mp.display(),
             t.elapsed().as_secs_f64()
+        );
+    }
+    /// Waits for a daemon that was told to stop (a signal) to exit; asserts that it did within
+    /// `limit`, that the mount is gone and that the engine closed cleanly.
+    pub fn expect_clean_exit(mut self, limit: Duration) {
+        let pid = self.pid();
+        assert!(
+            wait_gone(pid, limit),
+            "daemon {pid} still running {limit:?} after it was told to stop"
+        );
+        self.pid = None;
+        assert!(
+            !is_mounted(&self.mp),
+            "still mounted after the daemon exited"
+        );
+        assert!(
+            self.session_log().contains("closed cleanly"),
+            "daemon log lacks the clean close:\n{}",
+            self.log_tail(30)
         );
     }
     /// `kill -9` of the daemon, then the dead mount is detached. Returns once the daemon is gone.
@@ -767,28 +796,53 @@ pub fn linux_tree() -> PathBuf {
     top.join("linux-source-6.1")
 }
 
-/// A tar of some subdirectories of the Linux tree (made once): `name` and the directories
-/// relative to `linux-source-6.1/`.
-pub fn linux_subset_tar(name: &str, dirs: &[&str]) -> PathBuf {
+/// A variant of the Linux tar (made once, with its extracted reference tree): the directories
+/// `include` (relative to `linux-source-6.1/`; empty = everything) minus those in `exclude`.
+/// Returns the tar and the extracted `linux-source-6.1` directory.
+pub fn linux_variant(name: &str, include: &[&str], exclude: &[&str]) -> (PathBuf, PathBuf) {
     let tree = linux_tree();
     let dir = cache_dir();
-    let out = dir.join(format!("{name}.tar"));
+    let tar = dir.join(format!("{name}.tar"));
+    let ref_top = dir.join(name);
     let _l = FileLock::new(&dir.join(".lock"));
-    if !out.exists() {
+    if !tar.exists() {
         let tmp = dir.join(format!("{name}.tar.tmp"));
-        let list: Vec<String> = dirs
+        let inc: Vec<String> = if include.is_empty() {
+            vec![q(Path::new("linux-source-6.1"))]
+        } else {
+            include
+                .iter()
+                .map(|d| q(&PathBuf::from("linux-source-6.1").join(d)))
+                .collect()
+        };
+        let exc: Vec<String> = exclude
             .iter()
-            .map(|d| q(&PathBuf::from("linux-source-6.1").join(d)))
+            .map(|d| {
+                format!(
+                    "--exclude={}",
+                    q(&PathBuf::from("linux-source-6.1").join(d))
+                )
+            })
             .collect();
         sh_ok(&format!(
-            "tar -cf {} -C {} {}",
+            "tar -cf {} -C {} {} {}",
             q(&tmp),
             q(tree.parent().unwrap()),
-            list.join(" ")
+            exc.join(" "),
+            inc.join(" ")
         ));
-        fs::rename(&tmp, &out).unwrap();
+        fs::rename(&tmp, &tar).unwrap();
     }
-    out
+    if !ref_top.join(".complete").exists() {
+        let tmp = dir.join(format!("{name}.tmp"));
+        let _ = fs::remove_dir_all(&tmp);
+        let _ = fs::remove_dir_all(&ref_top);
+        fs::create_dir_all(&tmp).unwrap();
+        sh_ok(&format!("tar -xf {} -C {}", q(&tar), q(&tmp)));
+        fs::write(tmp.join(".complete"), b"").unwrap();
+        fs::rename(&tmp, &ref_top).unwrap();
+    }
+    (tar, ref_top.join("linux-source-6.1"))
 }
 
 /// One entry of a tree walk.
@@ -868,6 +922,21 @@ pub struct Compare {
     pub mtime: bool,
     /// Directory mtimes too.
     pub dir_mtime: bool,
+    /// Link counts of non-directories.
+    pub nlink: bool,
+}
+
+impl Compare {
+    /// Everything.
+    pub fn all() -> Compare {
+        Compare {
+            mode: true,
+            owner: true,
+            mtime: true,
+            dir_mtime: true,
+            nlink: true,
+        }
+    }
 }
 
 /// Compares two trees' metadata; panics with the first differences.
@@ -896,6 +965,9 @@ pub fn compare_trees(a: &Path, b: &Path, c: Compare) -> usize {
                         "owner {}:{} vs {}:{}",
                         ea.uid, ea.gid, eb.uid, eb.gid
                     ));
+                }
+                if c.nlink && ea.nlink != eb.nlink {
+                    d.push(format!("nlink {} vs {}", ea.nlink, eb.nlink));
                 }
                 let mt = if ea.kind == 'd' { c.dir_mtime } else { c.mtime };
                 if mt && ea.mtime != eb.mtime {
@@ -938,6 +1010,68 @@ pub fn diff_r(a: &Path, b: &Path) {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// `setxattr`: 0 or the errno.
+pub fn xattr_set(p: &Path, name: &str, value: &[u8], flags: i32) -> i32 {
+    let (c, n) = (cstr(p), CString::new(name).unwrap());
+    // SAFETY: valid pointers and lengths.
+    rc(unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
+    })
+}
+
+/// `getxattr`: the value or the errno.
+pub fn xattr_get(p: &Path, name: &str) -> Result<Vec<u8>, i32> {
+    let (c, n) = (cstr(p), CString::new(name).unwrap());
+    // SAFETY: a size probe with a null buffer, then a read into a buffer of that size.
+    unsafe {
+        let len = libc::getxattr(c.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0);
+        if len < 0 {
+            return Err(errno());
+        }
+        let mut buf = vec![0u8; len as usize];
+        let got = libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
+        if got < 0 {
+            return Err(errno());
+        }
+        buf.truncate(got as usize);
+        Ok(buf)
+    }
+}
+
+/// `listxattr`: the names, sorted.
+pub fn xattr_list(p: &Path) -> Vec<String> {
+    let c = cstr(p);
+    // SAFETY: a size probe, then a read into a buffer of that size.
+    unsafe {
+        let len = libc::listxattr(c.as_ptr(), std::ptr::null_mut(), 0);
+        assert!(len >= 0, "listxattr: errno {}", errno());
+        let mut buf = vec![0u8; len as usize];
+        let got = libc::listxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
+        assert!(got >= 0);
+        buf.truncate(got as usize);
+        let mut v: Vec<String> = buf
+            .split(|&b| b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+/// `removexattr`: 0 or the errno.
+pub fn xattr_remove(p: &Path, name: &str) -> i32 {
+    let (c, n) = (cstr(p), CString::new(name).unwrap());
+    // SAFETY: valid pointers.
+    rc(unsafe { libc::removexattr(c.as_ptr(), n.as_ptr()) })
 }
 
 /// Reads a whole file, `None` when it does not exist.

@@ -1,0 +1,238 @@
+//! Renames that would push keys past the engine's key limit: a deep subtree moved under a longer
+//! path, a file whose extended attributes have long names, an exchange whose one side grows. Each
+//! rename either works (everything readable at the new place) or fails with `ENAMETOOLONG` having
+//! changed nothing; the checker stays clean and the image remounts. The boundary is exact: the
+//! longest target name that works is one byte shorter than the shortest that fails.
+
+mod common;
+
+use std::sync::Arc;
+
+use amaranth_device::MemDevice;
+use amaranth_engine::{Engine, Options};
+use amaranth_fs::{check, Ctx, Errno, Fs, Kind, RENAME_EXCHANGE, ROOT_INO};
+use common::{engine_options, format, fs_options, normalize, snapshot, Snapshot};
+
+struct Img {
+    dev: Arc<MemDevice>,
+    fs: Option<Fs>,
+}
+
+impl Img {
+    fn new() -> Img {
+        let dev = Arc::new(MemDevice::new(64 << 20));
+        let engine = Engine::create(dev.clone(), format(), engine_options()).unwrap();
+        Fs::mkfs(&engine, 0, 0).unwrap();
+        let fs = Fs::new(Arc::new(engine), fs_options()).unwrap();
+        Img { dev, fs: Some(fs) }
+    }
+    fn fs(&self) -> &Fs {
+        self.fs.as_ref().unwrap()
+    }
+    /// Closes the engine, runs the checker on the image and opens it again.
+    fn remount_checked(&mut self) {
+        let fs = self.fs.take().unwrap();
+        let engine = fs.engine().clone();
+        drop(fs);
+        Arc::try_unwrap(engine)
+            .unwrap_or_else(|_| panic!("engine still shared"))
+            .close()
+            .unwrap();
+        let ro = Options {
+            read_only: true,
+            ..engine_options()
+        };
+        let engine = Engine::open(self.dev.clone(), ro).unwrap();
+        let report = check::check(&engine, false, |_| {});
+        assert_eq!(report.exit_code(), 0, "checker: {report:?}");
+        drop(engine);
+        let engine = Engine::open(self.dev.clone(), engine_options()).unwrap();
+        self.fs = Some(Fs::new(Arc::new(engine), fs_options()).unwrap());
+    }
+    fn mkdir(&self, parent: u64, name: &[u8]) -> u64 {
+        self.fs()
+            .mkdir(parent, name, 0o755, Ctx::default())
+            .unwrap()
+            .ino
+    }
+    fn file(&self, parent: u64, name: &[u8], data: &[u8]) -> u64 {
+        let (i, fh) = self
+            .fs()
+            .create(parent, name, 0o644, libc::O_RDWR, Ctx::default())
+            .unwrap();
+        assert_eq!(
+            self.fs().write(i.ino, fh, 0, data, false).unwrap(),
+            data.len()
+        );
+        self.fs().release(i.ino, fh).unwrap();
+        i.ino
+    }
+    fn state(&self) -> Snapshot {
+        normalize(&snapshot(self.fs()))
+    }
+}
+
+fn max_key() -> usize {
+    format().max_key_len
+}
+
+/// `/top/<n1>/<n2>/...` with 100-byte names, one level less deep than creation allows (so that
+/// there is room for a file), a file with data at the bottom and an xattr on the deepest
+/// directory.
+fn deep_tree(img: &Img, top: u64) {
+    let mut path = vec![(top, Vec::new())];
+    loop {
+        let name = vec![b'a' + (path.len() % 26) as u8; 100];
+        let dir = path.last().unwrap().0;
+        match img.fs().mkdir(dir, &name, 0o755, Ctx::default()) {
+            Ok(i) => path.push((i.ino, name)),
+            Err(e) => {
+                assert_eq!(e, Errno::ENAMETOOLONG);
+                break;
+            }
+        }
+    }
+    let (_, last) = path.pop().unwrap();
+    let dir = path.last().unwrap().0;
+    img.fs().rmdir(dir, &last).unwrap();
+    assert!(path.len() >= 4, "depth {}", path.len());
+    img.file(dir, b"f", &vec![7u8; 9000]);
+    img.fs().setxattr(dir, b"user.x", b"v", 0).unwrap();
+}
+
+#[test]
+fn a_deep_subtree_moves_only_while_every_key_fits() {
+    let mut img = Img::new();
+    let top = img.mkdir(ROOT_INO, b"top");
+    deep_tree(&img, top);
+    let dest = img.mkdir(ROOT_INO, b"dest");
+    let before = img.state();
+    // Longer and longer names for the moved top: find where it stops fitting.
+    let mut fits = None;
+    for len in 1..=255usize {
+        let name = vec![b'n'; len];
+        match img.fs().rename(ROOT_INO, b"top", dest, &name, 0) {
+            Ok(()) => {
+                fits = Some(len);
+                img.fs().rename(dest, &name, ROOT_INO, b"top", 0).unwrap();
+                assert_eq!(img.state(), before, "moved there and back (len {len})");
+            }
+            Err(e) => {
+                assert_eq!(e, Errno::ENAMETOOLONG, "len {len}");
+                assert_eq!(img.state(), before, "a failed rename changed something");
+                // Monotonic: every longer name fails too.
+                for longer in [len + 1, 255] {
+                    let n = vec![b'n'; longer.min(255)];
+                    assert_eq!(
+                        img.fs().rename(ROOT_INO, b"top", dest, &n, 0),
+                        Err(Errno::ENAMETOOLONG)
+                    );
+                }
+                break;
+            }
+        }
+    }
+    let fits = fits.expect("short names fit");
+    assert!(fits < 255, "the deep tree never reached the key limit");
+    img.remount_checked();
+    assert_eq!(img.state(), before);
+    // The longest name that fits works across a remount, contents and all.
+    let dest = img.fs().lookup(ROOT_INO, b"dest").unwrap().ino;
+    let name = vec![b'n'; fits];
+    img.fs().rename(ROOT_INO, b"top", dest, &name, 0).unwrap();
+    img.remount_checked();
+    let after = img.state();
+    assert_eq!(after.len(), before.len());
+    let moved: Vec<_> = after
+        .iter()
+        .filter(|(p, _)| p.len() > 2 && p[0] == b"dest" && p[1] == name)
+        .collect();
+    assert_eq!(moved.len(), before.len() - 2, "everything below top moved");
+    let file = moved
+        .iter()
+        .find(|(p, _)| p.last().unwrap() == b"f")
+        .expect("the file moved");
+    assert_eq!(file.1.data, vec![7u8; 9000]);
+    assert_eq!(file.1.kind, Kind::File);
+}
+
+#[test]
+fn a_file_with_long_xattr_names_moves_only_while_they_fit() {
+    let mut img = Img::new();
+    // A directory chain that leaves little room, a file with a 255-byte xattr name in it.
+    let mut dir = ROOT_INO;
+    for i in 0..6u8 {
+        dir = img.mkdir(dir, &[b'd' + i; 100]);
+    }
+    img.file(dir, b"f", b"data");
+    let long = [b"user.".as_slice(), &[b'x'; 250]].concat();
+    let f = img.fs().lookup(dir, b"f").unwrap().ino;
+    img.fs().setxattr(f, &long, b"value", 0).unwrap();
+    let before = img.state();
+    let mut failed_at = None;
+    for len in 1..=255usize {
+        let name = vec![b'g'; len];
+        match img.fs().rename(dir, b"f", dir, &name, 0) {
+            Ok(()) => img.fs().rename(dir, &name, dir, b"f", 0).unwrap(),
+            Err(e) => {
+                assert_eq!(e, Errno::ENAMETOOLONG, "len {len}");
+                failed_at = Some(len);
+                break;
+            }
+        }
+    }
+    assert_eq!(img.state(), before);
+    let failed_at = failed_at.expect("the xattr key reaches the limit");
+    // The file key alone (plus room for data keys) would have allowed longer names.
+    let dkey_len = 6 * 101 + 1;
+    assert!(
+        dkey_len + 2 + failed_at + 10 <= max_key(),
+        "failed at {failed_at}: the xattr, not the name, was the limit"
+    );
+    img.remount_checked();
+    assert_eq!(img.state(), before);
+    let after = snapshot(img.fs());
+    let f = after
+        .iter()
+        .find(|(p, _)| p.last().unwrap() == b"f")
+        .expect("the file");
+    assert_eq!(f.1.xattrs[&long], b"value");
+}
+
+#[test]
+fn an_exchange_fails_whole_when_one_side_does_not_fit() {
+    let mut img = Img::new();
+    let top = img.mkdir(ROOT_INO, b"t");
+    deep_tree(&img, top);
+    // A long-named place to swap with: the deep tree would grow by far more than it can.
+    let mut dir = ROOT_INO;
+    for i in 0..3u8 {
+        dir = img.mkdir(dir, &[b'p' + i; 200]);
+    }
+    img.file(dir, b"other", b"other file");
+    let before = img.state();
+    assert_eq!(
+        img.fs()
+            .rename(ROOT_INO, b"t", dir, b"other", RENAME_EXCHANGE),
+        Err(Errno::ENAMETOOLONG)
+    );
+    assert_eq!(
+        img.fs()
+            .rename(dir, b"other", ROOT_INO, b"t", RENAME_EXCHANGE),
+        Err(Errno::ENAMETOOLONG)
+    );
+    assert_eq!(img.state(), before);
+    // A short swap partner works both ways.
+    img.file(ROOT_INO, b"s", b"short");
+    img.fs()
+        .rename(ROOT_INO, b"t", ROOT_INO, b"s", RENAME_EXCHANGE)
+        .unwrap();
+    img.fs()
+        .rename(ROOT_INO, b"s", ROOT_INO, b"t", RENAME_EXCHANGE)
+        .unwrap();
+    img.remount_checked();
+    let after = img.state();
+    assert_eq!(after.len(), before.len() + 1);
+    assert!(before.keys().all(|p| after.contains_key(p)));
+    assert_eq!(after[&vec![b"s".to_vec()]].data, b"short");
+}
