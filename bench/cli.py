@@ -42,6 +42,9 @@ def parse_args(argv):
     ap.add_argument("--image-size", help="image file size per FS (default 16G, quick 3G)")
     ap.add_argument("--amaranth-bin", type=Path, default=REPO / "target/release/amaranth",
                     help="amaranth binary (default: %(default)s)")
+    ap.add_argument("--amaranth-commit", metavar="COMMIT",
+                    help="git commit the --amaranth-bin was built from, for the report (default: the repository's "
+                         "HEAD if the binary is its target/release/amaranth, else unknown)")
     ap.add_argument("--amaranth-cache-size", help="Amaranth --cache-size (default: half the memory limit)")
     ap.add_argument("--hdd-throttle", type=int, metavar="IOPS",
                     help="also run everything under a cgroup v1 blkio throttle of IOPS on the loop device")
@@ -178,6 +181,8 @@ def main(argv=None) -> int:
         "workdir": str(args.workdir),
         "amaranth_bin": str(args.amaranth_bin),
         "machine": machine.describe(args.workdir, REPO),
+        "amaranth_build": machine.amaranth_build(Path(args.amaranth_bin), REPO, args.amaranth_commit)
+        if "amaranth" in fs_list else "",
         "status": "running",
     }
     meta_path = out / "run.json"

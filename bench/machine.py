@@ -55,3 +55,22 @@ def describe(workdir: Path, repo: Path) -> dict[str, str]:
     commit = _first(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"])
     d["Repository commit"] = commit if re.fullmatch(r"[0-9a-f]{4,40}", commit or "") else "(none yet)"
     return d
+
+
+def amaranth_build(binary: Path, repo: Path, commit: str | None) -> str:
+    """Which build of Amaranth was measured: the commit (given, or the repository's HEAD when the binary is
+    the repository's own build, marked when crates/ has uncommitted changes) and the binary's SHA-256."""
+    import hashlib
+
+    try:
+        h = hashlib.sha256(binary.read_bytes()).hexdigest()[:16]
+    except OSError:
+        h = "unreadable"
+    if not commit:
+        if binary.resolve() == (repo / "target/release/amaranth").resolve():
+            head = _first(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"])
+            dirty = _first(["git", "-C", str(repo), "status", "--porcelain", "--", "crates", "Cargo.lock"])
+            commit = f"{head} (repository HEAD{', with uncommitted changes in crates/' if dirty else ''})"
+        else:
+            commit = "unknown (pass --amaranth-commit)"
+    return f"commit {commit}, binary {binary} sha256 {h}"

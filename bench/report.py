@@ -407,6 +407,8 @@ def write_report(out: Path, meta: dict) -> Path:
     L.append("|---|---|")
     for k, v in meta.get("machine", {}).items():
         L.append(f"| {k} | {_esc(str(v))} |")
+    if meta.get("amaranth_build"):
+        L.append(f"| Amaranth measured | {_esc(meta['amaranth_build'])} |")
     L.append("")
     L.append("### Device limits (fio, measured in this run)")
     L.append("")
@@ -546,7 +548,8 @@ def write_report(out: Path, meta: dict) -> Path:
     L.append("")
     L.append(f"- Linux tree: {meta.get('tree', 'not used')}")
     L.append(f"- git repository: {meta.get('git', 'not used')}")
-    L.append(f"- Amaranth binary: `{meta.get('amaranth_bin')}`")
+    L.append(f"- Amaranth binary: `{meta.get('amaranth_bin')}`"
+             + (f" ({meta['amaranth_build']})" if meta.get("amaranth_build") else ""))
     L.append("")
     L.append("## Parameters")
     L.append("")
