@@ -270,6 +270,40 @@ impl KeyMsgs {
         }
     }
 
+    /// Moves past one encoded message set without building it (point queries on encoded buffers).
+    fn skip(d: &mut Dec<'_>, max_value: usize) -> Result<()> {
+        match d.u8()? {
+            1 => {
+                d.u64()?;
+                d.bytes(max_value)?;
+            }
+            2 => {
+                d.u64()?;
+            }
+            3 => {
+                let n = d.u32()? as usize;
+                if n == 0 || n > d.remaining() {
+                    return Err(d.corrupt(format!("bad upsert count {n}")));
+                }
+                for _ in 0..n {
+                    d.u64()?;
+                    match d.u8()? {
+                        0 => {
+                            d.u32()?;
+                            d.bytes(max_value)?;
+                        }
+                        1 => {
+                            d.u32()?;
+                        }
+                        t => return Err(d.corrupt(format!("unknown patch type {t}"))),
+                    }
+                }
+            }
+            t => return Err(d.corrupt(format!("unknown message type {t}"))),
+        }
+        Ok(())
+    }
+
     fn decode(d: &mut Dec<'_>, max_value: usize) -> Result<KeyMsgs> {
         match d.u8()? {
             1 => {
@@ -587,21 +621,144 @@ impl Buffer {
         if np > d.remaining() {
             return Err(d.corrupt(format!("bad message count {np}")));
         }
-        let mut last: Option<Vec<u8>> = None;
+        // Keys arrive sorted: collect them and build the map in one pass (no per-key search).
+        let mut points: Vec<(Vec<u8>, KeyMsgs)> = Vec::with_capacity(np);
         for _ in 0..np {
-            let k = d.bytes(max_key)?.to_vec();
-            if last.as_ref().is_some_and(|l| *l >= k) {
+            let k = d.bytes(max_key)?;
+            if points.last().is_some_and(|(l, _)| l.as_slice() >= k) {
                 return Err(d.corrupt("buffer keys out of order"));
             }
+            let k = k.to_vec();
             let km = KeyMsgs::decode(d, max_value)?;
             if km.max_msn() > b.max_msn {
                 return Err(d.corrupt("message newer than its buffer"));
             }
             b.bytes += k.len() + 4 + km.size();
-            last = Some(k.clone());
-            b.points.insert(k, km);
+            points.push((k, km));
         }
+        b.points = points.into_iter().collect();
         Ok(b)
+    }
+}
+
+/// A buffer kept in its encoding (as [`Buffer::encode`] writes it) with an index of where each
+/// range delete and each key starts: a point query binary-searches it in place instead of building
+/// the map of thousands of keys (which costs far more than reading the sub-block), and it takes
+/// about as much memory as the encoding itself.
+#[derive(Debug)]
+pub struct EncodedBuffer {
+    raw: Box<[u8]>,
+    /// Offset of each range delete (its MSN), in `lo` order.
+    ranges: Vec<u32>,
+    /// Offset of each point entry (its key's length prefix), in key order.
+    points: Vec<u32>,
+    max_key: usize,
+    max_value: usize,
+}
+
+impl EncodedBuffer {
+    /// Indexes an encoding, checking its structure and key order on the way.
+    pub fn index(raw: Vec<u8>, max_key: usize, max_value: usize) -> Result<EncodedBuffer> {
+        let mut ranges = Vec::new();
+        let mut points = Vec::new();
+        {
+            let mut d = Dec::new(&raw, "message buffer");
+            d.u64()?;
+            let nr = d.u32()? as usize;
+            if nr > d.remaining() {
+                return Err(d.corrupt(format!("bad range count {nr}")));
+            }
+            let mut prev_hi: Option<&[u8]> = None;
+            for _ in 0..nr {
+                ranges.push(d.pos() as u32);
+                d.u64()?;
+                let lo = d.bytes(max_key)?;
+                let hi = d.bytes(max_key)?;
+                if lo >= hi || prev_hi.is_some_and(|p| p > lo) {
+                    return Err(d.corrupt("bad range delete"));
+                }
+                prev_hi = Some(hi);
+            }
+            let np = d.u32()? as usize;
+            if np > d.remaining() {
+                return Err(d.corrupt(format!("bad message count {np}")));
+            }
+            points.reserve_exact(np);
+            let mut prev: Option<&[u8]> = None;
+            for _ in 0..np {
+                points.push(d.pos() as u32);
+                let k = d.bytes(max_key)?;
+                if prev.is_some_and(|p| p >= k) {
+                    return Err(d.corrupt("buffer keys out of order"));
+                }
+                prev = Some(k);
+                KeyMsgs::skip(&mut d, max_value)?;
+            }
+            d.finish()?;
+        }
+        Ok(EncodedBuffer {
+            raw: raw.into_boxed_slice(),
+            ranges,
+            points,
+            max_key,
+            max_value,
+        })
+    }
+
+    /// Memory held.
+    pub fn mem(&self) -> usize {
+        self.raw.len() + (self.ranges.len() + self.points.len()) * 4 + 64
+    }
+
+    /// The encoding.
+    pub fn raw(&self) -> &[u8] {
+        &self.raw
+    }
+
+    /// Newest MSN in the buffer.
+    pub fn max_msn(&self) -> Msn {
+        u64::from_le_bytes(self.raw[..8].try_into().expect("8 bytes"))
+    }
+
+    fn at(&self, off: u32) -> Dec<'_> {
+        let mut d = Dec::new(&self.raw, "message buffer");
+        d.raw(off as usize)
+            .expect("indexed offset lies inside the encoding");
+        d
+    }
+
+    /// The key stored at an indexed offset (checked when indexed).
+    fn key_at(&self, off: u32) -> &[u8] {
+        self.at(off)
+            .bytes(self.max_key)
+            .expect("indexed key was checked when indexed")
+    }
+
+    /// The MSN of the range delete covering `key` and the folded point messages of `key`.
+    pub fn lookup(&self, key: &[u8]) -> Result<(Option<Msn>, Option<KeyMsgs>)> {
+        let i = self.ranges.partition_point(|&off| {
+            let mut d = self.at(off);
+            d.u64().expect("indexed");
+            d.bytes(self.max_key).expect("indexed") <= key
+        });
+        let mut range = None;
+        if i > 0 {
+            let mut d = self.at(self.ranges[i - 1]);
+            let msn = d.u64()?;
+            d.bytes(self.max_key)?;
+            if key < d.bytes(self.max_key)? {
+                range = Some(msn);
+            }
+        }
+        let j = self.points.partition_point(|&off| self.key_at(off) < key);
+        let mut point = None;
+        if let Some(&off) = self.points.get(j) {
+            let mut d = self.at(off);
+            if d.bytes(self.max_key)? == key {
+                point = Some(KeyMsgs::decode(&mut d, self.max_value)?);
+            }
+        }
+        Ok((range, point))
     }
 }
 
@@ -672,5 +829,53 @@ mod tests {
         let back = Buffer::decode(&mut Dec::new(&e.buf, "buf"), 100, 100).unwrap();
         assert_eq!(back.bytes(), b.bytes());
         assert_eq!(back.point(b"c"), b.point(b"c"));
+    }
+
+    #[test]
+    fn encoded_lookup_matches_the_built_buffer() {
+        let mut b = Buffer::new();
+        let mut msn = 0;
+        for i in 0..300u32 {
+            msn += 1;
+            let key = format!("k{:05}", i * 7);
+            match i % 3 {
+                0 => b.add_point(key.as_bytes(), msn, PointOp::Put(vec![i as u8; 5])),
+                1 => b.add_point(key.as_bytes(), msn, PointOp::Delete),
+                _ => {
+                    b.add_point(key.as_bytes(), msn, PointOp::Upsert(w(2, b"xy")));
+                    msn += 1;
+                    b.add_point(
+                        key.as_bytes(),
+                        msn,
+                        PointOp::Upsert(Patch::Truncate { len: 1 }),
+                    );
+                }
+            }
+        }
+        msn += 1;
+        b.add_range(msn, b"k00100", b"k00200");
+        msn += 1;
+        b.add_range(msn, b"k01000", b"k01001");
+        let mut e = Enc::default();
+        b.encode(&mut e);
+        let enc = EncodedBuffer::index(e.buf.clone(), 100, 100).unwrap();
+        assert_eq!(enc.max_msn(), b.max_msn());
+        for i in 0..2200u32 {
+            let key = format!("k{i:05}");
+            let want = (
+                b.range_covering(key.as_bytes()).map(|r| r.msn),
+                b.point(key.as_bytes()).cloned(),
+            );
+            assert_eq!(enc.lookup(key.as_bytes()).unwrap(), want, "key {key}");
+        }
+        assert_eq!(enc.lookup(b"").unwrap(), (None, None));
+        assert_eq!(enc.lookup(b"\xff").unwrap(), (None, None));
+        // Damage: keys out of order, a truncated encoding.
+        let mut bad = e.buf.clone();
+        let at = bad.windows(6).position(|w| w == b"k00007").unwrap();
+        bad[at + 5] = b'0';
+        assert!(EncodedBuffer::index(bad, 100, 100).is_err());
+        let short = e.buf[..e.buf.len() - 3].to_vec();
+        assert!(EncodedBuffer::index(short, 100, 100).is_err());
     }
 }

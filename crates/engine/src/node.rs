@@ -18,7 +18,7 @@ use crate::codec::{crc, crc_with_hole, Dec, Enc};
 use crate::compress;
 use crate::config::{Compression, Format};
 use crate::error::{Error, Result};
-use crate::msg::{Buffer, KeyMsgs, Msn, RangeDel};
+use crate::msg::{Buffer, EncodedBuffer, KeyMsgs, Msn, RangeDel};
 use crate::partition::{Partition, PartitionBuilder};
 
 /// Identifies a node; the block translation table maps it to its current extent.
@@ -114,6 +114,10 @@ pub struct Leaf {
 pub struct BufState {
     /// The messages, when in memory.
     pub data: Option<Arc<Buffer>>,
+    /// The checked, decompressed encoding of the messages, kept for point queries when `data` is
+    /// not built (building the map costs far more than the read; the encoding is also smaller).
+    /// Only ever the encoding of exactly the messages the slot holds.
+    pub raw: Option<Arc<EncodedBuffer>>,
     /// Where the buffer lies in the node's current image (`None`: only in memory).
     pub loc: Option<SubLoc>,
 }
@@ -139,6 +143,7 @@ impl BufSlot {
             bytes: b.bytes(),
             state: Mutex::new(BufState {
                 data: Some(Arc::new(b)),
+                raw: None,
                 loc: None,
             }),
         }
@@ -180,6 +185,7 @@ impl BufSlot {
         let r = f(b);
         self.bytes = b.bytes();
         st.loc = None;
+        st.raw = None;
         r
     }
 
@@ -190,7 +196,25 @@ impl BufSlot {
 
     /// Memory held.
     pub fn mem(&self) -> usize {
-        self.state.lock().data.as_ref().map_or(0, |b| b.mem()) + 96
+        let st = self.state.lock();
+        st.data.as_ref().map_or(0, |b| b.mem()) + st.raw.as_ref().map_or(0, |r| r.mem()) + 96
+    }
+
+    /// What the buffer holds for `key` (range-delete MSN, folded point messages), from the built
+    /// buffer or its encoding; `None` when neither is in memory.
+    pub fn lookup(&self, key: &[u8]) -> Result<Option<(Option<Msn>, Option<KeyMsgs>)>> {
+        let st = self.state.lock();
+        if let Some(b) = &st.data {
+            return Ok(Some((
+                b.range_covering(key).map(|r| r.msn),
+                b.point(key).cloned(),
+            )));
+        }
+        let Some(raw) = st.raw.clone() else {
+            return Ok(None);
+        };
+        drop(st);
+        raw.lookup(key).map(Some)
     }
 }
 
@@ -1154,6 +1178,7 @@ pub fn build_node(
                 bytes: loc.raw_len as usize - BUFFER_HEADER,
                 state: Mutex::new(BufState {
                     data,
+                    raw: None,
                     loc: Some(*loc),
                 }),
             });
@@ -1191,7 +1216,19 @@ pub fn decode_buffer(
     hi: Option<&[u8]>,
 ) -> Result<Buffer> {
     let raw = decode_sub(stored, loc, what, dev_offset)?;
-    let mut d = Dec::new(&raw, "message buffer");
+    decode_buffer_payload(&raw, format, what, node_max_msn, lo, hi)
+}
+
+/// Decodes the checked, decompressed payload of a buffer sub-block and checks it against its node.
+pub fn decode_buffer_payload(
+    raw: &[u8],
+    format: &Format,
+    what: &str,
+    node_max_msn: Msn,
+    lo: &[u8],
+    hi: Option<&[u8]>,
+) -> Result<Buffer> {
+    let mut d = Dec::new(raw, "message buffer");
     let b = Buffer::decode(&mut d, format.max_key_len, format.max_value_len)?;
     d.finish()?;
     if b.max_msn() > node_max_msn {

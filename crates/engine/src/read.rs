@@ -29,13 +29,13 @@ impl Tree {
                 let next = match &g.body {
                     Body::Internal(n) => {
                         let c = child_index(&n.pivots, key);
-                        let Some(b) = n.buffers[c].data() else {
+                        let Some(layer) = n.buffers[c].lookup(key)? else {
                             drop(g);
-                            self.load_partitions(&cn, Some(c))?;
+                            self.load_buffer_encoding(&cn, c)?;
                             pins.push(cn);
                             break;
                         };
-                        layers.push((b.range_covering(key).map(|r| r.msn), b.point(key).cloned()));
+                        layers.push(layer);
                         n.children[c]
                     }
                     Body::Leaf(l) => {

@@ -20,7 +20,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::cache::{Cache, CachedNode, WriteGuard};
 use crate::config::Format;
 use crate::error::{Error, Result};
-use crate::msg::{Buffer, Msn, PointOp};
+use crate::msg::{Buffer, EncodedBuffer, Msn, PointOp};
 use crate::node::{self, child_index, Body, BufSlot, Internal, Leaf, Node, NodeId, ROOT_ID};
 use crate::store::Store;
 
@@ -244,10 +244,16 @@ impl Tree {
                 if is_leaf { "partition" } else { "buffer" }
             );
             let dev_off = ext.offset() + loc.offset as u64;
+            // A buffer's encoding kept for point queries saves the read.
+            let kept = match &g.body {
+                Body::Internal(n) => n.buffers[i].state.lock().raw.clone(),
+                Body::Leaf(_) => None,
+            };
             let fetched;
-            let stored: &[u8] = match &whole {
-                Some(img) => &img[loc.offset as usize..],
-                None => {
+            let stored: &[u8] = match (&kept, &whole) {
+                (Some(_), _) => &[],
+                (None, Some(img)) => &img[loc.offset as usize..],
+                (None, None) => {
                     let (off, len) = loc.aligned_range();
                     fetched = self.store.read(ext.offset() + off, len, &what)?;
                     &fetched
@@ -268,13 +274,19 @@ impl Tree {
                     }
                 }
                 Body::Internal(n) => {
+                    let decoded;
+                    let payload: &[u8] = match &kept {
+                        Some(enc) => enc.raw(),
+                        None => {
+                            decoded = node::decode_sub(stored, &loc, &what, dev_off)?;
+                            &decoded
+                        }
+                    };
                     let (lo, hi) = node::child_bounds_of(&n.pivots, i);
-                    let b = node::decode_buffer(
-                        stored,
-                        &loc,
+                    let b = node::decode_buffer_payload(
+                        payload,
                         &self.format,
                         &what,
-                        dev_off,
                         g.max_msn,
                         lo,
                         hi,
@@ -288,6 +300,8 @@ impl Tree {
                     if st.data.is_none() {
                         st.data = Some(Arc::new(b));
                     }
+                    // The built buffer answers point queries from now on.
+                    st.raw = None;
                 }
             }
             self.cache
@@ -295,6 +309,62 @@ impl Tree {
                 .partition_loads
                 .fetch_add(1, Ordering::Relaxed);
         }
+        self.cache.remeasure(cn, &g);
+        Ok(())
+    }
+
+    /// Reads the encoding of an internal node's buffer `i` for point queries (checked against its
+    /// checksum and the node's index), without building the buffer.
+    pub fn load_buffer_encoding(&self, cn: &Arc<CachedNode>, i: usize) -> Result<()> {
+        self.make_room()?;
+        let g = cn.read();
+        let Body::Internal(n) = &g.body else {
+            // The node changed kind (a root split or merge) since the caller looked: nothing to do.
+            return Ok(());
+        };
+        let Some(slot) = n.buffers.get(i) else {
+            return Ok(());
+        };
+        let loc = {
+            let st = slot.state.lock();
+            if st.data.is_some() || st.raw.is_some() {
+                return Ok(());
+            }
+            st.loc.expect("a buffer not in memory has a disk location")
+        };
+        let ext = self.store.location(cn.id).ok_or_else(|| {
+            Error::Corrupt(format!(
+                "node {} has buffers on disk but no location",
+                cn.id
+            ))
+        })?;
+        let what = format!("node {} buffer {i}", cn.id);
+        let (off, len) = loc.aligned_range();
+        let stored = self.store.read(ext.offset() + off, len, &what)?;
+        let dev_off = ext.offset() + loc.offset as u64;
+        let raw = node::decode_sub(&stored, &loc, &what, dev_off)?;
+        if raw.len() != slot.bytes() + node::BUFFER_HEADER {
+            return Err(Error::Corrupt(format!(
+                "{what}: size differs from the node index"
+            )));
+        }
+        let enc = EncodedBuffer::index(raw, self.format.max_key_len, self.format.max_value_len)
+            .map_err(|e| Error::Corrupt(format!("{what}: {e}")))?;
+        if enc.max_msn() > g.max_msn {
+            return Err(Error::Corrupt(format!(
+                "{what}: messages newer than the node"
+            )));
+        }
+        {
+            let mut st = slot.state.lock();
+            if st.data.is_none() && st.raw.is_none() {
+                st.raw = Some(Arc::new(enc));
+            }
+        }
+        self.cache
+            .counters
+            .partition_loads
+            .fetch_add(1, Ordering::Relaxed);
         self.cache.remeasure(cn, &g);
         Ok(())
     }

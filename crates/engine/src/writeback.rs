@@ -17,16 +17,30 @@ impl Tree {
             return Ok(());
         }
         let target = self.cache.budget() / 10 * 9;
+        // Least recently used first, and within that order leaves before internal nodes: every
+        // query passes through the internal levels (a small fraction of the tree), so their
+        // buffers are worth far more per byte than a leaf partition.
         let victims = self.cache.victims();
+        let heights: Vec<u32> = victims.iter().map(|cn| cn.read().height).collect();
+        let max_height = heights.iter().copied().max().unwrap_or(0);
+        let by_level = || {
+            (0..=max_height).flat_map(|h| {
+                victims
+                    .iter()
+                    .zip(&heights)
+                    .filter(move |(_, &vh)| vh == h)
+                    .map(|(cn, _)| cn)
+            })
+        };
         // First drop the partitions and buffers of cold clean nodes (their skeletons stay: a later
         // point query reads just the sub-block it needs), then whole nodes.
-        for cn in &victims {
+        for cn in by_level() {
             if self.cache.used() <= target {
                 return Ok(());
             }
             self.shed(cn);
         }
-        for cn in victims {
+        for cn in by_level() {
             if self.cache.used() <= target {
                 break;
             }
@@ -37,13 +51,13 @@ impl Tree {
                 }
             }
             if cn.is_dirty() {
-                self.write_back(&cn)?;
+                self.write_back(cn)?;
                 self.cache
                     .counters
                     .writebacks
                     .fetch_add(1, Ordering::Relaxed);
             }
-            self.cache.evict_if_idle(&cn);
+            self.cache.evict_if_idle(cn);
         }
         Ok(())
     }
@@ -72,8 +86,9 @@ impl Tree {
             Body::Internal(n) => {
                 for slot in &n.buffers {
                     let mut st = slot.state.lock();
-                    if st.data.is_some() && st.loc.is_some() {
+                    if (st.data.is_some() || st.raw.is_some()) && st.loc.is_some() {
                         st.data = None;
+                        st.raw = None;
                         dropped = true;
                     }
                 }
