@@ -6,7 +6,7 @@ MOUNTPOINT ?= /mnt/amaranth
 SIZE ?= 8G
 BENCH_ARGS ?=
 
-.PHONY: run test deps build lint unit fuse-tests bench bench-quick engine-bench soak crash-soak clean
+.PHONY: run test deps build lint unit fuse-tests bench bench-quick engine-bench soak crash-soak crash-mount clean
 
 deps:
 	scripts/install-deps.sh
@@ -51,6 +51,11 @@ soak:
 crash-soak:
 	AMARANTH_CRASH_SOAK_SECONDS=$${CRASH_SOAK_SECONDS:-600} $(CARGO) test --release -p amaranth-fs --test crash_soak -- --ignored --nocapture
 	AMARANTH_SOAK_SECONDS=$${ENGINE_SOAK_SECONDS:-60} $(CARGO) test --release -p amaranth-engine --test soak -- --ignored --nocapture
+
+## kill -9 of the daemon during untar/rsync/integrity/SQLite workloads on a real mount, CRASH_CYCLES
+## times (default 100; needs root and /dev/fuse); prints each cycle, the cycles done and failures.
+crash-mount: deps
+	set -o pipefail; AMARANTH_CRASH_CYCLES=$${CRASH_CYCLES:-100} $(CARGO) test --release -p amaranth-cli --test crash_mount -- --nocapture 2>&1 | grep --line-buffered -E '^(== |kept |test result|failed cycles|cycle [0-9]+ )'
 
 clean:
 	$(CARGO) clean

@@ -337,6 +337,24 @@ pub fn wait_gone(pid: i32, limit: Duration) -> bool {
     true
 }
 
+/// Waits until nobody holds the `flock` of `image` (the engine's in-use lock); false on timeout.
+pub fn wait_unlocked(image: &Path, limit: Duration) -> bool {
+    let t = Instant::now();
+    loop {
+        let Ok(f) = File::open(image) else {
+            return true;
+        };
+        // SAFETY: a valid fd; the lock goes with it when `f` is dropped.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return true;
+        }
+        if t.elapsed() > limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Removes scratch directories of earlier test processes that died without cleaning up (a
 /// SIGKILLed `cargo test`), after undoing their mounts.
 fn reap_stale(root: &Path) {
@@ -636,6 +654,13 @@ impl Mount {
         assert!(
             wait_gone(pid, Duration::from_secs(60)),
             "daemon {pid} survived SIGKILL for 60 s"
+        );
+        // The leader can be a zombie while other threads still finish an I/O and hold the
+        // image (and its lock): wait until the lock is free, as the next opener needs it.
+        assert!(
+            wait_unlocked(&self.image, Duration::from_secs(60)),
+            "{} still locked 60 s after the daemon was killed",
+            self.image.display()
         );
         detach(&self.mp);
         // An unclean stop: the log must not claim a clean close for this session.
