@@ -87,6 +87,9 @@ pub struct Cache {
     loaded: Condvar,
     used: AtomicUsize,
     budget: usize,
+    /// Eviction starts this far below the budget: a tree operation grows the cache by up to a few
+    /// nodes (a flush into a child, a split) before it can evict again, and that growth must fit.
+    headroom: usize,
     tick: AtomicU64,
     /// Activity counters.
     pub counters: CacheCounters,
@@ -94,8 +97,9 @@ pub struct Cache {
 
 impl Cache {
     /// An empty cache bounded to `budget` bytes.
-    pub fn new(budget: usize) -> Cache {
+    pub fn new(budget: usize, node_size: usize) -> Cache {
         Cache {
+            headroom: (budget / 4).min(3 * node_size),
             map: Mutex::new(HashMap::new()),
             loading: Mutex::new(HashSet::new()),
             loaded: Condvar::new(),
@@ -118,7 +122,12 @@ impl Cache {
 
     /// Whether usage is above the bound.
     pub fn over_budget(&self) -> bool {
-        self.used() > self.budget
+        self.used() > self.eviction_point()
+    }
+
+    /// Usage above which eviction starts (the budget less the headroom for one operation).
+    pub fn eviction_point(&self) -> usize {
+        self.budget - self.headroom
     }
 
     fn touch(&self, cn: &CachedNode) {

@@ -114,10 +114,11 @@ impl Tree {
         next_node_id: u64,
         next_msn: Msn,
     ) -> Tree {
+        let node_size = format.node_size;
         Tree {
             format,
             store,
-            cache: Cache::new(cache_size),
+            cache: Cache::new(cache_size, node_size),
             writers: RwLock::new(()),
             next_node_id: AtomicU64::new(next_node_id),
             next_msn: AtomicU64::new(next_msn),

@@ -11,12 +11,12 @@ use crate::tree::Tree;
 
 impl Tree {
     /// Evicts least recently used nodes (writing dirty ones back) until usage is below 90% of the
-    /// bound. Call without holding latches.
+    /// eviction point (the bound less the headroom of one operation). Call without holding latches.
     pub fn make_room(&self) -> Result<()> {
         if !self.cache.over_budget() {
             return Ok(());
         }
-        let target = self.cache.budget() / 10 * 9;
+        let target = self.cache.eviction_point() / 10 * 9;
         // Least recently used first, and within that order leaves before internal nodes: every
         // query passes through the internal levels (a small fraction of the tree), so their
         // buffers are worth far more per byte than a leaf partition.
