@@ -380,6 +380,48 @@ def summary_table(data: Data, meta) -> list[str]:
     return out
 
 
+def hdd_overview(data: Data, meta) -> list[str]:
+    """One row per traced phase of every benchmark: modeled hard-disk time (ratio to ext4), layout score and
+    request count per FS, from the 'disk' view."""
+    fss = meta["fs"]
+    out = ["| benchmark: phase | " + " | ".join(fss) + " |", "|---|" + "---|" * len(fss)]
+    for bench in meta["benchmarks"]:
+        for ph in benchmarks.INFO[bench].read_phases:
+            get = lambda fs, m, c="mean": mean_ci(data.per_rep(bench, fs, "disk", ph, m, combine=c))[0]  # noqa: E731
+            base = get(BASELINE, "hdd_model_s", "sum")
+            cells = []
+            for fs in fss:
+                hdd = get(fs, "hdd_model_s", "sum")
+                if math.isnan(hdd):
+                    cells.append("**FAILED**" if _status(data, bench, fs, "disk") != "ok" else "–")
+                    continue
+                r = ratio(hdd, base)
+                cells.append(f"{fmt_num(hdd)} s{'' if fs == BASELINE or math.isnan(r) else f' (×{r:.2f})'}, "
+                             f"{fmt_num(get(fs, 'layout_score'), 2)}, {get(fs, 'requests', 'sum'):,.0f} req")
+            out.append(f"| [{bench}](#{bench}): {ph} | " + " | ".join(cells) + " |")
+    return out
+
+
+def resources_overview(data: Data, meta) -> list[str]:
+    """Per benchmark: device bytes written per byte the benchmark wrote (whole run) for every FS, and the
+    Amaranth daemon's peak resident memory (VmHWM) and CPU time beside the memory cgroup's peak."""
+    fss = meta["fs"]
+    ama = "amaranth" in fss
+    out = ["| benchmark | " + " | ".join(f"{fs} written/byte" for fs in fss)
+           + (" | Amaranth daemon VmHWM | Amaranth cgroup peak | Amaranth daemon CPU (s) |" if ama else " |"),
+           "|---|" + "---|" * (len(fss) + (3 if ama else 0))]
+    for bench in meta["benchmarks"]:
+        get = lambda fs, m: data.per_rep(bench, fs, "disk", "run", m)  # noqa: E731
+        cells = [fmt_mean_ci(get(fs, "write_amp_total")) if get(fs, "write_amp_total") else "–" for fs in fss]
+        if ama:
+            mib = lambda v: f"{fmt_mean_ci([x / (1 << 20) for x in v])} MiB" if v else "–"  # noqa: E731
+            cpu = get("amaranth", "daemon_cpu_s_total")
+            cells += [mib(get("amaranth", "daemon_vmhwm_bytes")), mib(get("amaranth", "cgroup_peak_bytes")),
+                      fmt_mean_ci(cpu) if cpu else "–"]
+        out.append(f"| [{bench}](#{bench}) | " + " | ".join(cells) + " |")
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 
 
@@ -471,6 +513,23 @@ def write_report(out: Path, meta: dict) -> Path:
     L.append("## Summary")
     L.append("")
     L += summary_table(data, meta)
+    L.append("")
+    L.append("### Hard-disk view, all benchmarks")
+    L.append("")
+    L.append(f"Per traced phase: modeled hard-disk time ({p['hdd_seek_ms']:g} ms per request that does not continue "
+             f"the previous one + bytes at {p['hdd_mb_s']:g} MB/s; ratio to ext4), dynamic layout score, block "
+             f"requests (means over the repetitions; series summed over their points).")
+    L.append("")
+    L += hdd_overview(data, meta)
+    L.append("")
+    L.append("### Bytes written per byte and Amaranth's memory, all benchmarks")
+    L.append("")
+    L.append("Device bytes written (loop device, after mkfs to after the final unmount) per byte the benchmark "
+             "wrote, setup included; for Amaranth the daemon's peak resident memory (highest VmHWM over its "
+             "daemons in the run), the memory cgroup's peak (daemon + workload + page cache) and the daemon's CPU "
+             "time.")
+    L.append("")
+    L += resources_overview(data, meta)
     L.append("")
     failures = [r for r in rows if r.error]
     if failures:
