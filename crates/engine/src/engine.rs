@@ -49,6 +49,10 @@ struct Inner {
     wake: Condvar,
     wake_state: Mutex<WakeState>,
     counters: EngineCounters,
+    /// Range deletes (and moves, which delete their source) applied since the background cleaner
+    /// last pushed every range delete down to the leaves: until then the deleted data still takes
+    /// space on the device.
+    deletes_pending: AtomicU64,
     opened_after_crash: bool,
     recovered_records: u64,
     recovery_stop: String,
@@ -384,6 +388,10 @@ impl Inner {
         }
         self.admit(estimate)?;
         let user_bytes: u64 = ops.iter().map(|o| o.user_bytes() as u64).sum();
+        let deletes = ops
+            .iter()
+            .filter(|o| matches!(o, Op::RangeDelete { .. } | Op::MovePrefix { .. }))
+            .count() as u64;
         let r = apply_ops(&self.tree, Some(&self.log), ops, None);
         let lsn = match r {
             Ok(l) => l.expect("a logged batch has an LSN"),
@@ -396,6 +404,9 @@ impl Inner {
         self.counters
             .user_bytes
             .fetch_add(user_bytes, Ordering::Relaxed);
+        if deletes > 0 {
+            self.deletes_pending.fetch_add(deletes, Ordering::Relaxed);
+        }
         self.after_write();
         Ok(lsn)
     }
@@ -592,10 +603,14 @@ impl Inner {
 
     fn background_cleaner(self: &Arc<Inner>) {
         let node_size = self.tree.format.node_size;
+        // Where the running pass that pushes range deletes down resumes, and how many deletes
+        // had been counted when it began (those are the ones it will have pushed down).
+        let mut reclaim: Option<(Vec<u8>, u64)> = None;
         loop {
             let (flush, idle) = {
                 let mut w = self.wake_state.lock();
-                if !self.stop.load(Ordering::Acquire) && !w.flush_wanted {
+                // A pass pushing range deletes down goes on without pausing while idle.
+                if !self.stop.load(Ordering::Acquire) && !w.flush_wanted && reclaim.is_none() {
                     self.wake.wait_for(&mut w, Duration::from_secs(1));
                 }
                 let idle = w
@@ -611,6 +626,27 @@ impl Inner {
             }
             if flush {
                 let _ = self.note(flush_root(&self.tree, false));
+            } else if idle
+                && (reclaim.is_some() || self.deletes_pending.load(Ordering::Relaxed) > 0)
+            {
+                // Idle after deletes: push range deletes down to the leaves, a few flushes per
+                // tick, so that the deleted data's space comes back without waiting for the
+                // device to fill up; a checkpoint at the end of the pass frees the old images.
+                let (from, counted) = reclaim
+                    .take()
+                    .unwrap_or_else(|| (Vec::new(), self.deletes_pending.load(Ordering::Relaxed)));
+                let round = {
+                    let _w = self.tree.writers.read();
+                    self.tree.drain_from(&from, 8, true)
+                };
+                match round {
+                    Ok((_, Some(next))) => reclaim = Some((next, counted)),
+                    Ok((_, None)) => {
+                        self.deletes_pending.fetch_sub(counted, Ordering::Relaxed);
+                        let _ = self.checkpoint(false);
+                    }
+                    Err(e) => self.fail(&e),
+                }
             } else if idle {
                 // Idle: drain heavy buffers a little at a time (bounded work per tick).
                 for _ in 0..8 {
@@ -882,6 +918,7 @@ impl Engine {
                 wake: Condvar::new(),
                 wake_state: Mutex::new(WakeState::default()),
                 counters: EngineCounters::default(),
+                deletes_pending: AtomicU64::new(0),
                 opened_after_crash,
                 recovered_records,
                 recovery_stop: String::new(),
@@ -1054,7 +1091,7 @@ impl Engine {
         loop {
             let round = {
                 let _w = self.inner.tree.writers.read();
-                self.inner.tree.drain_from(&from, 32)
+                self.inner.tree.drain_from(&from, 32, false)
             };
             let (_, resume) = match round {
                 Ok(r) => r,

@@ -580,17 +580,27 @@ impl Tree {
     /// holding `from` and stopping after about `max_flushes` flushes. Returns where to resume
     /// (`None`: the end of the tree was reached). Holds the write latches of the path it works on,
     /// so readers wait: a maintenance operation (reclaiming the space of deleted data), not for the
-    /// fast path. The caller holds `writers` shared.
-    pub fn drain_from(&self, from: &[u8], max_flushes: usize) -> Result<(usize, Option<Vec<u8>>)> {
+    /// fast path. The caller holds `writers` shared. With `deletes_only`, only buffers that hold a
+    /// range delete are flushed (what frees the space of deleted data).
+    pub fn drain_from(
+        &self,
+        from: &[u8],
+        max_flushes: usize,
+        deletes_only: bool,
+    ) -> Result<(usize, Option<Vec<u8>>)> {
         let root = self.pin(ROOT_ID)?;
         self.load_partitions(&root, None)?;
         let mut g = root.write();
         if !g.fully_resident() {
             return Ok((0, Some(from.to_vec())));
         }
-        let mut flushes = 0;
-        let resume = self.drain_node(&root, &mut g, from, None, max_flushes, &mut flushes)?;
-        Ok((flushes, resume))
+        let mut work = DrainWork {
+            max_flushes,
+            deletes_only,
+            flushes: 0,
+        };
+        let resume = self.drain_node(&root, &mut g, from, None, &mut work)?;
+        Ok((work.flushes, resume))
     }
 
     fn drain_node(
@@ -599,8 +609,7 @@ impl Tree {
         g: &mut WriteGuard,
         from: &[u8],
         node_hi: Option<&[u8]>,
-        max_flushes: usize,
-        flushes: &mut usize,
+        work: &mut DrainWork,
     ) -> Result<Option<Vec<u8>>> {
         let mut i = match &g.body {
             Body::Internal(n) => child_index(&n.pivots, from),
@@ -610,17 +619,22 @@ impl Tree {
             let (cid, pending, lo, hi) = match &g.body {
                 Body::Internal(n) if i < n.children.len() => {
                     let (l, h) = n.child_bounds(i, &[], node_hi);
-                    (
-                        n.children[i],
-                        !n.buffers[i].is_empty(),
-                        l.to_vec(),
-                        h.map(|h| h.to_vec()),
-                    )
+                    let pending = if work.deletes_only {
+                        n.buffers[i].data().is_some_and(|b| b.counts().1 > 0)
+                    } else {
+                        !n.buffers[i].is_empty()
+                    };
+                    (n.children[i], pending, l.to_vec(), h.map(|h| h.to_vec()))
                 }
                 _ => return Ok(None),
             };
-            if *flushes >= max_flushes {
+            if work.flushes >= work.max_flushes {
                 return Ok(Some(lo));
+            }
+            if !pending && g.height == 1 {
+                // A leaf with nothing to receive: no need to read it.
+                i += 1;
+                continue;
             }
             let ccn = match self.cache.get(cid) {
                 Some(c) => c,
@@ -629,10 +643,17 @@ impl Tree {
             if !ccn.read().fully_resident() {
                 self.load_partitions(&ccn, None)?;
             }
+            // A pass pushing range deletes down empties leaves: keep a sibling in memory so that
+            // the emptied child can merge into it (merges only take resident siblings).
+            let _sibling = if pending && work.deletes_only {
+                self.pin_sibling(g, i)?
+            } else {
+                None
+            };
             let mut cg = ccn.write();
             if pending {
                 let alive = self.flush_into_child(cn, g, i, &ccn, &mut cg)?;
-                *flushes += 1;
+                work.flushes += 1;
                 if !alive {
                     // Merged into its left sibling: look at that one again.
                     i = i.saturating_sub(1);
@@ -645,14 +666,36 @@ impl Tree {
                 } else {
                     lo.as_slice()
                 };
-                if let Some(resume) =
-                    self.drain_node(&ccn, &mut cg, start, hi.as_deref(), max_flushes, flushes)?
-                {
+                if let Some(resume) = self.drain_node(&ccn, &mut cg, start, hi.as_deref(), work)? {
                     return Ok(Some(resume));
                 }
             }
             i += 1;
         }
+    }
+
+    /// Loads and pins a sibling of child `c` (the one a merge of `c` would use), fully resident.
+    fn pin_sibling(&self, pg: &WriteGuard, c: usize) -> Result<Option<Arc<CachedNode>>> {
+        let Body::Internal(pn) = &pg.body else {
+            return Ok(None);
+        };
+        if pn.children.len() < 2 {
+            return Ok(None);
+        }
+        let s = if c + 1 < pn.children.len() {
+            c + 1
+        } else {
+            c - 1
+        };
+        let id = pn.children[s];
+        let scn = match self.cache.get(id) {
+            Some(x) => x,
+            None => self.load_with(id, true)?,
+        };
+        if !scn.read().fully_resident() {
+            self.load_partitions(&scn, None)?;
+        }
+        Ok(Some(scn))
     }
 
     fn satisfy(&self, need: Need) -> Result<Arc<CachedNode>> {
@@ -1064,4 +1107,12 @@ fn split_internal(
     }
     rest.reverse();
     (n, rest)
+}
+
+/// The budget and filter of one [`Tree::drain_from`] round.
+struct DrainWork {
+    max_flushes: usize,
+    /// Flush only buffers holding a range delete.
+    deletes_only: bool,
+    flushes: usize,
 }
