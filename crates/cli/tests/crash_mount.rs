@@ -621,9 +621,12 @@ fn kill_the_daemon_during_real_workloads() {
                     WORKLOADS[w]
                 );
                 failures.push(format!("cycle {} {}: {msg}", cycle + 1, WORKLOADS[w]));
-                // Keep the failed cycle's image and logs.
-                let keep =
-                    test_root().join(format!("crash-mount-failed-{}-{cycle}", std::process::id()));
+                // Keep the failed cycle's image and logs (a name the stale-directory reaper skips).
+                let keep = test_root().join(format!(
+                    "crash-mount-failed-pid{}-cycle{}",
+                    std::process::id(),
+                    cycle + 1
+                ));
                 let _ = fs::rename(&s.dir, &keep);
                 eprintln!("kept {}", keep.display());
             }

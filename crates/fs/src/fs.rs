@@ -198,6 +198,8 @@ pub struct Fs {
     table: Mutex<Table>,
     alloc: Mutex<InoAlloc>,
     inodes_used: AtomicU64,
+    /// Orders the commits that change the used-inode counter (see `count_inodes`).
+    count_lock: Mutex<()>,
     files: Mutex<HashMap<u64, FileHandle>>,
     dirs: Mutex<HashMap<u64, DirHandle>>,
     next_fh: AtomicU64,
@@ -281,6 +283,7 @@ impl Fs {
                 reserved_end: next,
             }),
             inodes_used: AtomicU64::new(used),
+            count_lock: Mutex::new(()),
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -318,15 +321,8 @@ impl Fs {
         for i in orphans {
             let mut b = Batch::new();
             self.delete_file_ops(&mut b, &keys::home_key(i.ino));
-            b.put(
-                keys::system_key("inodes"),
-                self.inodes_used
-                    .fetch_sub(1, Ordering::Relaxed)
-                    .saturating_sub(1)
-                    .to_le_bytes()
-                    .to_vec(),
-            );
-            self.engine.write(&b)?;
+            self.count_inodes(&mut b, -1);
+            self.commit(&mut b)?;
             log::info!(
                 "amaranth: removed inode {} (unlinked while open before the last shutdown)",
                 i.ino
@@ -337,8 +333,27 @@ impl Fs {
 
     // ----- helpers ------------------------------------------------------------------------
 
-    fn commit(&self, b: &Batch) -> Result<()> {
-        self.engine.write(b)?;
+    fn commit(&self, b: &mut Batch) -> Result<()> {
+        let key = keys::system_key("inodes");
+        let counted = b.ops.iter_mut().find_map(|o| match o {
+            Op::Put { key: k, value } if *k == key => Some(value),
+            _ => None,
+        });
+        if let Some(value) = counted {
+            // The delta left by `count_inodes` becomes the counter's new value, and values reach
+            // the log in the order they are computed.
+            let _order = self.count_lock.lock();
+            let delta = i64::from_le_bytes(value[..8].try_into().expect("a delta"));
+            let now = self
+                .inodes_used
+                .load(Ordering::Relaxed)
+                .saturating_add_signed(delta);
+            *value = now.to_le_bytes().to_vec();
+            self.engine.write(b)?;
+            self.inodes_used.store(now, Ordering::Relaxed);
+        } else {
+            self.engine.write(b)?;
+        }
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
         if b.ops
             .iter()
@@ -462,15 +477,23 @@ impl Fs {
         ino
     }
 
+    /// Changes the used-inode counter by `delta` in `b`. The batch holds the delta until
+    /// [`Fs::commit`] turns it into the new value, under `count_lock`: operations that run
+    /// concurrently (last releases of unlinked files hold the namespace lock shared) would
+    /// otherwise log their values in another order than they computed them, leaving the stored
+    /// counter wrong.
     fn count_inodes(&self, b: &mut Batch, delta: i64) {
-        let now = if delta >= 0 {
-            self.inodes_used.fetch_add(delta as u64, Ordering::Relaxed) + delta as u64
-        } else {
-            self.inodes_used
-                .fetch_sub((-delta) as u64, Ordering::Relaxed)
-                - (-delta) as u64
-        };
-        b.put(keys::system_key("inodes"), now.to_le_bytes().to_vec());
+        let key = keys::system_key("inodes");
+        for op in &mut b.ops {
+            if let Op::Put { key: k, value } = op {
+                if *k == key {
+                    let before = i64::from_le_bytes(value[..8].try_into().expect("a delta"));
+                    *value = (before + delta).to_le_bytes().to_vec();
+                    return;
+                }
+            }
+        }
+        b.put(key, delta.to_le_bytes().to_vec());
     }
 
     /// Operations deleting a file's metadata, data and xattrs at `file_key`.
@@ -660,7 +683,7 @@ impl Fs {
         if set.size.is_some_and(|s| s > inode.size) {
             self.check_space(0)?;
         }
-        self.commit(&b)?;
+        self.commit(&mut b)?;
         *inode = next.clone();
         Ok(next)
     }
@@ -733,7 +756,7 @@ impl Fs {
         b.put(keys::meta_key(&key), inode.encode());
         b.put(keys::meta_key(&dkey), next_dir.encode());
         self.count_inodes(&mut b, 1);
-        self.commit(&b)?;
+        self.commit(&mut b)?;
         *dir = next_dir;
         drop(dir);
         self.table
@@ -848,7 +871,7 @@ impl Fs {
         let mut next_dir = dir.clone();
         Self::touch_dir(&mut next_dir, now);
         b.put(keys::meta_key(&dkey), next_dir.encode());
-        self.commit(&b)?;
+        self.commit(&mut b)?;
         *dir = next_dir;
         drop(dir);
         self.apply_removal(&found, after);
@@ -933,7 +956,7 @@ impl Fs {
         next_dir.nlink = next_dir.nlink.saturating_sub(1);
         b.put(keys::meta_key(&dkey), next_dir.encode());
         self.count_inodes(&mut b, -1);
-        self.commit(&b)?;
+        self.commit(&mut b)?;
         *dir = next_dir;
         drop(dir);
         let mut after = found.inode.clone();
@@ -1093,7 +1116,7 @@ impl Fs {
             b.put(keys::meta_key(&dst_dkey), d.encode());
         }
         self.check_space(0)?;
-        self.commit(&b)?;
+        self.commit(&mut b)?;
         *g1 = sdir;
         if let (Some(g), Some(d)) = (g2.as_mut(), ddir) {
             **g = d;
@@ -1204,7 +1227,7 @@ impl Fs {
         let mut next_dir = dir.clone();
         Self::touch_dir(&mut next_dir, now);
         b.put(keys::meta_key(&dkey), next_dir.encode());
-        self.commit(&b)?;
+        self.commit(&mut b)?;
         let was_homed = inode.homed;
         *inode = next.clone();
         *dir = next_dir;
@@ -1283,7 +1306,7 @@ impl Fs {
             let mut b = Batch::new();
             self.delete_file_ops(&mut b, &keys::home_key(ino));
             self.count_inodes(&mut b, -1);
-            self.commit(&b)?;
+            self.commit(&mut b)?;
         }
         Ok(())
     }
@@ -1338,7 +1361,7 @@ impl Fs {
         next.atime = now;
         let mut b = Batch::new();
         b.put(keys::meta_key(fk), next.encode());
-        if self.commit(&b).is_ok() {
+        if self.commit(&mut b).is_ok() {
             *i = next;
         }
     }
@@ -1389,10 +1412,10 @@ impl Fs {
             pos += piece;
             if pos == data.len() {
                 b.put(keys::meta_key(&fk), next.encode());
-                self.commit(&b)?;
+                self.commit(&mut b)?;
                 break;
             }
-            self.commit(&b)?;
+            self.commit(&mut b)?;
         }
         *inode = next;
         self.counters
@@ -1629,7 +1652,7 @@ impl Fs {
             b.put(key, value.to_vec());
         }
         b.put(keys::meta_key(&fk), next.encode());
-        self.commit(&b)?;
+        self.commit(&mut b)?;
         *inode = next;
         Ok(())
     }
@@ -1677,7 +1700,7 @@ impl Fs {
         let mut b = Batch::new();
         b.delete(key);
         b.put(keys::meta_key(&fk), next.encode());
-        self.commit(&b)?;
+        self.commit(&mut b)?;
         *inode = next;
         Ok(())
     }
@@ -1729,7 +1752,7 @@ impl Fs {
             next.ctime = now;
         }
         b.put(keys::meta_key(&fk), next.encode());
-        self.commit(&b)?;
+        self.commit(&mut b)?;
         *inode = next;
         Ok(())
     }
@@ -1859,7 +1882,7 @@ impl Fs {
         next.mtime = now;
         next.ctime = now;
         b.put(keys::meta_key(&dst), next.encode());
-        self.commit(&b)?;
+        self.commit(&mut b)?;
         *inode = next;
         Ok(())
     }
