@@ -142,7 +142,7 @@ fn random_sequences_match_the_model() {
     let n: u64 = std::env::var("AMARANTH_MODEL_RUNS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
+        .unwrap_or(1000);
     for seed in seeds(n) {
         eprintln!("model seed {seed}");
         run(seed, 2500);
