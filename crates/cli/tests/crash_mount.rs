@@ -2,8 +2,10 @@
 //!
 //! - **untar** of part of the Linux tree (kernel, lib, mm, fs, block, arch/x86: about 90 MB);
 //! - **rsync** of the same tree from the host;
-//! - a **data-integrity** workload (creates, writes up to 512 KiB, truncates, replace-via-rename,
-//!   unlinks, fsyncs) that records every operation and every completed fsync;
+//! - a **data-integrity** workload: two clients, each in its own directory (creates, writes up to
+//!   512 KiB — two operations when the kernel splits one, see docs/GUARANTEES.md —, truncates,
+//!   replace-via-rename, unlinks, fsyncs), recording every operation and what
+//!   every completed fsync made durable (its own and the other client's returned operations);
 //! - a **SQLite** workload (sqlite3 CLI; rollback journal with synchronous=EXTRA or WAL with FULL; one
 //!   transaction per batch of rows, each commit reported on stdout as it completes).
 //!
@@ -13,9 +15,9 @@
 //!   every file before the last one present (in archive order) is present and complete;
 //! - rsync: every file in place is complete and identical, rsync's temporary files hold prefixes;
 //!   a second rsync then completes the copy and `diff -r` finds nothing;
-//! - integrity: the tree is exactly the result of a prefix of the recorded operations that
-//!   contains every operation before the last completed fsync (so every fsynced file is intact
-//!   byte for byte);
+//! - integrity: each client's files are exactly the result of a prefix of its recorded operations
+//!   that contains every operation made durable by a completed fsync (so every fsynced file is
+//!   intact byte for byte);
 //! - SQLite: `PRAGMA integrity_check` says ok, every transaction reported committed is there,
 //!   transactions are all-or-nothing and in order; the database keeps working.
 //!
@@ -281,10 +283,22 @@ fn file_name(i: usize) -> String {
     }
 }
 
-/// The integrity workload on `dir` until an operation fails (the daemon is gone).
-fn integrity_workload(dir: &Path, seed: u64, journal: &Mutex<Journal>, done: &AtomicU64) {
-    let mut rng = Rng::new(seed);
+/// Clients of the integrity workload, each in its own directory with its own journal.
+const CLIENTS: usize = 2;
+
+/// The journals of all clients and, per client, how many of its operations have returned.
+struct Journals {
+    j: Vec<Mutex<Journal>>,
+    returned: Vec<AtomicU64>,
+}
+
+/// Client `t` of the integrity workload on `dir` until an operation fails (the daemon is gone).
+/// An fsync makes durable every operation of any client that had returned before it was issued:
+/// those are the floors (`synced`) it raises in every journal when it completes.
+fn integrity_workload(dir: &Path, seed: u64, t: usize, all: &Journals, done: &AtomicU64) {
+    let mut rng = Rng::new(seed ^ t as u64);
     let mut model: Vec<Option<Vec<u8>>> = vec![None; FILES + 1];
+    let journal = &all.j[t];
     let record = |e: Effects| journal.lock().unwrap().ops.push(e);
     let fp = |v: &Vec<u8>| Some(fnv(v));
     loop {
@@ -307,6 +321,17 @@ fn integrity_workload(dir: &Path, seed: u64, journal: &Mutex<Journal>, done: &At
                         next.resize(off + len, 0);
                     }
                     next[off..off + len].copy_from_slice(&data);
+                    // Linux sends a write whose first page is partial and not cached as two FUSE
+                    // requests (that page, then the rest): two operations, each atomic.
+                    let head = (4096 - off % 4096) % 4096;
+                    if head != 0 && head < len {
+                        let mut first = cur.clone();
+                        if first.len() < off + head {
+                            first.resize(off + head, 0);
+                        }
+                        first[off..off + head].copy_from_slice(&data[..head]);
+                        record(vec![(k, fp(&first))]);
+                    }
                     record(vec![(k, fp(&next))]);
                     OpenOptions::new()
                         .write(true)
@@ -355,16 +380,22 @@ fn integrity_workload(dir: &Path, seed: u64, journal: &Mutex<Journal>, done: &At
                 }
                 _ => {
                     if model[k].is_some() {
-                        let before = journal.lock().unwrap().ops.len();
                         let f = File::open(&p)?;
+                        let floors: Vec<u64> = all
+                            .returned
+                            .iter()
+                            .map(|r| r.load(Ordering::SeqCst))
+                            .collect();
                         if rng.chance(0.5) {
                             f.sync_all()?;
                         } else {
                             f.sync_data()?;
                         }
-                        let mut j = journal.lock().unwrap();
-                        j.synced = before;
-                        j.fsyncs += 1;
+                        for (j, floor) in all.j.iter().zip(floors) {
+                            let mut j = j.lock().unwrap();
+                            j.synced = j.synced.max(floor as usize);
+                        }
+                        journal.lock().unwrap().fsyncs += 1;
                     }
                 }
             }
@@ -373,46 +404,77 @@ fn integrity_workload(dir: &Path, seed: u64, journal: &Mutex<Journal>, done: &At
         if r.is_err() {
             return;
         }
+        let n = journal.lock().unwrap().ops.len();
+        all.returned[t].store(n as u64, Ordering::SeqCst);
         done.fetch_add(1, Ordering::Relaxed);
     }
 }
 
 fn integrity_cycle(s: &Scratch, rng: &mut Rng) -> String {
     let m = s.mount(&s.mkfs("fs.img", "2G"), "mnt", &opts());
-    let dir = m.p("w");
-    fs::create_dir(&dir).unwrap();
-    // The directory itself is durable before the workload starts.
+    for t in 0..CLIENTS {
+        fs::create_dir_all(m.p(&format!("w/c{t}"))).unwrap();
+    }
+    // The directories themselves are durable before the workload starts.
     syncfs(&m.mp).unwrap();
-    let journal = Arc::new(Mutex::new(Journal::default()));
+    let all = Arc::new(Journals {
+        j: (0..CLIENTS).map(|_| Mutex::default()).collect(),
+        returned: (0..CLIENTS).map(|_| AtomicU64::new(0)).collect(),
+    });
     let done = Arc::new(AtomicU64::new(0));
     let seed = rng.next_u64();
-    let worker = {
-        let (dir, journal, done) = (dir.clone(), journal.clone(), done.clone());
-        std::thread::spawn(move || integrity_workload(&dir, seed, &journal, &done))
-    };
+    let workers: Vec<_> = (0..CLIENTS)
+        .map(|t| {
+            let (dir, all, done) = (m.p(&format!("w/c{t}")), all.clone(), done.clone());
+            std::thread::spawn(move || integrity_workload(&dir, seed, t, &all, &done))
+        })
+        .collect();
     let wait = delay(rng, 300, 4000);
     std::thread::sleep(wait);
     let img = m.image.clone();
     m.kill9();
-    worker.join().expect("the workload thread panicked");
+    for w in workers {
+        w.join().expect("a workload thread panicked");
+    }
     assert!(!is_mounted(&s.path("mnt")));
     s.assert_fsck_clean(&img);
     let m = s.mount(&img, "mnt", &opts());
-    let j = journal.lock().unwrap();
-    let dir = m.p("w");
+    let mut parts = Vec::new();
+    for t in 0..CLIENTS {
+        let j = all.j[t].lock().unwrap();
+        let k = check_client(&m.p(&format!("w/c{t}")), &j);
+        parts.push(format!(
+            "client {t}: {} operations, {} fsyncs, state = prefix of {k} (synced {}, lost {})",
+            j.ops.len(),
+            j.fsyncs,
+            j.synced,
+            j.ops.len() - k
+        ));
+    }
+    s.finish(m);
+    format!(
+        "killed after {:.1} s: {}",
+        wait.as_secs_f64(),
+        parts.join("; ")
+    )
+}
+
+/// The files of one client must be the result of a prefix of its journal at least as long as its
+/// durable floor; returns the prefix length.
+fn check_client(dir: &Path, j: &Journal) -> usize {
     let mut seen: Vec<Option<u64>> = Vec::new();
     for i in 0..=FILES {
         seen.push(read_opt(&dir.join(file_name(i))).map(|b| fnv(&b)));
     }
-    let mut names: Vec<String> = fs::read_dir(&dir)
+    let mut names: Vec<String> = fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.retain(|n| !(0..=FILES).any(|i| file_name(i) == *n));
     assert!(names.is_empty(), "files nobody created: {names:?}");
-    // Replay the journal: the state must be the one after some prefix >= the synced one.
     let mut state: Vec<Option<u64>> = vec![None; FILES + 1];
-    let mut matched = None;
+    // For the diagnosis: the prefix closest to what is seen, and the files that differ there.
+    let mut best = (usize::MAX, 0, Vec::new());
     for k in 0..=j.ops.len() {
         if k > 0 {
             for &(i, h) in &j.ops[k - 1] {
@@ -420,30 +482,49 @@ fn integrity_cycle(s: &Scratch, rng: &mut Rng) -> String {
             }
         }
         if k >= j.synced && state == seen {
-            matched = Some(k);
-            break;
+            return k;
+        }
+        let differ: Vec<usize> = (0..=FILES).filter(|&i| state[i] != seen[i]).collect();
+        if differ.len() <= best.0 {
+            best = (differ.len(), k, differ);
         }
     }
-    let Some(k) = matched else {
-        panic!(
-            "the tree after the crash is not the result of any prefix of the {} operations that \
-             holds the {} before the last completed fsync: seen {seen:?}",
-            j.ops.len(),
-            j.synced
-        );
+    let (_, k, differ) = best;
+    let last_op = |i: usize, upto: usize| {
+        j.ops[..upto]
+            .iter()
+            .rposition(|e| e.iter().any(|x| x.0 == i))
     };
-    let line = format!(
-        "killed after {:.1} s: {} operations issued, {} fsyncs, state = prefix of {k} (synced {}, \
-         lost {})",
-        wait.as_secs_f64(),
+    let detail: Vec<String> = differ
+        .iter()
+        .map(|&i| {
+            format!(
+                "{}: seen {:?}, last changed by operation {:?} before the closest prefix; \
+                 operations on it after the floor: {:?}",
+                file_name(i),
+                seen[i],
+                last_op(i, k),
+                (j.synced..j.ops.len())
+                    .filter(|&o| j.ops[o].iter().any(|x| x.0 == i))
+                    .map(|o| (o, j.ops[o].clone()))
+                    .collect::<Vec<_>>()
+            )
+        })
+        .collect();
+    panic!(
+        "{}: the files after the crash are not the result of any prefix of the {} operations \
+         that holds the {} made durable by completed fsyncs; the closest prefix is {k} ({}), \
+         where these differ: {}",
+        dir.display(),
         j.ops.len(),
-        j.fsyncs,
         j.synced,
-        j.ops.len() - k
+        if k < j.synced {
+            "shorter than the durable floor"
+        } else {
+            "past the floor"
+        },
+        detail.join("; ")
     );
-    drop(j);
-    s.finish(m);
-    line
 }
 
 // ----- SQLite --------------------------------------------------------------------------------
