@@ -45,6 +45,10 @@ pub struct CachedNode {
     pub meta: Mutex<NodeMeta>,
     /// Logical time of the last use (for LRU eviction).
     pub last_used: AtomicU64,
+    /// Held while sub-blocks are read into the node, so that two readers wanting parts of the same
+    /// node (concurrent FUSE reads of one file) do not both read it: the second waits and finds
+    /// them loaded.
+    pub subblock_load: Mutex<()>,
 }
 
 impl CachedNode {
@@ -159,6 +163,7 @@ impl Cache {
                 deleted: false,
             }),
             last_used: AtomicU64::new(0),
+            subblock_load: Mutex::new(()),
         });
         self.touch(&cn);
         let prev = self.map.lock().insert(id, cn.clone());
