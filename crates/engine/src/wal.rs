@@ -499,8 +499,15 @@ pub fn recover(
             let blk = read(at, BLOCK_SIZE)?;
             if let Some(h) = parse_chunk_header(&blk, at, epoch, region_len) {
                 if h.first == expect {
+                    let marker = h.n == 0;
                     found = Some((at, h, blk));
-                    break;
+                    if !marker {
+                        break;
+                    }
+                    // An end marker may be stale: it was written where the next chunk would go,
+                    // and when that chunk did not fit before the end of the region it went to the
+                    // next lap, leaving the marker behind. A chunk there with the expected LSN
+                    // (its header names its lap) wins over the marker.
                 }
             }
         }
