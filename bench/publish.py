@@ -1,6 +1,6 @@
 """Puts a full run into the docs: `python3 -m bench.publish RESULTS_DIR`.
 
-Copies the run's figures to docs/benchmarks/figures/ (replacing the previous run's) and replaces the part of
+Copies the run's figures to docs/benchmarks/figures/ (replacing the previous run's; as palette PNGs) and replaces the part of
 docs/BENCHMARKS.md between the markers below with the report's tables (machine, device limits, method,
 summary, one section per benchmark, inputs, parameters; not the command log), headings moved two levels
 down and figure links pointed at the copies. Everything outside the markers is left as written by hand.
@@ -27,6 +27,17 @@ def report_body(report: str) -> str:
     return body.replace("](figures/", "](benchmarks/figures/").rstrip() + "\n"
 
 
+def small_png(src: Path, dst: Path) -> None:
+    """Copies a figure as a 256-colour palette PNG (charts have few colours; a third of the size)."""
+    try:
+        from PIL import Image  # installed with matplotlib
+    except ImportError:
+        shutil.copy2(src, dst)
+        return
+    with Image.open(src) as im:
+        im.convert("RGB").quantize(256).save(dst, optimize=True)
+
+
 def publish(results: Path, docs: Path, figures: Path) -> None:
     report = (results / "report.md").read_text()
     head = report[:report.index("## Machine")].strip().splitlines()[1:]  # without the title
@@ -35,7 +46,7 @@ def publish(results: Path, docs: Path, figures: Path) -> None:
         old.unlink()
     n = 0
     for png in sorted((results / "figures").glob("*.png")):
-        shutil.copy2(png, figures / png.name)
+        small_png(png, figures / png.name)
         n += 1
     text = docs.read_text()
     if BEGIN not in text or END not in text:

@@ -266,7 +266,7 @@ def _cell(data: Data, meta, bench, fs, view, phase, metric, x=None, higher_bette
     if base_vals and fs != BASELINE:
         r = ratio(mean_ci(vals)[0], mean_ci(base_vals)[0])
         if not math.isnan(r):
-            s += f" (×{r:.2f})"
+            s += f" (×{r:.2f})" if r >= 0.01 else f" (×{r:.2g})"
     if st == "partial":
         s += " ⚠"
     return s

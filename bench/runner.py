@@ -56,6 +56,7 @@ class RunContext:
         self.data = env.data
         self.logical_written = 0  # bytes the benchmark itself wrote (setup included), for write amp
         self.phase = ""
+        self.group_label = ""
         self.recorded: set[str] = set()  # benchmarks that produced at least one number
 
     @property
@@ -76,11 +77,21 @@ class RunContext:
             json.dumps(obj, indent=1))
 
     # -- steps -----------------------------------------------------------------------------------
-    def cold(self) -> None:
+    def cold(self, after: str | None = None) -> None:
+        """`after`: the phase the unmounted daemon served last (default: the current one)."""
         with PROGRESS.step("cold cache: sync, unmount, drop caches, mount"):
             if self.is_amaranth:
                 self.m.driver.sample_daemon()
+                self.save_amaranth_stat(f"before-cold-after-{(self.phase if after is None else after) or 'setup'}")
             self.m.cold()
+
+    def save_amaranth_stat(self, what: str) -> None:
+        """`amaranth stat --json` of the running daemon into raw/: its counters cover only this daemon's life,
+        so it is saved before every unmount (a cold remount starts a new daemon), not only at the end."""
+        try:
+            self.save_json(f"amaranth-stat-{self.group_label}-{what}", self.m.driver.stat_json(self.mnt))
+        except Exception as e:  # noqa: BLE001 - evidence only, never fails the run
+            self.m.log.open("a").write(f"amaranth stat --json failed: {e}\n")
 
     def sync(self) -> float:
         return fsmod.syncfs(self.mnt)
@@ -116,9 +127,9 @@ class RunContext:
         bytes include the flush. Records: seconds, cpu_s, device bytes, write amplification (if
         logical_bytes), block requests, layout score, modeled HDD seconds.
         """
-        self.phase = phase
+        prev, self.phase = self.phase, phase
         if cold:
-            self.cold()
+            self.cold(prev)
         if warm:
             self.warm(warm)
         amaranth = self.is_amaranth
@@ -218,12 +229,10 @@ def run_group(env: Env, group: Group, fs_name: str, rep: int, view: str) -> None
             driver.reset_stats()
         st0 = loop.stat()
         ctx = RunContext(env, fs_name, rep, view, mounted, loop, cgroups, memcg)
+        ctx.group_label = group.label
         group.module.run(ctx, group.names)
         if isinstance(driver, fsmod.Amaranth):
-            try:
-                ctx.save_json(f"amaranth-stat-{group.label}", driver.stat_json(mnt))
-            except Exception as e:  # noqa: BLE001 - optional
-                (log).open("a").write(f"amaranth stat --json failed: {e}\n")
+            ctx.save_amaranth_stat("end")
         with PROGRESS.step("unmount"):
             mounted.close()
         st1 = loop.stat()
