@@ -256,6 +256,11 @@ def fig_clone(data, meta, path) -> bool:
 # tables
 
 
+def _ratio_txt(r: float) -> str:
+    """×r with two decimals, or two significant digits below 0.01 (×0.0016, not ×0.00)."""
+    return f"×{r:.2f}" if r >= 0.01 else f"×{r:.2g}"
+
+
 def _cell(data: Data, meta, bench, fs, view, phase, metric, x=None, higher_better=True, base_vals=None,
           scale: float = 1.0) -> str:
     vals = [v * scale for v in data.per_rep(bench, fs, view, phase, metric, x=x)]
@@ -266,7 +271,7 @@ def _cell(data: Data, meta, bench, fs, view, phase, metric, x=None, higher_bette
     if base_vals and fs != BASELINE:
         r = ratio(mean_ci(vals)[0], mean_ci(base_vals)[0])
         if not math.isnan(r):
-            s += f" (×{r:.2f})" if r >= 0.01 else f" (×{r:.2g})"
+            s += f" ({_ratio_txt(r)})"
     if st == "partial":
         s += " ⚠"
     return s
@@ -396,7 +401,7 @@ def hdd_overview(data: Data, meta) -> list[str]:
                     cells.append("**FAILED**" if _status(data, bench, fs, "disk") != "ok" else "–")
                     continue
                 r = ratio(hdd, base)
-                cells.append(f"{fmt_num(hdd)} s{'' if fs == BASELINE or math.isnan(r) else f' (×{r:.2f})'}, "
+                cells.append(f"{fmt_num(hdd)} s{'' if fs == BASELINE or math.isnan(r) else f' ({_ratio_txt(r)})'}, "
                              f"{fmt_num(get(fs, 'layout_score'), 2)}, {get(fs, 'requests', 'sum'):,.0f} req")
             out.append(f"| [{bench}](#{bench}): {ph} | " + " | ".join(cells) + " |")
     return out
