@@ -14,6 +14,9 @@ use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+mod support;
+use support::{cstr, errno, renameat2};
+
 fn can_mount() -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
@@ -209,34 +212,6 @@ impl Drop for Mounted {
                 libc::umount2(c.as_ptr(), libc::MNT_DETACH);
             }
         }
-    }
-}
-
-fn cstr(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).unwrap()
-}
-
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap()
-}
-
-fn renameat2(from: &Path, to: &Path, flags: u32) -> i32 {
-    let (a, b) = (cstr(from), cstr(to));
-    // SAFETY: valid paths; renameat2 through syscall for older libcs.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_renameat2,
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            flags,
-        )
-    };
-    if rc == 0 {
-        0
-    } else {
-        errno()
     }
 }
 
