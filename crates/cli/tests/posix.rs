@@ -47,6 +47,31 @@ fn remount(s: &Scratch, m: Mount) -> Mount {
     s.mount(&img, "mnt", &MountOpts::default())
 }
 
+/// Makes directory `name` under `dir` and opens it: the next level of a deep chain built with
+/// `*at` calls (paths longer than PATH_MAX cannot be named from the root). Err: mkdirat's errno.
+fn mkdir_and_enter(dir: &OwnedFd, name: &CString) -> Result<OwnedFd, i32> {
+    // SAFETY: valid fd and name.
+    let r = rc(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755) });
+    if r != 0 {
+        return Err(r);
+    }
+    // SAFETY: valid fd and name.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    assert!(
+        fd >= 0,
+        "openat of a directory just made: errno {}",
+        errno()
+    );
+    // SAFETY: fd was just opened and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 fn utimens(p: &Path, atime: (i64, i64), mtime: (i64, i64), flags: i32) -> i32 {
     let t = [
         libc::timespec {
@@ -952,23 +977,13 @@ fn name_and_path_limits_and_odd_bytes() {
     let mut refused = None;
     for _ in 0..200 {
         let c = CString::new(comp.clone()).unwrap();
-        // SAFETY: valid fd and name.
-        let r = rc(unsafe { libc::mkdirat(dirfd.as_raw_fd(), c.as_ptr(), 0o755) });
-        if r != 0 {
-            refused = Some(r);
-            break;
+        match mkdir_and_enter(&dirfd, &c) {
+            Ok(fd) => dirfd = fd,
+            Err(r) => {
+                refused = Some(r);
+                break;
+            }
         }
-        // SAFETY: valid fd and name.
-        let fd = unsafe {
-            libc::openat(
-                dirfd.as_raw_fd(),
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        };
-        assert!(fd >= 0);
-        // SAFETY: fd was just opened.
-        dirfd = unsafe { OwnedFd::from_raw_fd(fd) };
         depth_bytes += 1 + comp.len();
         deepest_ok = depth_bytes;
     }
@@ -1027,23 +1042,13 @@ fn rename_of_a_deep_tree_to_a_longer_path() {
     // Go as deep as the file system allows.
     for _ in 0..200 {
         let c = CString::new(comp.clone()).unwrap();
-        // SAFETY: valid fd and name.
-        let r = rc(unsafe { libc::mkdirat(dirfd.as_raw_fd(), c.as_ptr(), 0o755) });
-        if r != 0 {
-            last_err = r;
-            break;
+        match mkdir_and_enter(&dirfd, &c) {
+            Ok(fd) => dirfd = fd,
+            Err(r) => {
+                last_err = r;
+                break;
+            }
         }
-        // SAFETY: valid fd and name.
-        let fd = unsafe {
-            libc::openat(
-                dirfd.as_raw_fd(),
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        };
-        assert!(fd >= 0);
-        // SAFETY: fd was just opened.
-        dirfd = unsafe { OwnedFd::from_raw_fd(fd) };
         depth += 1;
     }
     eprintln!("depth {depth} x 251 bytes, then errno {last_err}");

@@ -345,13 +345,17 @@ impl Tree {
                     st.raw = None;
                 }
             }
-            self.cache
-                .counters
-                .partition_loads
-                .fetch_add(1, Ordering::Relaxed);
+            self.count_subblock_load();
         }
         self.cache.remeasure(cn, &g);
         Ok(())
+    }
+
+    fn count_subblock_load(&self) {
+        self.cache
+            .counters
+            .partition_loads
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Checks and indexes a buffer sub-block's encoding (`stored` starts at the sub-block).
@@ -417,10 +421,7 @@ impl Tree {
                 st.raw = Some(Arc::new(enc));
             }
         }
-        self.cache
-            .counters
-            .partition_loads
-            .fetch_add(1, Ordering::Relaxed);
+        self.count_subblock_load();
         self.cache.remeasure(cn, &g);
         Ok(())
     }
