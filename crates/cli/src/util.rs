@@ -39,49 +39,50 @@ impl fmt::Display for Failure {
 /// Result of a subcommand.
 pub type CliResult<T = ()> = Result<T, Failure>;
 
-/// Parses a size: a number of bytes with an optional binary suffix (`K`, `M`, `G`, `T`, with or
-/// without `iB`/`B`), e.g. `8G`, `512M`, `1048576`, `1.5G`.
+/// Parses a size: a number of bytes with an optional binary suffix (`K`, `M`, `G`, `T`, `P`, `E`,
+/// with or without `iB`/`B`), e.g. `8G`, `512M`, `1P`, `1048576`, `1.5G`. Sizes that do not fit
+/// in 64 bits are errors, never wrapped or saturated.
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let lower = t.to_ascii_lowercase();
+    let bad = || format!("cannot parse size {s:?} (use e.g. 8G, 512M, 1P, 65536)");
+    let lower = s.trim().to_ascii_lowercase();
     let num_end = lower
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(lower.len());
     let (num, suffix) = lower.split_at(num_end);
-    let shift = match suffix.trim() {
+    let shift: u32 = match suffix.trim() {
         "" | "b" => 0,
         "k" | "kb" | "kib" => 10,
         "m" | "mb" | "mib" => 20,
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
-        _ => {
-            return Err(format!(
-                "cannot parse size {s:?} (use e.g. 8G, 512M, 65536)"
-            ))
-        }
+        "p" | "pb" | "pib" => 50,
+        "e" | "eb" | "eib" => 60,
+        _ => return Err(bad()),
     };
-    if num.is_empty() {
-        return Err(format!(
-            "cannot parse size {s:?} (use e.g. 8G, 512M, 65536)"
-        ));
-    }
-    if num.contains('.') {
-        let v: f64 = num
-            .parse()
-            .map_err(|_| format!("cannot parse size {s:?}"))?;
-        Ok((v * (1u64 << shift) as f64) as u64)
-    } else {
-        let v: u64 = num
-            .parse()
-            .map_err(|_| format!("cannot parse size {s:?}"))?;
-        v.checked_mul(1 << shift)
-            .ok_or_else(|| format!("size {s:?} is too large"))
+    let too_large = || format!("size {s:?} is too large (at most 16E)");
+    match num.split_once('.') {
+        None => {
+            let v: u64 = num.parse().map_err(|_| bad())?;
+            v.checked_mul(1 << shift).ok_or_else(too_large)
+        }
+        Some((whole, frac)) => {
+            if (whole.is_empty() && frac.is_empty()) || frac.contains('.') {
+                return Err(bad());
+            }
+            let v: f64 = num.parse().map_err(|_| bad())?;
+            let bytes = v * (1u64 << shift) as f64;
+            // 2^64 is exactly representable; anything at or above it does not fit.
+            if !bytes.is_finite() || bytes >= 18_446_744_073_709_551_616.0 {
+                return Err(too_large());
+            }
+            Ok(bytes as u64)
+        }
     }
 }
 
 /// Formats bytes for people: `8.0 GiB`, `512 MiB`, `4096 B`.
 pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     let mut v = bytes as f64;
     let mut u = 0;
     while v >= 1024.0 && u < UNITS.len() - 1 {
@@ -227,9 +228,27 @@ mod tests {
         assert!(parse_size("lots").is_err());
         assert!(parse_size("").is_err());
         assert!(parse_size("99999999999T").is_err());
+        // P and E, and sizes at the edge of 64 bits.
+        assert_eq!(parse_size("1P").unwrap(), 1 << 50);
+        assert_eq!(parse_size("2PiB").unwrap(), 2 << 50);
+        assert_eq!(parse_size("15E").unwrap(), 15 << 60);
+        assert!(parse_size("16E").is_err());
+        assert!(parse_size("16.0E").is_err());
+        assert!(parse_size("99999999999.5P").is_err());
+        assert_eq!(parse_size("0.5P").unwrap(), 1 << 49);
+        assert_eq!(parse_size("18446744073709551615").unwrap(), u64::MAX);
+        assert!(parse_size("18446744073709551616").is_err());
+        // Garbage is an error, never a panic.
+        for s in [
+            "-1", ".", "1..5G", "1.2.3", "G", "1GG", "1 G B", "١G", "1e3", "0x10",
+        ] {
+            assert!(parse_size(s).is_err(), "{s:?} parsed");
+        }
         assert_eq!(human(8 << 30), "8 GiB");
         assert_eq!(human(1536), "1.5 KiB");
         assert_eq!(human(12), "12 B");
+        assert_eq!(human(1 << 50), "1 PiB");
+        assert_eq!(human(u64::MAX), "16 EiB");
     }
 
     #[test]
