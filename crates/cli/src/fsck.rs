@@ -41,7 +41,7 @@ pub fn run(image: &Path, repair: bool, fallback_superblock: bool) -> CliResult<i
     let sb =
         Superblock::read_newest(&dev, fallback_superblock).map_err(|e| open_failure(image, &e))?;
     let format = sb.format().map_err(|e| open_failure(image, &e))?;
-    eprintln!(
+    note!(
         "fsck: {}: generation {}, {}",
         image.display(),
         sb.generation,
@@ -59,22 +59,23 @@ pub fn run(image: &Path, repair: bool, fallback_superblock: bool) -> CliResult<i
         cache_size: cache.max(format.node_size * 16),
         ..Options::default()
     };
-    eprintln!("fsck: opening the engine (replaying the log if needed)");
+    note!("fsck: opening the engine (replaying the log if needed)");
     let engine = Engine::open(Arc::new(dev), opts).map_err(|e| open_failure(image, &e))?;
     let st = engine.stats();
     if st.opened_after_crash {
-        eprintln!(
+        note!(
             "fsck: replayed {} log records ({})",
-            st.recovered_records, st.recovery_stop
+            st.recovered_records,
+            st.recovery_stop
         );
     }
-    let report = check::check(&engine, repair, |msg| eprintln!("fsck: {msg}"));
+    let report = check::check(&engine, repair, |msg| note!("fsck: {msg}"));
     for p in &report.problems {
         let sev = match p.class.severity() {
             Severity::Benign => "benign",
             Severity::Corruption => "CORRUPTION",
         };
-        println!(
+        say!(
             "{sev:>10} {:?}: {}{}",
             p.class,
             p.detail,
@@ -90,12 +91,15 @@ pub fn run(image: &Path, repair: bool, fallback_superblock: bool) -> CliResult<i
     let corrupt = report.problems.len() - benign;
     let repaired = report.problems.iter().filter(|p| p.repaired).count();
     if let Some(t) = &report.tree {
-        println!(
+        say!(
             "tree: height {}, {} internal nodes, {} leaves, {} entries",
-            t.height, t.internal_nodes, t.leaves, t.leaf_entries
+            t.height,
+            t.internal_nodes,
+            t.leaves,
+            t.leaf_entries
         );
     }
-    println!(
+    say!(
         "{}: {} inodes ({} directories), {} data blocks ({}), {} xattrs; {} problems ({} benign, {} corruption, {} repaired) in {:.1} s",
         image.display(),
         report.inodes,
@@ -119,9 +123,9 @@ pub fn run(image: &Path, repair: bool, fallback_superblock: bool) -> CliResult<i
     }
     let code = report.exit_code();
     match code {
-        CLEAN => println!("clean"),
-        CORRECTED => println!("errors corrected"),
-        _ => println!(
+        CLEAN => say!("clean"),
+        CORRECTED => say!("errors corrected"),
+        _ => say!(
             "errors left uncorrected{}",
             if repair {
                 ""

@@ -12,9 +12,17 @@
 //! Installed as `/sbin/mount.fuse.amaranth` (a symlink to this binary), it is the mount helper that
 //! `mount -t fuse.amaranth IMAGE DIR -o OPTS` and fstab lines run.
 
+#[macro_use]
+mod out;
+
+mod control;
+mod files;
 mod fsck;
+mod install;
 mod mkfs;
 mod mount;
+mod probe;
+mod rundir;
 mod stat;
 mod umount;
 mod util;
@@ -23,7 +31,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
 
-use crate::util::{parse_size, CliResult, Failure};
+use crate::util::{parse_size, CliResult};
 
 /// Amaranth: a write-optimized file system (a Bε-tree under full-path keys), mounted with FUSE.
 #[derive(Parser, Debug)]
@@ -37,9 +45,9 @@ struct Cli {
 enum Command {
     /// Create a new file system on an image file or a block device.
     Mkfs {
-        /// Image file (created or truncated to --size) or block device.
+        /// Image file (created sparse, or an existing one resized to --size) or block device.
         image: PathBuf,
-        /// Size of the image file, e.g. 8G or 512M (not for block devices).
+        /// Size of the image file, e.g. 8G, 512M or 1T (not for block devices).
         #[arg(long, value_parser = parse_size)]
         size: Option<u64>,
         /// Node size of the Bε-tree (a power of two, default 4M).
@@ -48,7 +56,8 @@ enum Command {
         /// Compression of nodes: none, lz4 or zstd.
         #[arg(long, default_value = "none")]
         compression: String,
-        /// Overwrite an existing Amaranth file system.
+        /// Overwrite what the target holds (a file system blkid recognises, an Amaranth one, or
+        /// other data), or make an image larger than the host's free space.
         #[arg(long)]
         force: bool,
     },
@@ -127,43 +136,20 @@ enum Command {
     },
 }
 
-fn install_helper(bin_dir: &Path, sbin_dir: &Path) -> CliResult {
-    let exe = std::env::current_exe().map_err(|e| Failure::new(format!("current exe: {e}")))?;
-    std::fs::create_dir_all(bin_dir)
-        .map_err(|e| Failure::new(format!("{}: {e}", bin_dir.display())))?;
-    let bin = bin_dir.join("amaranth");
-    let same = bin.canonicalize().ok() == exe.canonicalize().ok();
-    if !same {
-        // Copy to a temporary name and rename, so a running binary is replaced atomically.
-        let tmp = bin_dir.join(".amaranth.new");
-        std::fs::copy(&exe, &tmp)
-            .and_then(|_| std::fs::rename(&tmp, &bin))
-            .map_err(|e| Failure::new(format!("cannot install {}: {e}", bin.display())))?;
-    }
-    use std::os::unix::fs::PermissionsExt;
-    let _ = std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755));
-    let helper = sbin_dir.join("mount.fuse.amaranth");
-    let _ = std::fs::remove_file(&helper);
-    std::os::unix::fs::symlink(&bin, &helper)
-        .map_err(|e| Failure::new(format!("cannot create {}: {e}", helper.display())))?;
-    println!(
-        "installed {} and {} -> {}",
-        bin.display(),
-        helper.display(),
-        bin.display()
-    );
-    println!("mount with:   mount -t fuse.amaranth IMAGE DIR [-o cache_size=1G,threads=2]");
-    println!("fstab line:   /path/to/image.img  /mnt/amaranth  fuse.amaranth  defaults,cache_size=1G  0 0");
-    Ok(())
-}
-
 fn exit_with(r: CliResult<i32>) -> ! {
-    match r {
-        Ok(code) => std::process::exit(code),
+    let code = match r {
+        Ok(code) => code,
         Err(f) => {
-            eprintln!("amaranth: {}", f.message);
-            std::process::exit(f.code)
+            note!("amaranth: {}", f.message);
+            f.code
         }
+    };
+    match out::finish() {
+        Some(e) => {
+            note!("amaranth: cannot write the output: {e}");
+            std::process::exit(if code == 0 { 1 } else { code })
+        }
+        None => std::process::exit(code),
     }
 }
 
@@ -233,7 +219,7 @@ fn main() {
         } => fsck::run(&image, repair, fallback_superblock),
         Command::Stat { target, json } => stat::run(&target, json).map(|()| 0),
         Command::InstallHelper { bin_dir, sbin_dir } => {
-            install_helper(&bin_dir, &sbin_dir).map(|()| 0)
+            install::run(&bin_dir, &sbin_dir).map(|()| 0)
         }
         Command::MountHelper { args } => mount::helper(&args).map(|()| 0),
     };

@@ -1,15 +1,19 @@
 //! `amaranth mkfs`: a new, empty file system on an image file or a block device.
 
 use std::io;
-use std::os::unix::fs::FileTypeExt;
-use std::path::Path;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use amaranth_device::{BlockDevice, FileDevice};
-use amaranth_engine::{Compression, Engine, Format, Options, Superblock};
+use amaranth_engine::{Compression, Engine, Format, Options};
 use amaranth_fs::Fs;
 
+use crate::probe;
 use crate::util::{human, CliResult, Failure};
+
+/// Image files are whole 4 KiB blocks.
+const BLOCK: u64 = 4096;
 
 /// Smallest and largest redo log for a file system (a 1 MiB write must fit one record: 1/8 of it).
 const LOG_MIN: u64 = 16 << 20;
@@ -35,7 +39,7 @@ pub fn min_size(node_size: u64) -> u64 {
 }
 
 fn progress(msg: &str) {
-    eprintln!("mkfs: {msg}");
+    note!("mkfs: {msg}");
 }
 
 /// Runs `mkfs`.
@@ -59,71 +63,52 @@ pub fn run(a: MkfsArgs<'_>) -> CliResult {
         .validate()
         .map_err(|e| Failure::new(format!("bad --node-size: {e}")))?;
 
-    let meta = std::fs::metadata(a.image);
-    let is_block = meta
-        .as_ref()
-        .map(|m| m.file_type().is_block_device())
-        .unwrap_or(false);
-    if is_block && a.size.is_some() {
+    let target = inspect(a.image)?;
+    if target == Target::Block && a.size.is_some() {
         return Err(Failure::new(format!(
             "{} is a block device: its size is fixed, drop --size",
             a.image.display()
         )));
     }
-    if let Ok(m) = &meta {
-        if !is_block && !m.is_file() {
-            return Err(Failure::new(format!(
-                "{} is neither an image file nor a block device",
-                a.image.display()
-            )));
-        }
+    if target != Target::Missing {
+        refuse_to_overwrite(a.image, a.force)?;
     }
-    // Refuse to overwrite an Amaranth file system by accident.
-    if meta.is_ok() && !a.force {
-        match FileDevice::open_read_only(a.image) {
-            Ok(dev) => {
-                if let Ok(sb) = Superblock::read_newest(&dev, true) {
-                    return Err(Failure::new(format!(
-                        "{} already holds an Amaranth file system (generation {}, {}); \
-                         use --force to overwrite it",
-                        a.image.display(),
-                        sb.generation,
-                        human(dev.len())
-                    )));
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::ResourceBusy => {
-                return Err(Failure::new(format!(
-                    "{} is in use (mounted?): {e}",
-                    a.image.display()
-                )))
-            }
-            Err(_) => {}
-        }
-    }
-    let size = match (a.size, &meta) {
-        (Some(s), _) => s,
-        (None, Ok(m)) if is_block || m.len() > 0 => 0, // the device's or file's own size
+    let min = min_size(format.node_size as u64);
+    let size = match (a.size, target) {
+        (Some(s), _) => Some(s / BLOCK * BLOCK),
+        (None, Target::File { len, .. }) if len > 0 => None, // the file's own size
+        (None, Target::Block) => None,
         (None, _) => {
             return Err(Failure::new(format!(
-                "{} does not exist: give --size to create an image file (e.g. --size 8G)",
-                a.image.display()
+                "{} {}: give --size to make an image file (e.g. --size 8G)",
+                a.image.display(),
+                if target == Target::Missing {
+                    "does not exist"
+                } else {
+                    "is empty"
+                }
             )))
         }
     };
-    let min = min_size(format.node_size as u64);
-    if size != 0 && size < min {
-        return Err(too_small(size, min, &format));
+    if let Some(size) = size {
+        if size < min {
+            return Err(too_small(size, min, &format));
+        }
+        check_host_space(a.image, target, size, a.force)?;
     }
-    let dev = if size != 0 {
-        progress(&format!(
-            "creating image file {} of {}",
-            a.image.display(),
-            human(size)
-        ));
-        FileDevice::create_image(a.image, size)
-    } else {
-        FileDevice::open(a.image)
+    // From here on, a failure removes the image file this mkfs created.
+    let mut created = None;
+    let dev = match size {
+        Some(size) => {
+            progress(&format!(
+                "creating image file {} of {} (sparse: it takes host space as it fills)",
+                a.image.display(),
+                human(size)
+            ));
+            created = make_image_file(a.image, target, size)?;
+            FileDevice::open(a.image)
+        }
+        None => FileDevice::open(a.image),
     }
     .map_err(|e| open_error(a.image, e))?;
     let len = dev.len();
@@ -159,7 +144,10 @@ pub fn run(a: MkfsArgs<'_>) -> CliResult {
     engine
         .close()
         .map_err(|e| Failure::new(format!("cannot close the new image: {e}")))?;
-    println!(
+    if let Some(c) = created.as_mut() {
+        c.keep();
+    }
+    say!(
         "created an Amaranth file system on {}: {} ({} for data), {} log, {} nodes, compression {}, root owned by {uid}:{gid}",
         a.image.display(),
         human(len),
@@ -169,6 +157,172 @@ pub fn run(a: MkfsArgs<'_>) -> CliResult {
         a.compression
     );
     Ok(())
+}
+
+/// What the image path names now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Target {
+    Missing,
+    File { len: u64, allocated: u64 },
+    Block,
+}
+
+fn inspect(image: &Path) -> CliResult<Target> {
+    match std::fs::metadata(image) {
+        Ok(m) if m.file_type().is_block_device() => Ok(Target::Block),
+        Ok(m) if m.is_file() => Ok(Target::File {
+            len: m.len(),
+            allocated: m.blocks() * 512,
+        }),
+        Ok(_) => Err(Failure::new(format!(
+            "{} is neither an image file nor a block device",
+            image.display()
+        ))),
+        // A dangling symbolic link also lands here: creating refuses it (O_EXCL).
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Target::Missing),
+        Err(e) => Err(Failure::new(format!("{}: {e}", image.display()))),
+    }
+}
+
+/// Refuses an image in use, and, without `--force`, one that holds a file system or data.
+fn refuse_to_overwrite(image: &Path, force: bool) -> CliResult {
+    if let Err(e) = FileDevice::open_read_only(image) {
+        if e.kind() == io::ErrorKind::ResourceBusy {
+            return Err(Failure::new(format!(
+                "{} is in use (mounted?): {e}",
+                image.display()
+            )));
+        }
+    }
+    if force {
+        return Ok(());
+    }
+    match probe::existing(image) {
+        Ok(None) => Ok(()),
+        Ok(Some(found)) => Err(Failure::new(found.refusal(image))),
+        Err(e) => Err(Failure::new(format!(
+            "cannot read {} to check what it holds: {e}",
+            image.display()
+        ))),
+    }
+}
+
+/// Refuses (without `--force`) an image file larger than the host file system's free space: it
+/// would fill the host as it fills. With `--force`, warns.
+fn check_host_space(image: &Path, target: Target, size: u64, force: bool) -> CliResult {
+    let dir = match image.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let Some(free) = free_space(dir) else {
+        return Ok(());
+    };
+    // Space that resizing an existing file gives back first.
+    let reclaimed = match target {
+        Target::File { allocated, .. } => allocated,
+        _ => 0,
+    };
+    let room = free.saturating_add(reclaimed);
+    if size <= room {
+        return Ok(());
+    }
+    let msg = format!(
+        "--size {} is more than the {} free on the file system holding {}",
+        human(size),
+        human(room),
+        image.display()
+    );
+    if !force {
+        return Err(Failure::new(format!(
+            "{msg}: the image would fill it; give a smaller --size (or --force to make it anyway)"
+        )));
+    }
+    progress(&format!(
+        "warning: {msg}; once the host is full the file system stops accepting writes"
+    ));
+    Ok(())
+}
+
+/// Bytes an unprivileged writer may still use on the file system holding `dir`.
+fn free_space(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain data.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid NUL-terminated path and a struct to fill.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+/// Makes the image file `size` bytes long and sparse: a new file is created with `O_EXCL` (never
+/// through a link left at its name) and mode 0600, and is removed again if mkfs fails; an existing
+/// one (checked or forced) is emptied and resized.
+fn make_image_file(image: &Path, target: Target, size: u64) -> CliResult<Option<Created>> {
+    let fail = |e: io::Error| {
+        Failure::new(match e.kind() {
+            io::ErrorKind::AlreadyExists => format!(
+                "{} appeared while mkfs ran, or is a dangling symbolic link: not creating it",
+                image.display()
+            ),
+            _ => format!("cannot create {}: {e}", image.display()),
+        })
+    };
+    if target == Target::Missing {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(image)
+            .map_err(fail)?;
+        let m = file.metadata().map_err(fail)?;
+        let created = Created {
+            path: image.to_path_buf(),
+            id: (m.dev(), m.ino()),
+            keep: false,
+        };
+        file.set_len(size).map_err(fail)?;
+        return Ok(Some(created));
+    }
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(image)
+        .map_err(fail)?;
+    file.set_len(0)
+        .and_then(|()| file.set_len(size))
+        .map_err(fail)?;
+    Ok(None)
+}
+
+/// An image file this mkfs created: removed when dropped unless kept (a failed mkfs leaves
+/// nothing behind). Only the same file is removed, never one that replaced it at that name.
+struct Created {
+    path: PathBuf,
+    id: (u64, u64),
+    keep: bool,
+}
+
+impl Created {
+    fn keep(&mut self) {
+        self.keep = true;
+    }
+}
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
+        if let Ok(m) = std::fs::symlink_metadata(&self.path) {
+            if (m.dev(), m.ino()) == self.id {
+                let _ = std::fs::remove_file(&self.path);
+                progress(&format!("removed the unfinished {}", self.path.display()));
+            }
+        }
+    }
 }
 
 fn too_small(size: u64, min: u64, format: &Format) -> Failure {

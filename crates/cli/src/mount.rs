@@ -3,17 +3,17 @@
 
 use std::io::{self, Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use amaranth_device::{BlockDevice, FileDevice};
 use amaranth_engine::{Engine, Error, Format, Options, Superblock};
 use amaranth_fs::{Fs, FsOptions};
 use amaranth_fuse::{MountOptions, Unmounter};
 
+use crate::files::{self, Create};
+use crate::rundir::{self, RunDir};
 use crate::util::{self, human, parse_size, CliResult, Failure};
 
 /// What `mount` was asked for.
@@ -47,6 +47,9 @@ struct Plan {
     mount_opts: MountOptions,
     pid_file: Option<PathBuf>,
     log_file: PathBuf,
+    /// The log file lives in the run directory (opened through it).
+    log_in_run_dir: bool,
+    run: RunDir,
     foreground: bool,
 }
 
@@ -238,12 +241,14 @@ fn plan(mut args: MountArgs) -> CliResult<Plan> {
     }
     mount_opts.threads = threads;
     mount_opts.fsname = image.display().to_string();
-    let name = util::escape_path(&mountpoint);
+    let run = RunDir::create()?;
+    let name = rundir::mount_name(&mountpoint);
+    let log_in_run_dir = args.log_file.is_none() && !util::is_root();
     let log_file = args.log_file.clone().unwrap_or_else(|| {
         if util::is_root() {
             PathBuf::from(format!("/var/log/amaranth-{name}.log"))
         } else {
-            util::run_dir().join(format!("{name}.log"))
+            run.path().join(format!("{name}.log"))
         }
     });
     let pid_file = args.pid_file.as_ref().map(|p| {
@@ -253,6 +258,10 @@ fn plan(mut args: MountArgs) -> CliResult<Plan> {
             std::env::current_dir().unwrap_or_default().join(p)
         }
     });
+    if let Some(p) = &pid_file {
+        files::check_writable(p)
+            .map_err(|e| Failure::new(format!("bad --pid-file {}: {e}", p.display())))?;
+    }
     Ok(Plan {
         image,
         mountpoint,
@@ -262,6 +271,8 @@ fn plan(mut args: MountArgs) -> CliResult<Plan> {
         mount_opts,
         pid_file,
         log_file,
+        log_in_run_dir,
+        run,
         foreground: args.foreground,
     })
 }
@@ -297,6 +308,7 @@ pub fn run(args: MountArgs) -> CliResult {
         init_logging(None);
         return serve(plan, None);
     }
+    let log = open_log(&plan)?;
     let mut fds = [0; 2];
     // SAFETY: pipe2 fills two fds.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -329,13 +341,9 @@ pub fn run(args: MountArgs) -> CliResult {
         libc::setsid();
     }
     let _ = std::env::set_current_dir("/");
-    if let Err(e) = redirect_stdio(&plan.log_file) {
+    if let Err(e) = redirect_stdio(log) {
         let mut w = std::fs::File::from(wr);
-        let _ = writeln!(
-            w,
-            "ERR cannot open the log file {}: {e}",
-            plan.log_file.display()
-        );
+        let _ = writeln!(w, "ERR cannot redirect the output to the log file: {e}");
         std::process::exit(1);
     }
     init_logging(Some(&plan.log_file));
@@ -361,13 +369,13 @@ fn wait_for_child(
     let _ = std::fs::File::from(rd).read_to_string(&mut msg);
     let msg = msg.trim();
     if msg == "OK" {
-        println!(
+        say!(
             "mounted {} on {} (daemon pid {pid}, log {})",
             image.display(),
             mountpoint.display(),
             log_file.display()
         );
-        println!("unmount with: amaranth umount {}", mountpoint.display());
+        say!("unmount with: amaranth umount {}", mountpoint.display());
         return Ok(());
     }
     let mut status = 0;
@@ -384,15 +392,26 @@ fn wait_for_child(
     }
 }
 
-fn redirect_stdio(log_file: &Path) -> io::Result<()> {
+/// Opens the daemon's log (before forking, so a refusal reaches the terminal): appended to,
+/// created mode 0600, never through a symbolic link (see `files`).
+fn open_log(plan: &Plan) -> CliResult<std::fs::File> {
+    let opened = if plan.log_in_run_dir {
+        let name = plan.log_file.file_name().unwrap_or_default();
+        plan.run
+            .open_for_writing(&name.to_string_lossy(), Create::Append, 0o600)
+    } else {
+        files::open_for_writing(&plan.log_file, Create::Append, 0o600)
+    };
+    opened.map_err(|e| {
+        Failure::new(format!(
+            "cannot open the log file {}: {e}",
+            plan.log_file.display()
+        ))
+    })
+}
+
+fn redirect_stdio(log: std::fs::File) -> io::Result<()> {
     use std::os::fd::AsRawFd;
-    if let Some(parent) = log_file.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log_file)?;
     let null = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -452,6 +471,7 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
         engine_opts,
         mount_opts,
         pid_file,
+        run,
         foreground,
         ..
     } = plan;
@@ -504,22 +524,28 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
         handle.device()
     );
     let pid = std::process::id();
-    let run_pid = util::pid_path(&mountpoint);
-    let mut pid_files = vec![run_pid];
-    pid_files.extend(pid_file);
-    for p in &pid_files {
-        if let Some(d) = p.parent() {
-            let _ = std::fs::create_dir_all(d);
-        }
-        if let Err(e) = std::fs::write(p, format!("{pid}\n")) {
-            log::warn!("amaranth: cannot write pid file {}: {e}", p.display());
+    let run_pid = rundir::pid_name(&mountpoint);
+    let written = run
+        .open_for_writing(&run_pid, Create::Replace, 0o644)
+        .and_then(|f| files::write_pid(&f, pid));
+    if let Err(e) = written {
+        log::warn!(
+            "amaranth: cannot write the pid file {run_pid} in {}: {e}",
+            run.path().display()
+        );
+    }
+    if let Some(p) = &pid_file {
+        let written = files::open_for_writing(p, Create::Replace, 0o644)
+            .and_then(|f| files::write_pid(&f, pid));
+        if let Err(e) = written {
+            log::warn!("amaranth: cannot write the pid file {}: {e}", p.display());
         }
     }
-    let control = Control::start(fs.clone(), &image, &mountpoint, started);
+    let control = crate::control::Control::start(fs.clone(), &image, &mountpoint, started, &run);
     spawn_signal_thread(handle.unmounter());
     ready.ok();
     if foreground {
-        eprintln!(
+        note!(
             "mounted {} on {}; unmount with `amaranth umount {}` or Ctrl-C",
             image.display(),
             mountpoint.display(),
@@ -538,8 +564,11 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
         log::error!("amaranth: {leftover} references to the file system remain at shutdown");
     }
     let r = close_engine(engine);
-    for p in &pid_files {
-        if util::read_pid(p) == Some(pid as i32) {
+    if run.read_pid(&run_pid) == Some(pid as i32) {
+        run.remove(&run_pid);
+    }
+    if let Some(p) = &pid_file {
+        if files::read_pid(p) == Some(pid as i32) {
             let _ = std::fs::remove_file(p);
         }
     }
@@ -609,69 +638,6 @@ fn spawn_signal_thread(unmounter: Unmounter) {
                 }
             }
         });
-}
-
-/// The control socket: each connection gets the live statistics as JSON.
-struct Control {
-    stop: Arc<AtomicBool>,
-    path: PathBuf,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Control {
-    fn start(fs: Arc<Fs>, image: &Path, mountpoint: &Path, started: Instant) -> Control {
-        let path = util::socket_path(mountpoint);
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut c = Control {
-            stop: stop.clone(),
-            path: path.clone(),
-            thread: None,
-        };
-        if let Some(d) = path.parent() {
-            let _ = std::fs::create_dir_all(d);
-        }
-        let _ = std::fs::remove_file(&path);
-        let listener = match UnixListener::bind(&path) {
-            Ok(l) => l,
-            Err(e) => {
-                log::warn!(
-                    "amaranth: no control socket at {} ({e}); `amaranth stat` will not reach \
-                     this daemon",
-                    path.display()
-                );
-                return c;
-            }
-        };
-        let image = image.display().to_string();
-        let mp = mountpoint.to_path_buf();
-        c.thread = std::thread::Builder::new()
-            .name("amaranth-control".into())
-            .spawn(move || {
-                for conn in listener.incoming() {
-                    if stop.load(Ordering::Acquire) {
-                        break;
-                    }
-                    let Ok(mut conn) = conn else { continue };
-                    let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
-                    let v = crate::stat::live_json(&fs, &image, &mp, started);
-                    let _ = conn.write_all(v.to_string().as_bytes());
-                }
-            })
-            .ok();
-        c
-    }
-}
-
-impl Drop for Control {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            // Wake the accept loop.
-            let _ = std::os::unix::net::UnixStream::connect(&self.path);
-            let _ = t.join();
-        }
-        let _ = std::fs::remove_file(&self.path);
-    }
 }
 
 /// `mount.fuse.amaranth IMAGE DIR [-o OPTS] [-n] [-s] [-f] [-v] [-t TYPE]`, as `mount(8)` calls

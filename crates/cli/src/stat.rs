@@ -12,6 +12,8 @@ use amaranth_engine::{Engine, Options, Stats, Superblock};
 use amaranth_fs::Fs;
 use serde_json::{json, Value};
 
+use crate::files;
+use crate::rundir::{self, RunDir};
 use crate::util::{self, human, CliResult, Failure};
 
 /// The engine's counters as JSON (shared by the live and the offline report).
@@ -147,20 +149,33 @@ fn live(mp: &Path, as_json: bool) -> CliResult {
         Failure::new(format!(
             "cannot reach the daemon of {} at {}: {e}",
             mp.display(),
-            util::socket_path(mp).display()
+            rundir::run_dir_path()
+                .join(rundir::socket_name(mp))
+                .display()
         ))
     })?;
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+        say!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
     } else {
         print_live(&v);
     }
     Ok(())
 }
 
-/// Asks the daemon of `mp` for its live report.
+/// Asks the daemon of `mp` for its live report, through the socket in our run directory; the
+/// daemon must be run by us or by root.
 pub fn query(mp: &Path) -> io::Result<Value> {
-    let mut s = UnixStream::connect(util::socket_path(mp))?;
+    let run = RunDir::existing()
+        .map_err(|f| io::Error::new(io::ErrorKind::PermissionDenied, f.message))?
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no run directory"))?;
+    let mut s = UnixStream::connect(run.via_fd(&rundir::socket_name(mp)))?;
+    let peer = files::peer_uid(&s)?;
+    if !files::may_talk(peer, util::euid()) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("the socket is served by uid {peer}, neither you nor root"),
+        ));
+    }
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut text = String::new();
     s.read_to_string(&mut text)?;
@@ -169,22 +184,22 @@ pub fn query(mp: &Path) -> io::Result<Value> {
 
 fn print_live(v: &Value) {
     let g = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
-    println!(
+    say!(
         "mount point:     {}",
         v["mountpoint"].as_str().unwrap_or("?")
     );
-    println!("image:           {}", v["image"].as_str().unwrap_or("?"));
-    println!("daemon pid:      {}", g("pid"));
-    println!(
+    say!("image:           {}", v["image"].as_str().unwrap_or("?"));
+    say!("daemon pid:      {}", g("pid"));
+    say!(
         "uptime:          {:.0} s",
         v["uptime_seconds"].as_f64().unwrap_or(0.0)
     );
-    println!(
+    say!(
         "tree:            height {}, {} nodes",
         g("height"),
         g("nodes")
     );
-    println!(
+    say!(
         "cache:           {} used of {} (peak {}), {} nodes, {} dirty, {} hits / {} misses",
         human(g("cache_bytes")),
         human(g("cache_budget")),
@@ -194,13 +209,13 @@ fn print_live(v: &Value) {
         g("cache_hits"),
         g("cache_misses")
     );
-    println!(
+    say!(
         "written:         {} by users, {} to the device (write amplification {:.2})",
         human(g("user_bytes_written")),
         human(g("device_bytes_written")),
         v["write_amplification"].as_f64().unwrap_or(0.0)
     );
-    println!(
+    say!(
         "checkpoints:     {} ({:.2} s), generation {}, {} syncs",
         g("checkpoints"),
         v["checkpoint_seconds"].as_f64().unwrap_or(0.0),
@@ -208,18 +223,18 @@ fn print_live(v: &Value) {
         g("syncs")
     );
     let log = &v["log"];
-    println!(
+    say!(
         "log:             {} used of {}",
         human(log["used"].as_u64().unwrap_or(0)),
         human(log["capacity"].as_u64().unwrap_or(0))
     );
-    println!(
+    say!(
         "space:           {} free of {}",
         human(g("free_bytes")),
         human(g("data_bytes"))
     );
     let fs = &v["fs"];
-    println!(
+    say!(
         "file system:     {} inodes, {} operations, {} written, {} read, {} inodes cached",
         fs["inodes_used"].as_u64().unwrap_or(0),
         fs["writes"].as_u64().unwrap_or(0),
@@ -228,7 +243,7 @@ fn print_live(v: &Value) {
         fs["cached_inodes"].as_u64().unwrap_or(0)
     );
     if let Some(f) = v["failure"].as_str() {
-        println!("FAILURE:         {f}");
+        say!("FAILURE:         {f}");
     }
 }
 
@@ -300,12 +315,12 @@ fn offline(image: &Path, as_json: bool) -> CliResult {
         }),
     );
     if as_json {
-        println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+        say!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
         return Ok(());
     }
-    println!("image:           {} ({})", image.display(), human(len));
-    println!("uuid:            {uuid}");
-    println!(
+    say!("image:           {} ({})", image.display(), human(len));
+    say!("uuid:            {uuid}");
+    say!(
         "format:          {} nodes, {} partitions, fanout {}, {} log, compression {:?}",
         human(format.node_size as u64),
         human(format.partition_size as u64),
@@ -313,7 +328,7 @@ fn offline(image: &Path, as_json: bool) -> CliResult {
         human(format.log_size.unwrap_or(0)),
         format.compression
     );
-    println!(
+    say!(
         "state:           generation {}, {}",
         sb.generation,
         if sb.clean {
@@ -322,15 +337,15 @@ fn offline(image: &Path, as_json: bool) -> CliResult {
             "not clean (the log will be replayed at the next mount)"
         }
     );
-    println!("tree:            height {}, {} nodes", s.height, s.nodes);
-    println!(
+    say!("tree:            height {}, {} nodes", s.height, s.nodes);
+    say!(
         "space:           {} free of {} ({} free extents)",
         human(s.free_bytes),
         human(s.data_bytes),
         s.free_extents
     );
     if let Some(n) = inodes {
-        println!("inodes:          {n}");
+        say!("inodes:          {n}");
     }
     Ok(())
 }

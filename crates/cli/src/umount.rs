@@ -7,6 +7,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::rundir::{self, RunDir};
 use crate::util::{self, CliResult, Failure};
 
 /// Runs `umount`.
@@ -25,7 +26,12 @@ pub fn run(dir: &Path, lazy: bool, timeout: Option<u64>) -> CliResult {
         )));
     }
     // The daemon: from its pid file, else from its control socket.
-    let pid = util::read_pid(&util::pid_path(&mp))
+    let run = RunDir::existing().unwrap_or_else(|f| {
+        note!("umount: {}", f.message);
+        None
+    });
+    let pid = run
+        .and_then(|r| r.read_pid(&rundir::pid_name(&mp)))
         .filter(|&p| util::process_alive(p))
         .or_else(|| {
             crate::stat::query(&mp)
@@ -35,7 +41,7 @@ pub fn run(dir: &Path, lazy: bool, timeout: Option<u64>) -> CliResult {
         });
     unmount(&mp, lazy)?;
     let Some(pid) = pid else {
-        eprintln!(
+        note!(
             "umount: unmounted {}, but the daemon's pid is unknown: not waiting for it",
             mp.display()
         );
@@ -45,7 +51,7 @@ pub fn run(dir: &Path, lazy: bool, timeout: Option<u64>) -> CliResult {
     let mut told = false;
     while util::process_alive(pid) {
         if !told && start.elapsed() > Duration::from_secs(2) {
-            eprintln!("umount: waiting for the daemon (pid {pid}) to write its final checkpoint");
+            note!("umount: waiting for the daemon (pid {pid}) to write its final checkpoint");
             told = true;
         }
         if let Some(t) = timeout {

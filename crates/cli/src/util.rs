@@ -1,4 +1,4 @@
-//! Small helpers shared by the subcommands: sizes, paths, the run directory, errors.
+//! Small helpers shared by the subcommands: sizes, paths, processes, errors.
 
 use std::fmt;
 use std::io;
@@ -116,63 +116,13 @@ pub fn total_memory() -> u64 {
 
 /// Whether we run as root.
 pub fn is_root() -> bool {
+    euid() == 0
+}
+
+/// The effective user id.
+pub fn euid() -> u32 {
     // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// The directory holding pid files and control sockets of running daemons.
-pub fn run_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("AMARANTH_RUN_DIR") {
-        return PathBuf::from(d);
-    }
-    if is_root() {
-        return PathBuf::from("/run/amaranth");
-    }
-    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
-        return PathBuf::from(d).join("amaranth");
-    }
-    // SAFETY: getuid has no preconditions.
-    PathBuf::from(format!("/tmp/amaranth-{}", unsafe { libc::getuid() }))
-}
-
-/// A file name for a mount point, like systemd's unit names: `/mnt/amaranth` → `mnt-amaranth`
-/// (other bytes than `[A-Za-z0-9_.]` as `%XX`, slashes as dashes).
-pub fn escape_path(p: &Path) -> String {
-    use std::os::unix::ffi::OsStrExt;
-    let bytes = p.as_os_str().as_bytes();
-    let trimmed: &[u8] = {
-        let mut b = bytes;
-        while let [b'/', rest @ ..] = b {
-            b = rest;
-        }
-        while let [rest @ .., b'/'] = b {
-            b = rest;
-        }
-        b
-    };
-    if trimmed.is_empty() {
-        return "-".into();
-    }
-    let mut out = String::new();
-    for &c in trimmed {
-        match c {
-            b'/' => out.push('-'),
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' => out.push(c as char),
-            b'.' if !out.is_empty() => out.push('.'),
-            _ => out.push_str(&format!("%{c:02X}")),
-        }
-    }
-    out
-}
-
-/// Pid file of the daemon serving `mountpoint`.
-pub fn pid_path(mountpoint: &Path) -> PathBuf {
-    run_dir().join(format!("{}.pid", escape_path(mountpoint)))
-}
-
-/// Control socket of the daemon serving `mountpoint`.
-pub fn socket_path(mountpoint: &Path) -> PathBuf {
-    run_dir().join(format!("{}.sock", escape_path(mountpoint)))
+    unsafe { libc::geteuid() }
 }
 
 /// An absolute, normalized path without touching the path itself (works on a dead FUSE mount,
@@ -207,11 +157,6 @@ pub fn process_alive(pid: i32) -> bool {
         }
         Err(_) => false,
     }
-}
-
-/// Reads a pid file.
-pub fn read_pid(path: &Path) -> Option<i32> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 #[cfg(test)]
@@ -249,13 +194,5 @@ mod tests {
         assert_eq!(human(12), "12 B");
         assert_eq!(human(1 << 50), "1 PiB");
         assert_eq!(human(u64::MAX), "16 EiB");
-    }
-
-    #[test]
-    fn escaping() {
-        assert_eq!(escape_path(Path::new("/mnt/amaranth")), "mnt-amaranth");
-        assert_eq!(escape_path(Path::new("/tmp/a-b c/")), "tmp-a%2Db%20c");
-        assert_eq!(escape_path(Path::new("/")), "-");
-        assert_eq!(escape_path(Path::new("/.x")), "%2Ex");
     }
 }
