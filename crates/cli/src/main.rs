@@ -27,6 +27,7 @@ mod stat;
 mod umount;
 mod util;
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
@@ -132,7 +133,7 @@ enum Command {
     MountHelper {
         /// Arguments as mount(8) passes them.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
-        args: Vec<String>,
+        args: Vec<OsString>,
     },
 }
 
@@ -161,7 +162,8 @@ fn main() {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
-    let argv: Vec<String> = std::env::args().collect();
+    // Not `env::args()`: it panics on arguments that are not UTF-8.
+    let argv: Vec<OsString> = std::env::args_os().collect();
     let argv0 = argv
         .first()
         .map(|a| {

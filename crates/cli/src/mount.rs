@@ -1,6 +1,7 @@
 //! `amaranth mount`: checks, daemonizes, serves the file system until it is unmounted or the
 //! daemon is signalled, then closes the engine (a final checkpoint).
 
+use std::ffi::OsString;
 use std::io::{self, Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -219,6 +220,13 @@ fn plan(mut args: MountArgs) -> CliResult<Plan> {
     let mountpoint = check_mountpoint(&args.dir)?;
     let (image, dev, format) = open_image(&args.image, mount_opts.read_only)?;
     let cache = match args.cache_size {
+        Some(c) if c > util::total_memory() => {
+            return Err(Failure::new(format!(
+                "--cache-size {} is more than this machine's memory ({})",
+                human(c),
+                human(util::total_memory())
+            )))
+        }
         Some(c) => c,
         None => default_cache(dev.len(), &format),
     };
@@ -642,21 +650,26 @@ fn spawn_signal_thread(unmounter: Unmounter) {
 
 /// `mount.fuse.amaranth IMAGE DIR [-o OPTS] [-n] [-s] [-f] [-v] [-t TYPE]`, as `mount(8)` calls
 /// it for `mount -t fuse.amaranth` and fstab lines.
-pub fn helper(argv: &[String]) -> CliResult {
-    let mut positional = Vec::new();
+pub fn helper(argv: &[OsString]) -> CliResult {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let utf8 = |a: &OsString| -> CliResult<String> {
+        a.to_str()
+            .map(str::to_string)
+            .ok_or_else(|| Failure::new(format!("mount options must be UTF-8: {a:?}")))
+    };
+    let mut positional: Vec<OsString> = Vec::new();
     let mut options = Vec::new();
     let mut fake = false;
     let mut i = 0;
     while i < argv.len() {
         let a = &argv[i];
-        match a.as_str() {
+        match a.to_str().unwrap_or("") {
             "-o" => {
                 i += 1;
-                options.push(
-                    argv.get(i)
-                        .cloned()
-                        .ok_or_else(|| Failure::new("-o needs an option list"))?,
-                );
+                let list = argv
+                    .get(i)
+                    .ok_or_else(|| Failure::new("-o needs an option list"))?;
+                options.push(utf8(list)?);
             }
             "-t" | "-N" => i += 1,
             "-f" => fake = true,
@@ -665,25 +678,25 @@ pub fn helper(argv: &[String]) -> CliResult {
             s if s.starts_with('-') && s.len() > 1 => {
                 return Err(Failure::new(format!("mount helper: unknown flag {s}")))
             }
+            _ if a.as_bytes().starts_with(b"-") && a.len() > 1 => {
+                return Err(Failure::new(format!("mount helper: unknown flag {a:?}")))
+            }
             _ => positional.push(a.clone()),
         }
         i += 1;
     }
-    if positional.len() != 2 {
-        return Err(Failure::new(
-            "usage: mount.fuse.amaranth IMAGE DIR [-o options]",
-        ));
-    }
+    let [image, dir] = <[OsString; 2]>::try_from(positional)
+        .map_err(|_| Failure::new("usage: mount.fuse.amaranth IMAGE DIR [-o options]"))?;
     if fake {
         return Ok(());
     }
-    let image = positional[0]
-        .strip_prefix("amaranth#")
-        .unwrap_or(&positional[0])
-        .to_string();
+    let image = match image.as_bytes().strip_prefix(b"amaranth#") {
+        Some(rest) => OsString::from_vec(rest.to_vec()),
+        None => image,
+    };
     run(MountArgs {
         image: PathBuf::from(image),
-        dir: PathBuf::from(&positional[1]),
+        dir: PathBuf::from(dir),
         options,
         ..MountArgs::default()
     })

@@ -12,6 +12,9 @@
 //! - `a_full_host_file_system_is_an_io_error_without_damage`: a sparse image on a host file system
 //!   that fills up: writes fail with an error (never a hang or a crash), and once the host has room
 //!   again everything synced before is there and fsck is clean;
+//! - `odd_input_never_panics`: arguments that are not UTF-8, sizes at and beyond 64 bits, zero and
+//!   huge node, cache and thread counts, empty and special paths, broken mount-helper argument
+//!   lists: each gets an error (or works), never a panic;
 //! - `closed_output_pipes_never_panic`: `amaranth stat MOUNT | head` and friends: a closed stdout or
 //!   stderr ends the output, not the command (no panic, the command's own exit code).
 
@@ -344,4 +347,118 @@ fn closed_output_pipes_never_panic() {
         assert_eq!(out.status.code(), Some(0), "the report was ready: success");
     }
     s.finish(m);
+}
+
+#[test]
+fn odd_input_never_panics() {
+    if !mount_env_ok() {
+        return;
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let s = Scratch::new("odd-input");
+    let img = s.mkfs("fs.img", "128M");
+    let mp = s.path("mnt");
+    fs::create_dir(&mp).unwrap();
+    let not_utf8 = OsStr::from_bytes(b"\xff\xfe");
+    let bad_path = s.dir.join(not_utf8);
+    let x = s.path("x.img");
+    let (i, m, x) = (img.as_os_str(), mp.as_os_str(), x.as_os_str());
+    let o = OsStr::new;
+    let cases: Vec<Vec<&OsStr>> = vec![
+        vec![o("mkfs"), o(""), o("--size"), o("1G")],
+        vec![o("mkfs"), x, o("--size"), o("0")],
+        vec![o("mkfs"), x, o("--size"), o("16E")],
+        vec![o("mkfs"), x, o("--size"), o("15E")],
+        vec![o("mkfs"), x, o("--size"), o("-1")],
+        vec![
+            o("mkfs"),
+            x,
+            o("--size"),
+            o("128M"),
+            o("--node-size"),
+            o("0"),
+        ],
+        vec![
+            o("mkfs"),
+            x,
+            o("--size"),
+            o("128M"),
+            o("--node-size"),
+            o("15E"),
+        ],
+        vec![
+            o("mkfs"),
+            x,
+            o("--size"),
+            o("128M"),
+            o("--compression"),
+            not_utf8,
+        ],
+        vec![o("mkfs"), bad_path.as_os_str(), o("--size"), o("128M")],
+        vec![o("mkfs"), o("/dev/null")],
+        vec![o("mkfs"), o("/dev/zero"), o("--size"), o("1G")],
+        vec![o("mkfs"), s.dir.as_os_str(), o("--size"), o("1G")],
+        vec![o("mount"), i, m, o("--cache-size"), o("15E")],
+        vec![o("mount"), i, m, o("--cache-size"), o("0")],
+        vec![o("mount"), i, m, o("--threads"), o("0")],
+        vec![o("mount"), i, m, o("--threads"), o("18446744073709551615")],
+        vec![o("mount"), i, m, o("-o"), o("threads=-1")],
+        vec![o("mount"), i, m, o("-o"), o("cache_size=")],
+        vec![
+            o("mount"),
+            i,
+            m,
+            o("-o"),
+            o("read_ahead_kb=99999999999999999999"),
+        ],
+        vec![o("mount"), i, m, o("-o"), o("=")],
+        vec![o("mount"), i, m, o("-o"), not_utf8],
+        vec![o("mount"), o(""), o("")],
+        vec![o("mount"), i, o("/")],
+        vec![o("mount"), i, i],
+        vec![o("mount"), o("/dev/null"), m],
+        vec![o("mount"), i, bad_path.as_os_str()],
+        vec![o("umount"), o("")],
+        vec![
+            o("umount"),
+            o("/"),
+            o("--timeout"),
+            o("18446744073709551615"),
+        ],
+        vec![o("stat"), o("")],
+        vec![o("stat"), o("/")],
+        vec![o("stat"), o("/dev/zero")],
+        vec![o("stat"), bad_path.as_os_str()],
+        vec![o("fsck"), o("")],
+        vec![o("fsck"), o("/dev/null")],
+        vec![o("fsck"), o("/dev/zero")],
+        vec![o("mount-helper")],
+        vec![o("mount-helper"), i],
+        vec![o("mount-helper"), i, m, o("-o")],
+        vec![
+            o("mount-helper"),
+            i,
+            bad_path.as_os_str(),
+            o("-o"),
+            not_utf8,
+        ],
+        vec![o("mount-helper"), o("-x"), i, m],
+        vec![not_utf8],
+    ];
+    for args in cases {
+        let out = s.run(&args);
+        if is_mounted(&mp) {
+            detach(&mp);
+            panic!("{args:?} mounted");
+        }
+        assert_no_panic(&out, &format!("{args:?}"));
+        assert!(
+            matches!(out.status.code(), Some(0 | 1 | 2 | 8)),
+            "{args:?}: an exit code of ours, not {:?}",
+            out.status
+        );
+    }
+    // A name that is not UTF-8 is a name like any other; the first image is unharmed.
+    s.assert_fsck_clean(&bad_path);
+    s.assert_fsck_clean(&img);
 }
