@@ -168,6 +168,7 @@ enum Target {
 }
 
 fn inspect(image: &Path) -> CliResult<Target> {
+    refuse_planted(image)?;
     match std::fs::metadata(image) {
         Ok(m) if m.file_type().is_block_device() => Ok(Target::Block),
         Ok(m) if m.is_file() => Ok(Target::File {
@@ -182,6 +183,37 @@ fn inspect(image: &Path) -> CliResult<Target> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Target::Missing),
         Err(e) => Err(Failure::new(format!("{}: {e}", image.display()))),
     }
+}
+
+/// In a directory that others can write into (like /tmp), refuses an image path that someone else
+/// may have planted: a symbolic link, a file with other hard links, or a file of another user.
+/// Root would otherwise overwrite whatever it leads to.
+fn refuse_planted(image: &Path) -> CliResult {
+    let Ok(m) = std::fs::symlink_metadata(image) else {
+        return Ok(());
+    };
+    let dir = match image.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let shared = std::fs::metadata(dir).is_ok_and(|d| d.mode() & 0o002 != 0);
+    let why = if !shared {
+        return Ok(());
+    } else if m.file_type().is_symlink() {
+        "is a symbolic link".to_string()
+    } else if m.is_file() && m.nlink() > 1 {
+        format!("has {} hard links", m.nlink())
+    } else if m.uid() != crate::util::euid() {
+        format!("belongs to uid {}", m.uid())
+    } else {
+        return Ok(());
+    };
+    Err(Failure::new(format!(
+        "{} {why} in {}, a directory others can write into: refusing to write through it \
+         (name the image where nobody else can plant it)",
+        image.display(),
+        dir.display()
+    )))
 }
 
 /// Refuses an image in use, and, without `--force`, one that holds a file system or data.

@@ -7,8 +7,9 @@
 //! - `mkfs_checks_host_space_and_leaves_nothing_when_it_fails`: `--size 1P` parses and is refused
 //!   for the host's free space (at once, nothing left behind); on a nearly full host (a tiny tmpfs)
 //!   a forced mkfs fails on ENOSPC and removes the file it created;
-//! - `mkfs_makes_a_sparse_private_image`: `--size 8G` allocates almost nothing, mode 0600, and a
-//!   dangling link at the image path is not followed;
+//! - `mkfs_makes_a_sparse_private_image`: `--size 8G` allocates almost nothing, mode 0600; a
+//!   dangling link at the image path is not followed, and in a directory others can write into a
+//!   link, a hard link or another user's file at the image path is refused, even with --force;
 //! - `a_full_host_file_system_is_an_io_error_without_damage`: a sparse image on a host file system
 //!   that fills up: writes fail with an error (never a hang or a crash), and once the host has room
 //!   again everything synced before is there and fsck is clean;
@@ -197,6 +198,43 @@ fn mkfs_makes_a_sparse_private_image() {
         !target.exists(),
         "mkfs created a file through a dangling link"
     );
+    // In a directory others can write into (like /tmp), what another user may have planted at the
+    // image path is refused even with --force: a link, a hard link, a file of another user. The
+    // victim is a file of zeros, which mkfs would otherwise take without asking.
+    let shared = s.path("shared");
+    fs::create_dir(&shared).unwrap();
+    fs::set_permissions(&shared, fs::Permissions::from_mode(0o1777)).unwrap();
+    let victim = s.path("victim");
+    sh_ok(&format!("truncate -s 128M {}", q(&victim)));
+    let planted = shared.join("planted.img");
+    let hard = shared.join("hard.img");
+    let foreign = shared.join("foreign.img");
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    fs::hard_link(&victim, &hard).unwrap();
+    sh_ok(&format!("truncate -s 128M {}", q(&foreign)));
+    std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)).unwrap();
+    for (img, why) in [
+        (&planted, "symbolic link"),
+        (&hard, "hard links"),
+        (&foreign, "belongs to uid 65534"),
+    ] {
+        for args in [&[][..], &["--force"][..]] {
+            let o = mkfs(&s, img, args);
+            assert_eq!(o.status.code(), Some(1), "{}", stderr_of(&o));
+            assert!(stderr_of(&o).contains(why), "{}", stderr_of(&o));
+        }
+    }
+    assert!(
+        head(&victim).iter().all(|&b| b == 0),
+        "the victim was written"
+    );
+    assert!(
+        head(&foreign).iter().all(|&b| b == 0),
+        "the foreign file was written"
+    );
+    // The user's own new image there is fine.
+    let own = shared.join("own.img");
+    assert_eq!(mkfs(&s, &own, &["--size", "128M"]).status.code(), Some(0));
 }
 
 #[test]
