@@ -68,7 +68,12 @@ pub fn existing(path: &Path) -> io::Result<Option<Found>> {
 /// What `blkid -p` (low-level probing, no cache) finds on `path`, if anything. Without blkid
 /// (not installed, or it fails) the magic and data checks still apply.
 fn blkid(path: &Path) -> Option<String> {
-    let out = Command::new("blkid")
+    // The system's blkid first: root's PATH is not consulted for a tool that reads devices.
+    let program = ["/usr/sbin/blkid", "/sbin/blkid"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("blkid");
+    let out = Command::new(program)
         .args(["-p", "-o", "export", "--"])
         .arg(path)
         .stdin(Stdio::null())
