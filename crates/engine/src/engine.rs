@@ -10,19 +10,18 @@ use std::time::{Duration, Instant};
 use amaranth_device::{BlockDevice, IoStats, BLOCK_SIZE};
 use parking_lot::{Condvar, Mutex};
 
+use crate::apply::{self, apply_ops, flush_root, scan_tree};
 use crate::config::{Format, Options};
 use crate::error::{Error, Result};
-use crate::msg::{Patch, PointOp};
+use crate::msg::Patch;
 use crate::node::{Node, ROOT_ID};
 use crate::ops::{self, Batch, Op};
 use crate::read::Target;
 use crate::store::{self, Allocator, Btt, Store, StoreCounters};
 use crate::superblock::{Extent, Superblock};
-use crate::tree::{Msg, Tree};
+use crate::tree::Tree;
 use crate::wal::{self, Log, LogPosition, LogStats, Lsn, Space};
 
-/// Messages per injection when a prefix move or copy is expanded.
-const EXPAND_CHUNK: usize = 2048;
 /// The log buffer is written (not synced) once it holds this much.
 const LOG_WRITE_THRESHOLD: usize = 1 << 20;
 
@@ -56,6 +55,8 @@ struct Inner {
     opened_after_crash: bool,
     recovered_records: u64,
     recovery_stop: String,
+    /// Log records skipped at open because they could not be applied.
+    skipped_records: u64,
 }
 
 #[derive(Default)]
@@ -151,6 +152,12 @@ pub struct Stats {
     pub recovered_records: u64,
     /// Why log replay stopped where it did at open.
     pub recovery_stop: String,
+    /// Log records skipped at open because they could not be applied (only a writer with a bug
+    /// logs such a record; see [`Engine::open`]).
+    pub skipped_records: u64,
+    /// The image is flagged for a check: records were skipped at some open since the flag was
+    /// last cleared ([`Engine::clear_needs_check`]).
+    pub needs_check: bool,
     /// The error that made the engine read-only, if any.
     pub failure: Option<String>,
 }
@@ -173,137 +180,6 @@ fn random_u64() -> u64 {
         return t.as_nanos() as u64 ^ (std::process::id() as u64) << 32;
     }
     u64::from_le_bytes(b)
-}
-
-/// Applies operations to the tree (and, unless replaying, logs them as one record).
-fn apply_ops(
-    tree: &Tree,
-    log: Option<&Log>,
-    ops: Vec<Op>,
-    replay_first_msn: Option<u64>,
-) -> Result<Option<Lsn>> {
-    let mut record = log.map(|_| ops::encode_record(&ops));
-    let mut lsn = None;
-    let mut check_first = replay_first_msn;
-    let mut before = |first: u64| -> Result<()> {
-        if let Some(expect) = check_first.take() {
-            if expect != first {
-                return Err(Error::Corrupt(format!(
-                    "log record expects message number {expect} but the tree is at {first}"
-                )));
-            }
-        }
-        if let (Some(log), Some(mut rec)) = (log, record.take()) {
-            rec[..8].copy_from_slice(&first.to_le_bytes());
-            lsn = Some(log.append(&rec)?);
-        }
-        Ok(())
-    };
-    if !ops.iter().any(|o| o.reads_tree()) {
-        let msgs: Vec<Msg> = ops.into_iter().filter_map(Op::into_msg).collect();
-        let _w = tree.writers.read();
-        let (_, needs_flush) = tree.inject(msgs, &mut before)?;
-        drop(_w);
-        if needs_flush && log.is_none() {
-            flush_root(tree, false)?;
-        }
-        return Ok(lsn);
-    }
-    // Prefix operations read the tree: nothing else may write meanwhile, so that replaying the record
-    // reads exactly what was read now.
-    let _w = tree.writers.write();
-    let inject = |msgs: Vec<Msg>, before: &mut dyn FnMut(u64) -> Result<()>| -> Result<()> {
-        let (_, needs_flush) = tree.inject(msgs, before)?;
-        if needs_flush {
-            flush_root(tree, true)?;
-        }
-        tree.make_room()
-    };
-    let mut simple: Vec<Msg> = Vec::new();
-    for op in &ops {
-        let (from, to, keep) = match op {
-            Op::MovePrefix { from, to } => (from, to, false),
-            Op::CopyPrefix { from, to } => (from, to, true),
-            other => {
-                simple.extend(other.to_msg());
-                continue;
-            }
-        };
-        if !simple.is_empty() {
-            inject(std::mem::take(&mut simple), &mut before)?;
-        }
-        let end = ops::prefix_end(from, tree.format.max_key_len);
-        let mut cursor = from.clone();
-        loop {
-            let mut msgs = Vec::new();
-            let mut last: Option<Vec<u8>> = None;
-            scan_tree(tree, &cursor, Some(&end), &mut |k, v| {
-                let mut nk = to.clone();
-                nk.extend_from_slice(&k[from.len()..]);
-                msgs.push(Msg::Point {
-                    key: nk,
-                    op: PointOp::Put(v.to_vec()),
-                });
-                last = Some(k.to_vec());
-                msgs.len() < EXPAND_CHUNK
-            })?;
-            let Some(mut l) = last else { break };
-            inject(msgs, &mut before)?;
-            l.push(0);
-            cursor = l;
-        }
-        if !keep {
-            simple.push(Msg::Range {
-                lo: from.clone(),
-                hi: end,
-            });
-        }
-    }
-    inject(simple, &mut before)?;
-    Ok(lsn)
-}
-
-/// Flushes until the root is back under its size bound. `exclusive`: the caller holds `writers`.
-fn flush_root(tree: &Tree, exclusive: bool) -> Result<()> {
-    for _ in 0..10_000 {
-        let over = tree.root_bytes()? > tree.format.node_size;
-        if !over {
-            return Ok(());
-        }
-        let did = if exclusive {
-            tree.flush_step(tree.format.node_size)?
-        } else {
-            let _w = tree.writers.read();
-            tree.flush_step(tree.format.node_size)?
-        };
-        tree.make_room()?;
-        if !did {
-            return Ok(());
-        }
-    }
-    Err(Error::Corrupt(
-        "the root stays over its bound after many flushes".into(),
-    ))
-}
-
-/// Walks live entries of `[lo, hi)` in order until `f` returns false.
-fn scan_tree(
-    tree: &Tree,
-    lo: &[u8],
-    hi: Option<&[u8]>,
-    f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
-) -> Result<()> {
-    let mut cursor = lo.to_vec();
-    loop {
-        let chunk = tree.chunk(Target::AtOrAfter(&cursor), &cursor, hi)?;
-        if !chunk.walk(&cursor, hi, true, f) {
-            return Ok(());
-        }
-        match &chunk.hi {
-            Some(h) if hi.is_none_or(|e| h.as_slice() < e) => cursor = h.clone(),
-            _ => return Ok(()),
-        }
-    }
 }
 
 impl Inner {
@@ -379,7 +255,7 @@ impl Inner {
         for op in &ops {
             op.validate(&self.tree.format)?;
         }
-        let estimate = 16 + ops.iter().map(|o| o.user_bytes() + 16).sum::<usize>();
+        let estimate = ops::record_bytes(&ops);
         if estimate > self.log.max_record() {
             return Err(Error::InvalidArgument(format!(
                 "a batch of {estimate} bytes exceeds the largest log record ({} bytes)",
@@ -725,6 +601,7 @@ impl Engine {
             max_value_len: format.max_value_len as u32,
             compression: format.compression.code(),
             clean: false,
+            needs_check: false,
             log_start_block: 2,
             log_blocks,
             log_epoch: epoch,
@@ -775,8 +652,14 @@ impl Engine {
     }
 
     /// Opens an existing store, replaying the log after its last checkpoint.
+    ///
+    /// A log record that cannot be applied (it does not decode, or it would write a key or value
+    /// past the format's limits; only a writer with a bug logs one, since every batch is checked
+    /// before it is logged) does not make the image unopenable: it is skipped whole, with an error
+    /// in the log, counted in [`Stats::skipped_records`], and the image is flagged for a check
+    /// ([`Stats::needs_check`], kept in the superblock).
     pub fn open(dev: Arc<dyn BlockDevice>, options: Options) -> Result<Engine> {
-        let sb = Superblock::read_newest(&*dev, options.fallback_superblock)?;
+        let mut sb = Superblock::read_newest(&*dev, options.fallback_superblock)?;
         let format = sb.format()?;
         options.validate(&format)?;
         let data_start = sb.data_start_block();
@@ -845,6 +728,7 @@ impl Engine {
         let region_start = sb.log_start_block * BLOCK_SIZE as u64;
         let region_len = sb.log_blocks * BLOCK_SIZE as u64;
         let ckpt_lsn = sb.ckpt_lsn;
+        let mut skipped = 0u64;
         let recovered = wal::recover(
             &*dev,
             region_start,
@@ -857,11 +741,16 @@ impl Engine {
                 if lsn < ckpt_lsn {
                     return Ok(());
                 }
-                let (first_msn, ops) = ops::decode_record(payload, &tree.format)?;
-                apply_ops(&tree, None, ops, Some(first_msn))?;
-                tree.make_room()
+                apply::replay_record(&tree, lsn, payload, &mut skipped)
             },
         )?;
+        if skipped > 0 {
+            // Kept in the superblock (the next checkpoint writes it) until a check clears it.
+            sb.needs_check = true;
+            log::error!(
+                "amaranth engine: {skipped} log records could not be applied; run `amaranth fsck`"
+            );
+        }
         let replayed = recovered
             .records
             .min(recovered.next_lsn.saturating_sub(ckpt_lsn));
@@ -886,6 +775,7 @@ impl Engine {
         let mut engine = Engine::assemble(dev, tree, log, options, sb, after_crash, replayed);
         if let Some(inner) = Arc::get_mut(&mut engine.inner) {
             inner.recovery_stop = recovered.stop_reason;
+            inner.skipped_records = skipped;
         }
         if !read_only {
             // A checkpoint starts a new log epoch: chunks left from before can never be replayed.
@@ -922,6 +812,7 @@ impl Engine {
                 opened_after_crash,
                 recovered_records,
                 recovery_stop: String::new(),
+                skipped_records: 0,
             }),
             threads: Mutex::new(Vec::new()),
         }
@@ -1137,6 +1028,10 @@ impl Engine {
             .iter()
             .filter(|c| t.store.location(c.id).is_none())
             .count() as u64;
+        let (generation, needs_check) = {
+            let sb = i.sb.lock();
+            (sb.generation, sb.needs_check)
+        };
         let device = i.dev.io_stats();
         let user = i.counters.user_bytes.load(Ordering::Relaxed);
         let sc = &t.store.counters;
@@ -1176,7 +1071,7 @@ impl Engine {
             checkpoints: i.counters.checkpoints.load(Ordering::Relaxed),
             checkpoint_seconds: i.counters.checkpoint_nanos.load(Ordering::Relaxed) as f64 / 1e9,
             syncs: i.counters.syncs.load(Ordering::Relaxed),
-            generation: i.sb.lock().generation,
+            generation,
             free_bytes: free * BLOCK_SIZE as u64,
             data_bytes: total * BLOCK_SIZE as u64,
             free_extents: frag,
@@ -1184,8 +1079,27 @@ impl Engine {
             opened_after_crash: i.opened_after_crash,
             recovered_records: i.recovered_records,
             recovery_stop: i.recovery_stop.clone(),
+            skipped_records: i.skipped_records,
+            needs_check,
             failure: i.failed.lock().as_ref().map(|e| e.to_string()),
         }
+    }
+
+    /// The largest batch [`Engine::write`] accepts, in [`Batch::log_bytes`] (one log record holds
+    /// one batch; a larger one is refused with [`Error::InvalidArgument`], nothing changed).
+    pub fn max_batch_bytes(&self) -> usize {
+        self.inner.log.max_record()
+    }
+
+    /// Clears the superblock flag that asks for a check ([`Stats::needs_check`]), once a check
+    /// has found (or repaired) the image whole. The next checkpoint, at the latest at close,
+    /// writes it.
+    pub fn clear_needs_check(&self) -> Result<()> {
+        self.inner.check_writable()?;
+        // Not while a checkpoint runs: it would put back the copy it started from.
+        let _c = self.inner.ckpt_lock.lock();
+        self.inner.sb.lock().needs_check = false;
+        Ok(())
     }
 
     /// The format parameters of the open image.
@@ -1218,6 +1132,27 @@ impl Engine {
     pub fn abandon(self) {
         self.stop_threads();
         self.inner.closed.store(true, Ordering::Release);
+    }
+
+    /// Appends a record of `ops` to the log without applying it, as a writer with a bug might
+    /// have, after taking `msns_used` message numbers for it (what such a writer may have applied
+    /// before it failed). For tests of replay.
+    #[cfg(test)]
+    pub(crate) fn log_unapplied_for_tests(
+        &self,
+        payload: Option<&[u8]>,
+        ops: &[Op],
+        msns_used: u64,
+    ) -> Lsn {
+        let tree = &self.inner.tree;
+        let _w = tree.writers.write();
+        let first = tree.next_msn.fetch_add(msns_used, Ordering::Relaxed);
+        let mut rec = ops::encode_record(ops);
+        rec[..8].copy_from_slice(&first.to_le_bytes());
+        self.inner
+            .log
+            .append(payload.unwrap_or(&rec))
+            .expect("append")
     }
 
     /// Checks every invariant of the tree on disk and in memory: node checksums, pivot order, message

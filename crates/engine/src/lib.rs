@@ -29,6 +29,7 @@
 
 #![deny(missing_docs)]
 
+mod apply;
 mod cache;
 mod codec;
 mod compress;
@@ -39,6 +40,7 @@ mod msg;
 mod node;
 mod ops;
 mod partition;
+mod prefix;
 mod read;
 mod store;
 mod superblock;

@@ -70,6 +70,11 @@ impl Op {
         }
     }
 
+    /// Bytes the operation takes in a log record at most (see [`Batch::log_bytes`]).
+    pub fn log_bytes(&self) -> usize {
+        self.user_bytes() + 16
+    }
+
     /// Checks sizes and arguments against the format.
     pub fn validate(&self, f: &Format) -> Result<()> {
         let key = |k: &[u8]| {
@@ -239,6 +244,16 @@ impl Batch {
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
+    /// Bytes the batch takes in the log at most: what [`crate::Engine::write`] compares with
+    /// [`crate::Engine::max_batch_bytes`].
+    pub fn log_bytes(&self) -> usize {
+        record_bytes(&self.ops)
+    }
+}
+
+/// Bytes a record of `ops` takes at most (its encoding is never longer).
+pub(crate) fn record_bytes(ops: &[Op]) -> usize {
+    16 + ops.iter().map(Op::log_bytes).sum::<usize>()
 }
 
 /// The smallest key greater than every key starting with `prefix` (`max_key_len + 1` bytes of 0xff
@@ -383,6 +398,39 @@ mod tests {
         rec[..8].copy_from_slice(&42u64.to_le_bytes());
         assert_eq!(decode_record(&rec, &f).unwrap(), (42, ops));
         assert!(decode_record(&rec[..rec.len() - 1], &f).is_err());
+    }
+
+    #[test]
+    fn the_record_estimate_bounds_the_encoding() {
+        let ops = vec![
+            Op::Put {
+                key: vec![1; 300],
+                value: vec![2; 4096],
+            },
+            Op::Upsert {
+                key: vec![3; 20],
+                patch: Patch::Write {
+                    offset: 7,
+                    data: vec![4; 100],
+                },
+            },
+            Op::Upsert {
+                key: vec![3; 20],
+                patch: Patch::Truncate { len: 9 },
+            },
+            Op::Delete { key: vec![5; 9] },
+            Op::MovePrefix {
+                from: b"a".to_vec(),
+                to: b"bcd".to_vec(),
+            },
+        ];
+        assert!(encode_record(&ops).len() <= record_bytes(&ops));
+        for op in &ops {
+            assert!(
+                encode_record(std::slice::from_ref(op)).len()
+                    <= record_bytes(std::slice::from_ref(op))
+            );
+        }
     }
 
     #[test]

@@ -14,6 +14,8 @@ use crate::error::{Error, Result};
 pub const SUPER_MAGIC: [u8; 8] = *b"AMARANTH";
 /// The on-disk format version this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
+/// Superblock flag: log records were skipped at an open; the image wants a check.
+const FLAG_NEEDS_CHECK: u16 = 1;
 const CRC_AT: usize = 12;
 
 /// An extent of whole blocks.
@@ -63,6 +65,9 @@ pub struct Superblock {
     pub compression: u8,
     /// Whether the engine was closed cleanly after this checkpoint.
     pub clean: bool,
+    /// Log records that could not be applied were skipped at an open: the image wants a check
+    /// (kept until a check clears it).
+    pub needs_check: bool,
     /// First block of the log region.
     pub log_start_block: u64,
     /// Blocks in the log region.
@@ -137,7 +142,11 @@ impl Superblock {
         e.u32(self.max_value_len);
         e.u8(self.compression);
         e.u8(self.clean as u8);
-        e.u16(0);
+        e.u16(if self.needs_check {
+            FLAG_NEEDS_CHECK
+        } else {
+            0
+        });
         e.u64(self.log_start_block);
         e.u64(self.log_blocks);
         e.u64(self.log_epoch);
@@ -196,10 +205,8 @@ impl Superblock {
             max_value_len: d.u32()?,
             compression: d.u8()?,
             clean: d.u8()? != 0,
-            log_start_block: {
-                d.u16()?;
-                d.u64()?
-            },
+            needs_check: d.u16()? & FLAG_NEEDS_CHECK != 0,
+            log_start_block: d.u64()?,
             log_blocks: d.u64()?,
             log_epoch: d.u64()?,
             log_tail_voff: d.u64()?,
@@ -335,6 +342,7 @@ mod tests {
             max_value_len: 1024,
             compression: 0,
             clean: true,
+            needs_check: false,
             log_start_block: 2,
             log_blocks: 100,
             log_epoch: 3,
@@ -353,6 +361,19 @@ mod tests {
             created_unix: 1,
             checkpoint_unix: 2,
         }
+    }
+
+    #[test]
+    fn the_check_flag_round_trips_and_sits_in_the_reserved_bytes() {
+        let mut sb = sample(3);
+        let plain = sb.encode();
+        assert_eq!(&plain[70..72], &[0, 0]);
+        sb.needs_check = true;
+        let flagged = sb.encode();
+        assert_eq!(&flagged[70..72], &[1, 0]);
+        assert_eq!(Superblock::decode(&flagged, 0).unwrap(), sb);
+        sb.needs_check = false;
+        assert_eq!(Superblock::decode(&plain, 0).unwrap(), sb);
     }
 
     #[test]

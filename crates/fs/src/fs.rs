@@ -31,6 +31,8 @@ pub const SYMLINK_MAX: usize = 4095;
 pub const XATTR_VALUE_MAX: usize = 65536;
 /// Largest file size.
 pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+/// The most bytes one `copy_file_range` call copies (as much as the largest write request).
+pub const COPY_MAX: u64 = 1 << 20;
 /// Inode numbers reserved per record of the counter.
 const INO_BATCH: u64 = 1024;
 /// `renameat2` flags.
@@ -207,8 +209,6 @@ pub struct Fs {
     last_reclaim: Mutex<(Option<Instant>, u64, u64)>,
     /// Operations that freed space (unlink, rmdir, truncate, punch) so far.
     deletions: AtomicU64,
-    /// Largest write put in one batch (well inside one log record).
-    max_piece: usize,
     /// Counters.
     pub counters: FsCounters,
 }
@@ -272,7 +272,6 @@ impl Fs {
         };
         let next = u64_value(engine.get(&keys::system_key("next_ino"))?).ok_or(Errno::EIO)?;
         let used = u64_value(engine.get(&keys::system_key("inodes"))?).unwrap_or(1);
-        let log_capacity = engine.stats().log.capacity as usize;
         let fs = Fs {
             engine,
             opts,
@@ -289,7 +288,6 @@ impl Fs {
             next_fh: AtomicU64::new(1),
             last_reclaim: Mutex::new((None, 0, 0)),
             deletions: AtomicU64::new(0),
-            max_piece: (log_capacity / 16).clamp(64 << 10, 1 << 20),
             counters: FsCounters::default(),
         };
         fs.remove_orphans()?;
@@ -1069,7 +1067,9 @@ impl Fs {
         let mut replaced: Option<Inode> = None;
         if exchange {
             let d = dst.as_ref().expect("checked");
-            let tmp = keys::child_key(&[], b"\0amaranth-exchange");
+            // Through a place whose keys are shorter than any path's: no key of either side is
+            // ever longer than it is before or after the exchange.
+            let tmp = keys::swap_key();
             self.move_entry_ops(&mut b, &src, &tmp);
             self.move_entry_ops(&mut b, d, &src.key);
             let src_at_tmp = Found {
@@ -1326,10 +1326,25 @@ impl Fs {
             return Ok(Vec::new());
         }
         let end = file_size.min(offset + size as u64);
+        let buf = self.read_bytes(&fk, offset, end)?;
+        self.counters
+            .bytes_read
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        if self.opts.relatime {
+            self.maybe_touch_atime(ino, &shared, &fk);
+        }
+        Ok(buf)
+    }
+
+    /// The bytes `[offset, end)` of the file at `fk` (holes and missing tails read as zeros).
+    fn read_bytes(&self, fk: &[u8], offset: u64, end: u64) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; (end - offset) as usize];
-        let prefix_len = keys::data_prefix(&fk).len();
-        let lo = keys::data_key(&fk, offset / BLOCK);
-        let hi = keys::data_key(&fk, (end - 1) / BLOCK + 1);
+        if end == offset {
+            return Ok(buf);
+        }
+        let prefix_len = keys::data_prefix(fk).len();
+        let lo = keys::data_key(fk, offset / BLOCK);
+        let hi = keys::data_key(fk, (end - 1) / BLOCK + 1);
         self.engine
             .scan(Bound::Included(&lo), Bound::Excluded(&hi), |k, v| {
                 if let Some(blk) = keys::block_of(k, prefix_len) {
@@ -1342,12 +1357,6 @@ impl Fs {
                 }
                 true
             })?;
-        self.counters
-            .bytes_read
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        if self.opts.relatime {
-            self.maybe_touch_atime(ino, &shared, &fk);
-        }
         Ok(buf)
     }
 
@@ -1402,26 +1411,69 @@ impl Fs {
         if kill_suidgid {
             Self::kill_suidgid(&mut next);
         }
-        // Keep each batch well inside one log record; the inode goes with the last piece.
-        let max_piece = self.max_piece;
-        let mut pos = 0usize;
-        loop {
-            let piece = (data.len() - pos).min(max_piece);
-            let mut b = Batch::new();
-            write_ops(&mut b, &fk, offset + pos as u64, &data[pos..pos + piece]);
-            pos += piece;
-            if pos == data.len() {
-                b.put(keys::meta_key(&fk), next.encode());
-                self.commit(&mut b)?;
-                break;
-            }
-            self.commit(&mut b)?;
+        // One request, one batch: all of it or nothing after a crash.
+        let mut b = Batch::new();
+        let n = self.write_batch(&mut b, &fk, offset, data, &next)?;
+        if n < data.len() {
+            next.size = inode.size.max(offset + n as u64);
         }
+        b.put(keys::meta_key(&fk), next.encode());
+        self.commit(&mut b)?;
         *inode = next;
         self.counters
             .bytes_written
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
-        Ok(data.len())
+            .fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// Adds to `b` the operations writing as much of `data` at `offset` as one batch can hold
+    /// together with the inode `next`, and returns how many bytes that is: all of them, unless the
+    /// batch would be larger than the largest log record (a small log, or a file key long enough
+    /// that a request's block keys outweigh its data); then as many whole blocks as fit, at least
+    /// one, and the caller returns a short count (the application writes the rest in its next
+    /// call). `EFBIG` when not even one block fits.
+    fn write_batch(
+        &self,
+        b: &mut Batch,
+        fk: &[u8],
+        offset: u64,
+        data: &[u8],
+        next: &Inode,
+    ) -> Result<usize> {
+        write_ops(b, fk, offset, data);
+        let mut inode_op = Batch::new();
+        inode_op.put(keys::meta_key(fk), next.encode());
+        let room = self
+            .engine
+            .max_batch_bytes()
+            .saturating_sub(inode_op.log_bytes());
+        if b.log_bytes() <= room {
+            return Ok(data.len());
+        }
+        // The ops are one per block, in order: keep the longest prefix that fits.
+        let mut used = Batch::new().log_bytes();
+        let mut written = 0usize;
+        let mut keep = 0;
+        for op in &b.ops {
+            used += op.log_bytes();
+            if used > room {
+                break;
+            }
+            written += match op {
+                Op::Put { value, .. } => value.len(),
+                Op::Upsert {
+                    patch: Patch::Write { data, .. },
+                    ..
+                } => data.len(),
+                _ => unreachable!("a write is puts and writing upserts"),
+            };
+            keep += 1;
+        }
+        if keep == 0 {
+            return Err(Errno::EFBIG);
+        }
+        b.ops.truncate(keep);
+        Ok(written)
     }
 
     /// Makes everything acknowledged so far durable (the log is global: any fsync syncs all).
@@ -1806,8 +1858,12 @@ impl Fs {
         }
     }
 
-    /// Copies `len` bytes between files inside the daemon (no data crosses to the kernel). Block-
-    /// aligned copies move whole blocks and keep holes. Returns the bytes copied.
+    /// Copies up to `len` bytes between files inside the daemon (no data crosses to the kernel)
+    /// as one batch: after a crash, all of what the call reports copied or none of it. One call
+    /// copies at most [`COPY_MAX`] bytes (less if a batch that large would not fit in one log
+    /// record) and returns the count, short when `len` was larger: the caller (the kernel hands
+    /// the count to the application, `cp` loops) asks again for the rest. Block-aligned copies
+    /// move whole blocks and keep holes.
     pub fn copy_file_range(
         &self,
         ino_in: u64,
@@ -1816,74 +1872,111 @@ impl Fs {
         off_out: u64,
         len: u64,
     ) -> Result<u64> {
-        let size_in = self.getattr(ino_in)?.size;
-        let out_kind = self.getattr(ino_out)?.kind;
-        if out_kind != Kind::File {
+        let _ns = self.ns.read();
+        let size_in = self.node_inode(ino_in)?.lock().size;
+        let shared = self.node_inode(ino_out)?;
+        if shared.lock().kind != Kind::File {
             return Err(Errno::EINVAL);
         }
         if off_in >= size_in || len == 0 {
             return Ok(0);
         }
-        let len = len.min(size_in - off_in);
-        if ino_in == ino_out && off_in < off_out + len && off_out < off_in + len {
-            return Err(Errno::EINVAL);
-        }
-        let aligned = off_in.is_multiple_of(BLOCK) && off_out.is_multiple_of(BLOCK);
-        const CHUNK: u64 = 1 << 20;
-        let mut done = 0u64;
-        while done < len {
-            let n = (len - done).min(CHUNK);
-            if aligned && n.is_multiple_of(BLOCK) {
-                self.copy_blocks(ino_in, off_in + done, ino_out, off_out + done, n)?;
-            } else {
-                let data = self.read(ino_in, off_in + done, n as u32)?;
-                let mut buf = data;
-                buf.resize(n as usize, 0);
-                self.write(ino_out, 0, off_out + done, &buf, false)?;
-            }
-            done += n;
-        }
-        Ok(done)
-    }
-
-    fn copy_blocks(
-        &self,
-        ino_in: u64,
-        off_in: u64,
-        ino_out: u64,
-        off_out: u64,
-        n: u64,
-    ) -> Result<()> {
-        let _ns = self.ns.read();
         let src = self.file_key(ino_in)?;
         let dst = self.file_key(ino_out)?;
-        let shared = self.node_inode(ino_out)?;
-        let prefix_len = keys::data_prefix(&src).len();
-        let (b_in, b_out, count) = (off_in / BLOCK, off_out / BLOCK, n / BLOCK);
-        let mut b = Batch::new();
-        b.range_delete(
-            keys::data_key(&dst, b_out),
-            keys::data_key(&dst, b_out + count),
-        );
-        let lo = keys::data_key(&src, b_in);
-        let hi = keys::data_key(&src, b_in + count);
-        self.check_space(n)?;
-        self.engine
-            .scan(Bound::Included(&lo), Bound::Excluded(&hi), |k, v| {
-                if let Some(blk) = keys::block_of(k, prefix_len) {
-                    b.put(keys::data_key(&dst, blk - b_in + b_out), v.to_vec());
-                }
-                true
-            })?;
+        let len = len.min(size_in - off_in);
+        if ino_in == ino_out && off_in < off_out.saturating_add(len) && off_out < off_in + len {
+            return Err(Errno::EINVAL);
+        }
+        let len = len.min(self.copy_limit(&dst));
+        let end = off_out.checked_add(len).ok_or(Errno::EFBIG)?;
+        if end > MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
+        self.check_space(len)?;
         let mut inode = shared.lock();
+        let mut b = Batch::new();
+        let mut done = 0;
+        if off_in.is_multiple_of(BLOCK) && off_out.is_multiple_of(BLOCK) {
+            done = len / BLOCK * BLOCK;
+            self.copy_block_ops(
+                &mut b,
+                &src,
+                off_in / BLOCK,
+                &dst,
+                off_out / BLOCK,
+                len / BLOCK,
+            )?;
+        }
+        if done < len {
+            let bytes = self.read_bytes(&src, off_in + done, off_in + len)?;
+            write_ops(&mut b, &dst, off_out + done, &bytes);
+        }
         let mut next = inode.clone();
-        next.size = next.size.max(off_out + n);
+        next.size = next.size.max(end);
         let now = Time::now();
         next.mtime = now;
         next.ctime = now;
         b.put(keys::meta_key(&dst), next.encode());
         self.commit(&mut b)?;
         *inode = next;
+        Ok(len)
+    }
+
+    /// The most bytes one `copy_file_range` call copies into the file at `fk`: [`COPY_MAX`], or
+    /// fewer when that many block writes (each a data key and up to a block) with the inode
+    /// would not fit in one log record.
+    fn copy_limit(&self, fk: &[u8]) -> u64 {
+        let key = keys::data_key(fk, 0);
+        let mut fixed = Batch::new();
+        fixed.range_delete(key.clone(), key.clone());
+        fixed.put(keys::meta_key(fk), vec![0; 256]);
+        let mut one = Batch::new();
+        one.upsert(
+            key,
+            Patch::Write {
+                offset: 0,
+                data: vec![0; BLOCK as usize],
+            },
+        );
+        let per_block = (one.log_bytes() - Batch::new().log_bytes()) as u64;
+        let room = self
+            .engine
+            .max_batch_bytes()
+            .saturating_sub(fixed.log_bytes()) as u64;
+        // An unaligned range touches up to two blocks more than its length in blocks.
+        let blocks = (room / per_block).saturating_sub(2).max(1);
+        (blocks * BLOCK).min(COPY_MAX)
+    }
+
+    /// Operations copying `count` whole blocks from block `b_in` of `src` to block `b_out` of
+    /// `dst`: the destination's blocks are dropped and the source's existing ones put (holes stay
+    /// holes).
+    fn copy_block_ops(
+        &self,
+        b: &mut Batch,
+        src: &[u8],
+        b_in: u64,
+        dst: &[u8],
+        b_out: u64,
+        count: u64,
+    ) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let prefix_len = keys::data_prefix(src).len();
+        b.range_delete(
+            keys::data_key(dst, b_out),
+            keys::data_key(dst, b_out + count),
+        );
+        let lo = keys::data_key(src, b_in);
+        let hi = keys::data_key(src, b_in + count);
+        self.engine
+            .scan(Bound::Included(&lo), Bound::Excluded(&hi), |k, v| {
+                if let Some(blk) = keys::block_of(k, prefix_len) {
+                    b.put(keys::data_key(dst, blk - b_in + b_out), v.to_vec());
+                }
+                true
+            })?;
         Ok(())
     }
 }

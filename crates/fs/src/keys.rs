@@ -30,6 +30,8 @@ pub const SEP: u8 = 0x01;
 pub const ESC: u8 = 0x02;
 /// First byte of an inode-keyed home.
 pub const HOME: u8 = 0x03;
+/// First byte of the place an exchange parks one side at inside its batch (never durable).
+pub const SWAP: u8 = 0x04;
 /// Terminates a file key inside data and xattr keys (never appears in a file key).
 pub const END: u8 = 0x00;
 
@@ -105,10 +107,14 @@ pub fn children_prefix(dir: &[u8]) -> Vec<u8> {
     k
 }
 
-/// Prefix shared by the keys of every descendant of directory `dir` (at any depth).
+/// Prefix shared by the keys of every descendant of directory `dir` (at any depth). For a file
+/// key that is not a path (the exchange's [`swap_key`]), the key followed by a separator.
 pub fn subtree_prefix(dir: &[u8]) -> Vec<u8> {
     if dir.is_empty() {
         return vec![SEP];
+    }
+    if dir[0] != SEP {
+        return [dir, &[SEP]].concat();
     }
     // `dir` = ... SEP SEP esc(last): collapse the doubled separator before the last component.
     let last_sep = dir
@@ -129,6 +135,13 @@ pub fn subtree_prefix(dir: &[u8]) -> Vec<u8> {
 /// The escaped last component of a child key under `children_prefix`, unescaped.
 pub fn name_of_child(key: &[u8], prefix_len: usize) -> Option<Vec<u8>> {
     unescape(&key[prefix_len..])
+}
+
+/// The file key an exchange moves one side to before moving the other into its place (inside
+/// one batch, so never durable). One byte: every key it gives (metadata, data, xattrs, subtree)
+/// is shorter than the same key of any path, so parking there never lengthens a key.
+pub fn swap_key() -> Vec<u8> {
+    vec![SWAP]
 }
 
 /// The home key of inode `ino`.
@@ -270,6 +283,30 @@ mod tests {
             assert!(sub.starts_with(&subtree_prefix(&dir)));
             assert!(!sub.starts_with(&children_prefix(&dir)));
         }
+    }
+
+    #[test]
+    fn the_swap_place_is_shorter_than_any_path_and_apart_from_them() {
+        let shortest = path_key(&[b"a"]);
+        let swap = swap_key();
+        assert!(meta_key(&swap).len() < meta_key(&shortest).len());
+        assert!(data_prefix(&swap).len() < data_prefix(&shortest).len());
+        assert!(xattr_prefix(&swap).len() < xattr_prefix(&shortest).len());
+        for (s, p) in subtree_prefixes(&swap)
+            .iter()
+            .zip(subtree_prefixes(&shortest).iter())
+        {
+            assert!(s.len() < p.len());
+            // Its subtree holds neither its own keys nor anything of a path or a home.
+            assert!(!meta_key(&swap).starts_with(s));
+            assert!(!p.starts_with(s) && !s.starts_with(p));
+        }
+        let [m, d, x] = subtree_prefixes(&swap);
+        for k in [&meta_key(&home_key(4)), &meta_key(&[])] {
+            assert!(!k.starts_with(&m) && !k.starts_with(&d) && !k.starts_with(&x));
+        }
+        assert!(!xattr_prefix(&swap).starts_with(&x) && !x.starts_with(&xattr_prefix(&swap)));
+        assert!(!data_prefix(&swap).starts_with(&d) && !d.starts_with(&data_prefix(&swap)));
     }
 
     #[test]

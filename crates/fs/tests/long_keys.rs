@@ -236,3 +236,75 @@ fn an_exchange_fails_whole_when_one_side_does_not_fit() {
     assert!(before.keys().all(|p| after.contains_key(p)));
     assert_eq!(after[&vec![b"s".to_vec()]].data, b"short");
 }
+
+/// The reproduction at this format's scale: under `/a` a chain of 200-byte directory
+/// names as deep as creation allows, files with the longest accepted names at the bottom, an
+/// empty `/b`, and `/a` and `/b` exchanged. The final names are as long as before, so the
+/// exchange must work (it used to pass the tree through a longer temporary name, writing keys
+/// past the limit); everything is in its new place after a remount, and the checker is clean.
+#[test]
+fn an_exchange_of_a_deep_tree_with_a_name_as_short_works() {
+    let mut img = Img::new();
+    let a = img.mkdir(ROOT_INO, b"a");
+    let mut bottom = a;
+    let mut depth = 0;
+    while let Ok(i) = img
+        .fs()
+        .mkdir(bottom, &[b'n' + depth % 8; 200], 0o755, Ctx::default())
+    {
+        bottom = i.ino;
+        depth += 1;
+    }
+    assert!(depth >= 3, "depth {depth}");
+    // The longest name a file accepts there, then more files with names as long.
+    let longest = (1..=255usize)
+        .rev()
+        .find(|&n| {
+            let name = vec![b'f'; n];
+            match img
+                .fs()
+                .create(bottom, &name, 0o644, libc::O_RDWR, Ctx::default())
+            {
+                Ok((i, fh)) => {
+                    img.fs().release(i.ino, fh).unwrap();
+                    true
+                }
+                Err(e) => {
+                    assert_eq!(e, Errno::ENAMETOOLONG);
+                    false
+                }
+            }
+        })
+        .expect("some name fits");
+    for i in 0..40u8 {
+        let mut name = vec![b'g'; longest];
+        name[0] = b'A' + i;
+        img.file(bottom, &name, &[i; 5000]);
+    }
+    img.fs().setxattr(bottom, b"user.deep", b"x", 0).unwrap();
+    let b = img.mkdir(ROOT_INO, b"b");
+    let before = img.state();
+    img.fs()
+        .rename(ROOT_INO, b"a", ROOT_INO, b"b", RENAME_EXCHANGE)
+        .expect("the exchange of names of one length works");
+    img.fs().fsync().unwrap();
+    img.remount_checked();
+    let after = img.state();
+    // Every path under a/ is now under b/ and the other way around.
+    let swapped: Snapshot = before
+        .iter()
+        .map(|(p, s)| {
+            let mut p = p.clone();
+            p[0] = if p[0] == b"a" {
+                b"b".to_vec()
+            } else {
+                b"a".to_vec()
+            };
+            (p, s.clone())
+        })
+        .collect();
+    assert_eq!(after, normalize(&swapped));
+    assert_eq!(after.len(), depth as usize + 2 + 41);
+    assert_eq!(img.fs().lookup(ROOT_INO, b"a").unwrap().ino, b);
+    assert_eq!(img.fs().lookup(ROOT_INO, b"b").unwrap().ino, a);
+}

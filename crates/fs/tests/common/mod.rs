@@ -199,6 +199,14 @@ pub enum FsOp {
         path: &'static str,
         mode: u32,
     },
+    /// One `copy_file_range` call (it may copy less than asked: the count is the operation).
+    Copy {
+        from: &'static str,
+        off_in: u64,
+        to: &'static str,
+        off_out: u64,
+        len: u64,
+    },
     /// fsync, fdatasync, fsyncdir and syncfs are one call at this layer: the engine's `sync`.
     Sync,
     /// An engine checkpoint (what the daemon does every minute): crash windows inside checkpoints.
@@ -212,11 +220,13 @@ fn split(path: &str) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Resolves a path to (parent ino, name) and the inode if it exists. Lookups are forgotten again.
-fn resolve(fs: &Fs, path: &str) -> Result<(u64, Vec<u8>, Option<u64>), Errno> {
+/// Resolves a path to (parent ino, name) and the inode if it exists. Every inode looked up is
+/// added to `held`: the caller forgets them once its operation is done (the table drops an inode
+/// the kernel no longer knows, so forgetting the parent before using it would make the operation
+/// fail with `ENOENT`, as it did in this harness before).
+fn resolve(fs: &Fs, path: &str, held: &mut Vec<u64>) -> Result<(u64, Vec<u8>, Option<u64>), Errno> {
     let comps = split(path);
     let mut cur = ROOT_INO;
-    let mut held = vec![];
     for c in &comps[..comps.len() - 1] {
         let a = fs.lookup(cur, c)?;
         held.push(a.ino);
@@ -227,25 +237,23 @@ fn resolve(fs: &Fs, path: &str) -> Result<(u64, Vec<u8>, Option<u64>), Errno> {
         held.push(a.ino);
         a.ino
     });
-    for h in held {
-        fs.forget(h, 1);
-    }
     Ok((cur, last, target))
 }
 
 /// Applies an operation; errors (EEXIST, ENOENT...) are part of the workload and ignored.
 pub fn apply(fs: &Fs, op: &FsOp) {
     let ctx = Ctx::default();
+    let mut held = Vec::new();
     let _ = (|| -> Result<(), Errno> {
         match op {
             FsOp::Creat(p) => {
-                let (d, n, _) = resolve(fs, p)?;
+                let (d, n, _) = resolve(fs, p, &mut held)?;
                 let (a, fh) = fs.create(d, &n, 0o644, libc::O_RDWR, ctx)?;
                 fs.release(a.ino, fh)?;
                 fs.forget(a.ino, 1);
             }
             FsOp::Mkdir(p) => {
-                let (d, n, _) = resolve(fs, p)?;
+                let (d, n, _) = resolve(fs, p, &mut held)?;
                 let a = fs.mkdir(d, &n, 0o755, ctx)?;
                 fs.forget(a.ino, 1);
             }
@@ -255,7 +263,7 @@ pub fn apply(fs: &Fs, op: &FsOp) {
                 len,
                 fill,
             } => {
-                let (_, _, Some(i)) = resolve(fs, path)? else {
+                let (_, _, Some(i)) = resolve(fs, path, &mut held)? else {
                     return Err(Errno::ENOENT);
                 };
                 let fh = fs.open(i, libc::O_RDWR, ctx)?;
@@ -265,7 +273,7 @@ pub fn apply(fs: &Fs, op: &FsOp) {
                 r?;
             }
             FsOp::Append { path, len, fill } => {
-                let (_, _, Some(i)) = resolve(fs, path)? else {
+                let (_, _, Some(i)) = resolve(fs, path, &mut held)? else {
                     return Err(Errno::ENOENT);
                 };
                 let fh = fs.open(i, libc::O_RDWR | libc::O_APPEND, ctx)?;
@@ -280,7 +288,7 @@ pub fn apply(fs: &Fs, op: &FsOp) {
                 len,
                 keep,
             } => {
-                let (_, _, Some(i)) = resolve(fs, path)? else {
+                let (_, _, Some(i)) = resolve(fs, path, &mut held)? else {
                     return Err(Errno::ENOENT);
                 };
                 fs.fallocate(
@@ -295,7 +303,7 @@ pub fn apply(fs: &Fs, op: &FsOp) {
                 )?;
             }
             FsOp::Punch { path, offset, len } => {
-                let (_, _, Some(i)) = resolve(fs, path)? else {
+                let (_, _, Some(i)) = resolve(fs, path, &mut held)? else {
                     return Err(Errno::ENOENT);
                 };
                 fs.fallocate(
@@ -306,7 +314,7 @@ pub fn apply(fs: &Fs, op: &FsOp) {
                 )?;
             }
             FsOp::Truncate { path, size } => {
-                let (_, _, Some(i)) = resolve(fs, path)? else {
+                let (_, _, Some(i)) = resolve(fs, path, &mut held)? else {
                     return Err(Errno::ENOENT);
                 };
                 fs.setattr(
@@ -319,24 +327,24 @@ pub fn apply(fs: &Fs, op: &FsOp) {
                 )?;
             }
             FsOp::Link(a, b) => {
-                let (_, _, Some(i)) = resolve(fs, a)? else {
+                let (_, _, Some(i)) = resolve(fs, a, &mut held)? else {
                     return Err(Errno::ENOENT);
                 };
-                let (d, n, _) = resolve(fs, b)?;
+                let (d, n, _) = resolve(fs, b, &mut held)?;
                 let r = fs.link(i, d, &n)?;
                 fs.forget(r.ino, 1);
             }
             FsOp::Unlink(p) => {
-                let (d, n, _) = resolve(fs, p)?;
+                let (d, n, _) = resolve(fs, p, &mut held)?;
                 fs.unlink(d, &n)?;
             }
             FsOp::Rmdir(p) => {
-                let (d, n, _) = resolve(fs, p)?;
+                let (d, n, _) = resolve(fs, p, &mut held)?;
                 fs.rmdir(d, &n)?;
             }
             FsOp::Rename(a, b) | FsOp::Exchange(a, b) => {
-                let (da, na, _) = resolve(fs, a)?;
-                let (db, nb, _) = resolve(fs, b)?;
+                let (da, na, _) = resolve(fs, a, &mut held)?;
+                let (db, nb, _) = resolve(fs, b, &mut held)?;
                 let flags = if matches!(op, FsOp::Exchange(..)) {
                     RENAME_EXCHANGE
                 } else {
@@ -345,24 +353,24 @@ pub fn apply(fs: &Fs, op: &FsOp) {
                 fs.rename(da, &na, db, &nb, flags)?;
             }
             FsOp::Symlink(target, p) => {
-                let (d, n, _) = resolve(fs, p)?;
+                let (d, n, _) = resolve(fs, p, &mut held)?;
                 let a = fs.symlink(d, &n, target.as_bytes(), ctx)?;
                 fs.forget(a.ino, 1);
             }
             FsOp::SetXattr { path, name, len } => {
-                let (_, _, Some(i)) = resolve(fs, path)? else {
+                let (_, _, Some(i)) = resolve(fs, path, &mut held)? else {
                     return Err(Errno::ENOENT);
                 };
                 fs.setxattr(i, name.as_bytes(), &vec![b'v'; *len], 0)?;
             }
             FsOp::RemoveXattr { path, name } => {
-                let (_, _, Some(i)) = resolve(fs, path)? else {
+                let (_, _, Some(i)) = resolve(fs, path, &mut held)? else {
                     return Err(Errno::ENOENT);
                 };
                 fs.removexattr(i, name.as_bytes())?;
             }
             FsOp::Chmod { path, mode } => {
-                let (_, _, Some(i)) = resolve(fs, path)? else {
+                let (_, _, Some(i)) = resolve(fs, path, &mut held)? else {
                     return Err(Errno::ENOENT);
                 };
                 fs.setattr(
@@ -374,11 +382,29 @@ pub fn apply(fs: &Fs, op: &FsOp) {
                     ctx,
                 )?;
             }
+            FsOp::Copy {
+                from,
+                off_in,
+                to,
+                off_out,
+                len,
+            } => {
+                let (_, _, Some(i)) = resolve(fs, from, &mut held)? else {
+                    return Err(Errno::ENOENT);
+                };
+                let (_, _, Some(o)) = resolve(fs, to, &mut held)? else {
+                    return Err(Errno::ENOENT);
+                };
+                fs.copy_file_range(i, *off_in, o, *off_out, *len)?;
+            }
             FsOp::Sync => fs.fsync()?,
             FsOp::Checkpoint => fs.engine().checkpoint().map_err(Errno::from)?,
         }
         Ok(())
     })();
+    for ino in held {
+        fs.forget(ino, 1);
+    }
 }
 
 /// The starting tree of every ACE-style workload: two directories with a few files in each.
@@ -424,14 +450,25 @@ pub struct Run {
 
 /// Runs `ops` (after the setup) and records everything needed to judge crash states.
 pub fn record(ops: &[FsOp]) -> Run {
-    let dev = Arc::new(FaultDevice::new(16 << 20));
-    let engine = Engine::create(dev.clone(), format(), engine_options()).expect("create");
+    record_with(ops, format(), 16 << 20)
+}
+
+/// [`record`] on an image of `dev_bytes` bytes with format `f`.
+pub fn record_with(ops: &[FsOp], f: Format, dev_bytes: u64) -> Run {
+    let dev = Arc::new(FaultDevice::new(dev_bytes));
+    let engine = Engine::create(dev.clone(), f, engine_options()).expect("create");
     Fs::mkfs(&engine, 0, 0).expect("mkfs");
     let fs = Fs::new(Arc::new(engine), fs_options()).expect("mount");
     for op in setup_ops() {
         apply(&fs, &op);
     }
     fs.fsync().expect("sync");
+    // Operations' errors are part of workloads: make sure the starting tree is really there.
+    let start = snapshot(&fs);
+    for (path, size) in [("A/foo", 9000), ("B/bar", 100), ("A/C/baz", 0)] {
+        let p: Vec<Vec<u8>> = path.split('/').map(|c| c.as_bytes().to_vec()).collect();
+        assert_eq!(start.get(&p).map(|s| s.size), Some(size), "setup: {path}");
+    }
     dev.restart_recording();
     let mut states = vec![normalize(&snapshot(&fs))];
     let mut syncs = vec![(0, 0)];

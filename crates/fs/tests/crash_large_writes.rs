@@ -1,0 +1,207 @@
+//! Power cuts around writes and copies as large as one FUSE request (1 MiB, the `max_write` the
+//! daemon negotiates) with small logs: each call is one batch, so after a crash it is all there
+//! or not at all, and an extending truncate after it shows zeros, never bytes of a lost part.
+//! A write larger than what one log record holds is not split into several batches: it returns
+//! a short count (POSIX allows it; the application writes the rest), and what it reports is atomic.
+
+mod common;
+
+use std::sync::Arc;
+
+use amaranth_device::MemDevice;
+use amaranth_engine::{Engine, Format};
+use amaranth_fs::{Ctx, Fs, SetAttr, COPY_MAX, ROOT_INO};
+use common::*;
+
+/// The crash format with a 12 MiB log: its largest record (1.5 MiB) holds a 1 MiB request, and
+/// it wraps (with checkpoints) within a few such requests.
+fn twelve_mib_log() -> Format {
+    Format {
+        log_size: Some(12 << 20),
+        ..format()
+    }
+}
+
+const MIB: usize = 1 << 20;
+
+#[test]
+fn requests_up_to_a_mebibyte_are_atomic_across_power_cuts() {
+    let ops = vec![
+        FsOp::Write {
+            path: "A/foo",
+            offset: 0,
+            len: MIB,
+            fill: 11,
+        },
+        FsOp::Write {
+            path: "A/foo",
+            offset: 1000,
+            len: MIB - 1,
+            fill: 12,
+        },
+        FsOp::Write {
+            path: "B/bar",
+            offset: 300,
+            len: 300_000,
+            fill: 13,
+        },
+        FsOp::Truncate {
+            path: "B/bar",
+            size: 3 * MIB as u64,
+        },
+        FsOp::Sync,
+        FsOp::Append {
+            path: "B/bar",
+            len: MIB,
+            fill: 14,
+        },
+        FsOp::Write {
+            path: "A/foo",
+            offset: 5 * MIB as u64 + 4096,
+            len: MIB,
+            fill: 15,
+        },
+        FsOp::Truncate {
+            path: "A/foo",
+            size: 8 * MIB as u64,
+        },
+        FsOp::Write {
+            path: "A/foo",
+            offset: 12_345,
+            len: 777_777,
+            fill: 16,
+        },
+    ];
+    let run = record_with(&ops, twelve_mib_log(), 64 << 20);
+    let states = check_run(&run, 0x1a46e, 60, "1 MiB requests, 12 MiB log");
+    eprintln!("1 MiB requests: {states} crash states checked");
+}
+
+#[test]
+fn a_copy_file_range_call_is_atomic_across_power_cuts() {
+    let ops = vec![
+        FsOp::Write {
+            path: "A/foo",
+            offset: 0,
+            len: 3 * MIB,
+            fill: 21,
+        },
+        FsOp::Sync,
+        // Aligned: whole blocks; asked for 3 MiB, one call copies at most COPY_MAX.
+        FsOp::Copy {
+            from: "A/foo",
+            off_in: 0,
+            to: "B/bar",
+            off_out: 4096,
+            len: 3 * MIB as u64,
+        },
+        // Unaligned: bytes.
+        FsOp::Copy {
+            from: "A/foo",
+            off_in: 5,
+            to: "B/bar",
+            off_out: 2 * MIB as u64 + 7,
+            len: 900_000,
+        },
+        FsOp::Truncate {
+            path: "B/bar",
+            size: 5 * MIB as u64,
+        },
+    ];
+    let run = record_with(&ops, twelve_mib_log(), 64 << 20);
+    let states = check_run(&run, 0xc0b1, 60, "copy_file_range, 12 MiB log");
+    eprintln!("copy_file_range: {states} crash states checked");
+}
+
+#[test]
+fn a_write_larger_than_a_log_record_is_short_and_atomic_across_power_cuts() {
+    // The case: the crash format's 1 MiB log holds records of at most 128 KiB, so a
+    // 300,000-byte write is written in part (a short count) as one batch; the extending
+    // truncate after it shows zeros past what was written.
+    let ops = vec![
+        FsOp::Write {
+            path: "A/foo",
+            offset: 0,
+            len: 300_000,
+            fill: 31,
+        },
+        FsOp::Truncate {
+            path: "A/foo",
+            size: 400_000,
+        },
+        FsOp::Write {
+            path: "B/bar",
+            offset: 1000,
+            len: 300_000,
+            fill: 32,
+        },
+    ];
+    let run = record(&ops);
+    let states = check_run(&run, 0x300, 40, "300,000-byte writes, 1 MiB log");
+    eprintln!("writes past a log record: {states} crash states checked");
+}
+
+#[test]
+fn short_counts_cover_the_whole_write_when_the_caller_loops() {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let engine = Engine::create(dev, format(), engine_options()).unwrap();
+    Fs::mkfs(&engine, 0, 0).unwrap();
+    let fs = Fs::new(Arc::new(engine), fs_options()).unwrap();
+    let (f, fh) = fs
+        .create(ROOT_INO, b"f", 0o644, libc::O_RDWR, Ctx::default())
+        .unwrap();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let max = fs.engine().max_batch_bytes();
+    // Unaligned start: the first piece ends on a block boundary.
+    let mut pos = 0usize;
+    let mut calls = 0;
+    while pos < data.len() {
+        let n = fs
+            .write(f.ino, fh, 1000 + pos as u64, &data[pos..], false)
+            .unwrap();
+        assert!(n > 0);
+        calls += 1;
+        assert_eq!(fs.getattr(f.ino).unwrap().size, 1000 + (pos + n) as u64);
+        pos += n;
+        if pos < data.len() {
+            assert_eq!(
+                (1000 + pos) % 4096,
+                0,
+                "a short write ends on a block boundary"
+            );
+            assert!(n < max, "{n} bytes in a record of at most {max}");
+        }
+    }
+    assert!(
+        calls > 2,
+        "{calls} calls: the log's records are smaller than the write"
+    );
+    let got = fs.read(f.ino, 0, 400_000).unwrap();
+    assert_eq!(&got[..1000], &[0; 1000][..]);
+    assert_eq!(&got[1000..], &data[..]);
+    // copy_file_range copies at most COPY_MAX, and less with records this small.
+    let (g, gh) = fs
+        .create(ROOT_INO, b"g", 0o644, libc::O_RDWR, Ctx::default())
+        .unwrap();
+    let n = fs.copy_file_range(f.ino, 0, g.ino, 0, 301_000).unwrap();
+    assert!(n > 0 && n < COPY_MAX && (n as usize) < max, "copied {n}");
+    let mut copied = n;
+    while copied < 301_000 {
+        copied += fs
+            .copy_file_range(f.ino, copied, g.ino, copied, 301_000 - copied)
+            .unwrap();
+    }
+    assert_eq!(fs.read(g.ino, 0, 400_000).unwrap(), got);
+    fs.setattr(
+        g.ino,
+        &SetAttr {
+            size: Some(310_000),
+            ..SetAttr::default()
+        },
+        Ctx::default(),
+    )
+    .unwrap();
+    assert_eq!(fs.read(g.ino, 301_000, 9_000).unwrap(), vec![0; 9_000]);
+    fs.release(f.ino, fh).unwrap();
+    fs.release(g.ino, gh).unwrap();
+}
