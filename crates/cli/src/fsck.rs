@@ -70,6 +70,7 @@ pub fn run(image: &Path, repair: bool, fallback_superblock: bool) -> CliResult<i
         );
     }
     let report = check::check(&engine, repair, |msg| note!("fsck: {msg}"));
+    let flag = check_flag(&engine, &report, repair);
     for p in &report.problems {
         let sev = match p.class.severity() {
             Severity::Benign => "benign",
@@ -121,7 +122,11 @@ pub fn run(image: &Path, repair: bool, fallback_superblock: bool) -> CliResult<i
             ));
         }
     }
-    let code = report.exit_code();
+    let code = match flag {
+        Flag::None => report.exit_code(),
+        Flag::Cleared => report.exit_code().max(CORRECTED),
+        Flag::Kept => UNCORRECTED,
+    };
     match code {
         CLEAN => say!("clean"),
         CORRECTED => say!("errors corrected"),
@@ -135,6 +140,34 @@ pub fn run(image: &Path, repair: bool, fallback_superblock: bool) -> CliResult<i
         ),
     }
     Ok(code)
+}
+
+/// What became of the engine's "needs a check" flag (log records were skipped at an open).
+enum Flag {
+    /// Not set.
+    None,
+    /// Set, and cleared by this repair run (nothing left uncorrected).
+    Cleared,
+    /// Set and left set.
+    Kept,
+}
+
+/// Reports the engine's check flag; a repair run that leaves nothing uncorrected clears it.
+fn check_flag(engine: &Engine, report: &check::CheckReport, repair: bool) -> Flag {
+    let st = engine.stats();
+    if !st.needs_check {
+        return Flag::None;
+    }
+    say!(
+        "CORRUPTION NeedsCheck: log records that could not be applied were skipped at an open \
+         ({} at this one); the operations they held are lost",
+        st.skipped_records
+    );
+    if repair && report.exit_code() <= CORRECTED && engine.clear_needs_check().is_ok() {
+        say!("the check flag is cleared [repaired]");
+        return Flag::Cleared;
+    }
+    Flag::Kept
 }
 
 /// A failure to open: damage is "errors left uncorrected", anything else is operational.

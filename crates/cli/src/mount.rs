@@ -504,6 +504,14 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
             st.recovery_stop
         );
     }
+    if st.needs_check {
+        log::error!(
+            "amaranth: {} is flagged for a check: log records that could not be applied were \
+             skipped ({} now); unmount and run `amaranth fsck --repair`",
+            image.display(),
+            st.skipped_records
+        );
+    }
     let fs = match Fs::new(engine.clone(), FsOptions::default()) {
         Ok(fs) => Arc::new(fs),
         Err(e) => {

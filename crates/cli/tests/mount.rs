@@ -569,6 +569,30 @@ fn fsck_reports_a_corrupted_image() {
     assert_eq!(o.status.code(), Some(4), "fsck of a corrupted image");
 }
 
+/// An image whose superblock says log records were skipped at an open (the engine does that when
+/// a record cannot be applied): fsck reports it (exit 4) until a repair run, which finds the tree
+/// whole, clears it (exit 1); then fsck is clean.
+#[test]
+fn fsck_reports_and_repair_clears_the_check_flag() {
+    let s = Scratch::new("flag");
+    let img = s.mkfs("fs.img", "128M");
+    {
+        let dev = amaranth_device::FileDevice::open(&img).unwrap();
+        let mut sb = amaranth_engine::Superblock::read_newest(&dev, false).unwrap();
+        sb.needs_check = true;
+        sb.generation += 1;
+        sb.write(&dev).unwrap();
+        amaranth_device::BlockDevice::flush(&dev).unwrap();
+    }
+    let o = s.run(&["fsck", img.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(4), "fsck of a flagged image");
+    assert!(String::from_utf8_lossy(&o.stdout).contains("NeedsCheck"));
+    let o = s.run(&["fsck", "--repair", img.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "repair clears the flag");
+    let o = s.run(&["fsck", img.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "clean after the repair");
+}
+
 #[test]
 fn daemon_survives_killed_and_concurrent_clients_and_stops_on_sigterm() {
     if !can_mount() {

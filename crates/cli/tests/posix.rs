@@ -1103,6 +1103,94 @@ fn rename_of_a_deep_tree_to_a_longer_path() {
     s.finish(m);
 }
 
+/// Creates `name` in the directory `dir` (an empty file); Err: the errno.
+fn create_at(dir: &OwnedFd, name: &str) -> Result<(), i32> {
+    let c = CString::new(name).unwrap();
+    // SAFETY: valid fd and name.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+            0o644,
+        )
+    };
+    if fd < 0 {
+        return Err(errno());
+    }
+    // SAFETY: fd was just opened and is owned by nobody else.
+    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    Ok(())
+}
+
+/// The reproduction: under `/a` a chain of 200-byte directory names as deep as the file
+/// system allows, 1,500 files with the longest accepted names at the bottom, an empty `/b`, then
+/// `renameat2(a, b, RENAME_EXCHANGE)` and a sync. The final names are as long as before, so it
+/// must work; it used to pass the tree through a longer temporary name and write keys past the
+/// limit (fsck then found entries out of bounds, or the image no longer opened).
+#[test]
+fn exchange_of_a_deep_tree_with_a_name_as_short() {
+    if !mount_env_ok() {
+        return;
+    }
+    let (s, m) = setup("deepexchange", "512M");
+    fs::create_dir(m.p("a")).unwrap();
+    let comp = "d".repeat(200);
+    let mut dirfd: OwnedFd = File::open(m.p("a")).unwrap().into();
+    let mut depth = 0;
+    for _ in 0..200 {
+        match mkdir_and_enter(&dirfd, &CString::new(comp.clone()).unwrap()) {
+            Ok(fd) => dirfd = fd,
+            Err(e) => {
+                assert_eq!(e, libc::ENAMETOOLONG);
+                break;
+            }
+        }
+        depth += 1;
+    }
+    assert!(depth >= 60, "depth {depth}");
+    let longest = (1..=255usize)
+        .rev()
+        .find(|&n| match create_at(&dirfd, &"f".repeat(n)) {
+            Ok(()) => true,
+            Err(e) => {
+                assert_eq!(e, libc::ENAMETOOLONG);
+                false
+            }
+        })
+        .expect("some file name fits at the bottom");
+    for i in 0..1499 {
+        let name = format!("{i:04}{}", "g".repeat(longest - 4));
+        create_at(&dirfd, &name).unwrap();
+    }
+    drop(dirfd);
+    fs::create_dir(m.p("b")).unwrap();
+    eprintln!("depth {depth} x 201 bytes, 1,500 files of {longest} bytes at the bottom");
+    assert_eq!(
+        renameat2(&m.p("a"), &m.p("b"), libc::RENAME_EXCHANGE),
+        0,
+        "exchange of names of one length"
+    );
+    syncfs(&m.mp).unwrap();
+    let count = |m: &Mount, d: &str| {
+        sh_ok(&format!("cd {} && find {d} | wc -l", q(&m.mp)))
+            .trim()
+            .parse::<usize>()
+            .unwrap()
+    };
+    assert_eq!(count(&m, "b"), 1 + depth + 1500);
+    assert_eq!(count(&m, "a"), 1);
+    let m = remount(&s, m);
+    assert_eq!(count(&m, "b"), 1 + depth + 1500);
+    assert_eq!(count(&m, "a"), 1);
+    // And back: the tree returns to its name.
+    assert_eq!(renameat2(&m.p("a"), &m.p("b"), libc::RENAME_EXCHANGE), 0);
+    let m = remount(&s, m);
+    assert_eq!(count(&m, "a"), 1 + depth + 1500);
+    sh_ok(&format!("cd {} && rm -rf a b", q(&m.mp)));
+    s.finish(m);
+}
+
 #[test]
 fn readdir_while_the_directory_changes() {
     if !mount_env_ok() {

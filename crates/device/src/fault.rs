@@ -90,7 +90,9 @@ pub enum CrashPlan {
     KeepAll,
     /// No write after the last flush reached the medium.
     DropAll,
-    /// Each unflushed write survives whole, not at all, or torn (a random subset of its 4 KiB blocks).
+    /// Each unflushed write survives whole, not at all, or torn: half the time a prefix of its
+    /// 4 KiB blocks (cut anywhere, as when the device wrote them in order), half the time a
+    /// random subset of them (every block chosen on its own, however long the write).
     Random {
         /// Seed for the choices (print it to replay a failure).
         seed: u64,
@@ -243,24 +245,31 @@ impl FaultDevice {
         };
         for (i, w) in unflushed.iter().enumerate() {
             let blocks = w.data.len() / BLOCK_SIZE;
-            let mask: u64 = match plan {
-                CrashPlan::KeepAll => u64::MAX,
-                CrashPlan::DropAll => 0,
-                CrashPlan::Exact(masks) => masks.get(i).copied().unwrap_or(0),
+            let survive: Vec<bool> = match plan {
+                CrashPlan::KeepAll => vec![true; blocks],
+                CrashPlan::DropAll => vec![false; blocks],
+                CrashPlan::Exact(masks) => {
+                    // Blocks past the 64th follow the last bit of the mask.
+                    let mask = masks.get(i).copied().unwrap_or(0);
+                    (0..blocks).map(|b| (mask >> b.min(63)) & 1 == 1).collect()
+                }
                 CrashPlan::Random { keep, tear, .. } => {
                     let rng = rng.as_mut().expect("rng for random plan");
                     if !rng.gen_bool(keep.clamp(0.0, 1.0)) {
-                        0
+                        vec![false; blocks]
                     } else if blocks > 1 && rng.gen_bool(tear.clamp(0.0, 1.0)) {
-                        rng.gen::<u64>()
+                        if rng.gen_bool(0.5) {
+                            let cut = rng.gen_range(0..blocks);
+                            (0..blocks).map(|b| b < cut).collect()
+                        } else {
+                            (0..blocks).map(|_| rng.gen_bool(0.5)).collect()
+                        }
                     } else {
-                        u64::MAX
+                        vec![true; blocks]
                     }
                 }
             };
-            for b in 0..blocks {
-                // Blocks past the 64th follow the last bit of the mask.
-                let keep = (mask >> b.min(63)) & 1 == 1;
+            for (b, &keep) in survive.iter().enumerate() {
                 if keep {
                     let off = b * BLOCK_SIZE;
                     apply(

@@ -979,10 +979,16 @@ impl Engine {
     pub fn reclaim_space(&self, target_free: u64) -> Result<u64> {
         self.inner.check_writable()?;
         let mut from: Vec<u8> = Vec::new();
+        let node_size = self.inner.tree.format.node_size as u64;
         loop {
+            // A flush step can dirty a few nodes, and evicting them writes new images while the
+            // old ones stay until the checkpoint that ends the round, which itself needs room for
+            // what is still dirty: a round's flushes are sized by the free space, so that
+            // reclaiming does not use up the space it is meant to give back.
+            let steps = (self.space().0 / (16 * node_size)).clamp(1, 32) as usize;
             let round = {
                 let _w = self.inner.tree.writers.read();
-                self.inner.tree.drain_from(&from, 32, false)
+                self.inner.tree.drain_from(&from, steps, false)
             };
             let (_, resume) = match round {
                 Ok(r) => r,

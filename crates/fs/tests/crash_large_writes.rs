@@ -72,7 +72,7 @@ fn requests_up_to_a_mebibyte_are_atomic_across_power_cuts() {
             fill: 16,
         },
     ];
-    let run = record_with(&ops, twelve_mib_log(), 64 << 20);
+    let run = record_with(&ops, twelve_mib_log(), 40 << 20);
     let states = check_run(&run, 0x1a46e, 60, "1 MiB requests, 12 MiB log");
     eprintln!("1 MiB requests: {states} crash states checked");
 }
@@ -108,7 +108,7 @@ fn a_copy_file_range_call_is_atomic_across_power_cuts() {
             size: 5 * MIB as u64,
         },
     ];
-    let run = record_with(&ops, twelve_mib_log(), 64 << 20);
+    let run = record_with(&ops, twelve_mib_log(), 40 << 20);
     let states = check_run(&run, 0xc0b1, 60, "copy_file_range, 12 MiB log");
     eprintln!("copy_file_range: {states} crash states checked");
 }

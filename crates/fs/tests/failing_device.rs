@@ -127,7 +127,7 @@ fn read_errors_are_eio_never_wrong_data() {
         .create(ROOT_INO, b"big", 0o644, libc::O_RDWR, ctx)
         .unwrap();
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
-    fs.write(a.ino, fh, 0, &data, false).unwrap();
+    write_all(&fs, a.ino, fh, 0, &data).unwrap();
     fs.release(a.ino, fh).unwrap();
     let engine = fs.engine().clone();
     drop(fs);
@@ -192,7 +192,7 @@ fn a_full_device_gives_enospc_without_corruption_and_space_comes_back() {
                 break;
             }
         };
-        let r = fs.write(a.ino, fh, 0, &chunk, false);
+        let r = write_all(&fs, a.ino, fh, 0, &chunk);
         fs.release(a.ino, fh).unwrap();
         match r {
             Ok(_) => written.push(name),
@@ -218,8 +218,7 @@ fn a_full_device_gives_enospc_without_corruption_and_space_comes_back() {
     let (a, fh) = fs
         .create(ROOT_INO, b"after", 0o644, libc::O_RDWR, ctx)
         .expect("create after deletes");
-    fs.write(a.ino, fh, 0, &chunk, false)
-        .expect("space must come back after deletes");
+    write_all(&fs, a.ino, fh, 0, &chunk).expect("space must come back after deletes");
     fs.release(a.ino, fh).unwrap();
     for name in written.iter().skip(1).step_by(2) {
         let a = fs.lookup(ROOT_INO, name.as_bytes()).unwrap();

@@ -135,6 +135,18 @@ pub fn snapshot(fs: &Fs) -> Snapshot {
     out
 }
 
+/// Writes all of `data` at `offset`, calling again after a short count as an application does
+/// (a request larger than one log record is written in part).
+pub fn write_all(fs: &Fs, ino: u64, fh: u64, offset: u64, data: &[u8]) -> Result<(), Errno> {
+    let mut done = 0;
+    while done < data.len() {
+        let n = fs.write(ino, fh, offset + done as u64, &data[done..], false)?;
+        assert!(n > 0, "a write made no progress");
+        done += n;
+    }
+    Ok(())
+}
+
 /// Normalizes link groups so that snapshots from different runs compare: each group is renamed to
 /// the first path (in order) that holds it.
 pub fn normalize(s: &Snapshot) -> Snapshot {
