@@ -1191,6 +1191,81 @@ fn exchange_of_a_deep_tree_with_a_name_as_short() {
     s.finish(m);
 }
 
+/// A 1 MiB `write()` to a file whose path is long enough (about 5 KiB here) that the request's
+/// block keys do not fit in one log record with the data (2 MiB with mkfs's 16 MiB log): the
+/// daemon writes what fits as one batch and the kernel hands the short count to the
+/// application; the rest goes in the next call, and the file is whole.
+#[test]
+fn a_request_too_large_for_one_log_record_is_a_short_write() {
+    if !mount_env_ok() {
+        return;
+    }
+    let (s, m) = setup("shortwrite", "256M");
+    let mut dirfd: OwnedFd = File::open(&m.mp).unwrap().into();
+    for _ in 0..20 {
+        dirfd = mkdir_and_enter(&dirfd, &CString::new("p".repeat(250)).unwrap()).unwrap();
+    }
+    let c = CString::new("f").unwrap();
+    // SAFETY: valid fd and name.
+    let fd = unsafe {
+        libc::openat(
+            dirfd.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_CREAT | libc::O_RDWR | libc::O_CLOEXEC,
+            0o644,
+        )
+    };
+    assert!(fd >= 0, "create: errno {}", errno());
+    // SAFETY: fd was just opened and is owned by nobody else.
+    let mut f = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let data = pattern(7, 1 << 20);
+    let n = f.write(&data).unwrap();
+    eprintln!("a 1 MiB write() at a 5 KiB path wrote {n} bytes");
+    assert!(n > 0 && n < data.len() && n % 4096 == 0, "wrote {n}");
+    f.write_all(&data[n..]).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    drop(dirfd);
+    let m = remount(&s, m);
+    let path = (0..20)
+        .map(|_| "p".repeat(250))
+        .collect::<Vec<_>>()
+        .join("/");
+    let mut dirfd: OwnedFd = File::open(&m.mp).unwrap().into();
+    for comp in path.split('/') {
+        let c = CString::new(comp).unwrap();
+        // SAFETY: valid fd and name.
+        let fd = unsafe {
+            libc::openat(
+                dirfd.as_raw_fd(),
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        assert!(fd >= 0);
+        // SAFETY: fd was just opened.
+        dirfd = unsafe { OwnedFd::from_raw_fd(fd) };
+    }
+    // SAFETY: valid fd and name.
+    let fd = unsafe {
+        libc::openat(
+            dirfd.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    };
+    assert!(fd >= 0);
+    // SAFETY: fd was just opened.
+    let mut f = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let mut got = Vec::new();
+    f.read_to_end(&mut got).unwrap();
+    assert!(got == data, "the file holds the whole write");
+    drop(f);
+    drop(dirfd);
+    sh_ok(&format!("cd {} && rm -rf {}", q(&m.mp), "p".repeat(250)));
+    s.finish(m);
+}
+
 #[test]
 fn readdir_while_the_directory_changes() {
     if !mount_env_ok() {
