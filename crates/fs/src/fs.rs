@@ -23,8 +23,9 @@ use crate::table::{Table, ROOT_INO};
 
 mod readdir;
 
-/// Version of the file-system schema stored in `s/format`.
-pub const SCHEMA_VERSION: u32 = 1;
+/// Version of the file-system schema stored in `s/format` (2: names carry their hash, so a
+/// directory's children are in hash order; version-1 images are refused).
+pub const SCHEMA_VERSION: u32 = 2;
 /// Longest file name.
 pub const NAME_MAX: usize = 255;
 /// Longest symlink target.
@@ -247,7 +248,10 @@ impl Fs {
         match version.as_deref() {
             Some(v) if v == SCHEMA_VERSION.to_le_bytes() => {}
             Some(v) => {
-                log::error!("amaranth: unsupported file-system schema {v:?}");
+                log::error!(
+                    "amaranth: unsupported file-system schema {v:?} (this version reads schema \
+                     {SCHEMA_VERSION}: make a new image with mkfs and copy the files over)"
+                );
                 return Err(Errno::EINVAL);
             }
             None => {

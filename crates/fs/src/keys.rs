@@ -282,7 +282,15 @@ mod tests {
         assert_eq!(ab, [&[SEP][..], &c(b"a"), &[SEP, SEP], &c(b"b")].concat());
         assert_eq!(
             abc,
-            [&[SEP][..], &c(b"a"), &[SEP], &c(b"b"), &[SEP, SEP], &c(b"c")].concat()
+            [
+                &[SEP][..],
+                &c(b"a"),
+                &[SEP],
+                &c(b"b"),
+                &[SEP, SEP],
+                &c(b"c")
+            ]
+            .concat()
         );
         assert_eq!(&c(b"a")[HASH_LEN..], b"a");
         assert_eq!(child_key(&a, b"b"), ab);
@@ -334,7 +342,16 @@ mod tests {
 
     #[test]
     fn hash_encoding_preserves_order_and_is_checked() {
-        let mut hs = vec![0, 1, 0x7f, 0x80, 0x3fff, 1 << 40, HASH_LIMIT - 2, HASH_LIMIT - 1];
+        let mut hs = vec![
+            0,
+            1,
+            0x7f,
+            0x80,
+            0x3fff,
+            1 << 40,
+            HASH_LIMIT - 2,
+            HASH_LIMIT - 1,
+        ];
         hs.extend((0..200u32).map(|i| name_hash(&i.to_le_bytes())));
         for &h in &hs {
             let mut e = Vec::new();

@@ -32,8 +32,14 @@ fn remount(fs: Fs, dev: &Arc<MemDevice>) -> Fs {
 }
 
 fn touch(fs: &Fs, dir: u64, name: &str) {
-    fs.mknod(dir, name.as_bytes(), libc::S_IFREG | 0o644, 0, Ctx::default())
-        .unwrap();
+    fs.mknod(
+        dir,
+        name.as_bytes(),
+        libc::S_IFREG | 0o644,
+        0,
+        Ctx::default(),
+    )
+    .unwrap();
 }
 
 /// Lists `dir` through handle `fh` from `offset` to the end, `per_call` entries per call (as a
@@ -72,10 +78,7 @@ fn names(l: &[(String, u64)]) -> Vec<String> {
 }
 
 fn make_dir(fs: &Fs, n: usize) -> u64 {
-    let d = fs
-        .mkdir(ROOT_INO, b"d", 0o755, Ctx::default())
-        .unwrap()
-        .ino;
+    let d = fs.mkdir(ROOT_INO, b"d", 0o755, Ctx::default()).unwrap().ino;
     for i in 0..n {
         touch(fs, d, &format!("entry-{i:04}"));
     }
@@ -117,6 +120,7 @@ fn every_offset_resumes_after_its_entry_in_any_handle() {
     fs.releasedir(fh);
     // After a remount, the same offsets resume at the same places.
     let fs = remount(fs, &dev);
+    assert_eq!(fs.lookup(ROOT_INO, b"d").unwrap().ino, d);
     assert_eq!(fresh_list(&fs, d, 0, 11), full);
     for i in [0, 49, 50, 51, 150, 298, 299] {
         assert_eq!(fresh_list(&fs, d, full[i].1, 3), full[i + 1..].to_vec());
@@ -152,7 +156,8 @@ fn offsets_stay_valid_while_the_directory_changes() {
                 let present = got_set.contains(n);
                 let want = k > i && !removed.contains(n);
                 assert_eq!(
-                    present, want,
+                    present,
+                    want,
                     "round {round}: resume after {:?} (removed: {}): entry {k} {n:?}",
                     full[i].0,
                     removed.contains(&full[i].0)
