@@ -755,7 +755,8 @@ impl Engine {
             btt: Mutex::new(btt),
             counters: StoreCounters::default(),
         });
-        let tree = Tree::new(format, store, options.cache_size, ROOT_ID + 1, 1);
+        let mut tree = Tree::new(format, store, options.cache_size, ROOT_ID + 1, 1);
+        tree.check_invariants |= options.check_invariants;
         tree.cache.insert(ROOT_ID, Node::empty_leaf(), true);
         let log = Log::new(
             dev.clone(),
@@ -835,13 +836,14 @@ impl Engine {
             btt: Mutex::new(btt),
             counters: StoreCounters::default(),
         });
-        let tree = Tree::new(
+        let mut tree = Tree::new(
             format.clone(),
             store,
             options.cache_size,
             sb.next_node_id,
             sb.next_msn,
         );
+        tree.check_invariants |= options.check_invariants;
         let region_start = sb.log_start_block * BLOCK_SIZE as u64;
         let region_len = sb.log_blocks * BLOCK_SIZE as u64;
         let ckpt_lsn = sb.ckpt_lsn;
@@ -1218,6 +1220,12 @@ impl Engine {
     pub fn abandon(self) {
         self.stop_threads();
         self.inner.closed.store(true, Ordering::Release);
+    }
+
+    /// The tree, for tests that break it on purpose.
+    #[cfg(test)]
+    pub(crate) fn tree(&self) -> &Tree {
+        &self.inner.tree
     }
 
     /// Checks every invariant of the tree on disk and in memory: node checksums, pivot order, message

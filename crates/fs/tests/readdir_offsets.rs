@@ -113,7 +113,10 @@ fn every_offset_resumes_after_its_entry_in_any_handle() {
             full[i].0,
             full[i].1
         );
-        assert!(got == full[i + 1..], "offsets are stable (resume after {i})");
+        assert!(
+            got == full[i + 1..],
+            "offsets are stable (resume after {i})"
+        );
     }
     // A rewind lists the same entries with the same offsets.
     assert_eq!(list_from(&fs, d, fh, 0, 300), full);
