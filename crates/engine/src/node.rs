@@ -847,7 +847,7 @@ fn assert_writable(id: NodeId, node: &Node) {
         Body::Internal(int) => (false, int.children.len(), &int.pivots),
     };
     assert!(
-        is_leaf == (node.height == 0) && n >= 1 && n <= 1 << 20 && node.height <= 64,
+        is_leaf == (node.height == 0) && (1..=1 << 20).contains(&n) && node.height <= 64,
         "node {id}: impossible shape (height {}, {n} children)",
         node.height
     );
