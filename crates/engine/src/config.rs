@@ -161,6 +161,10 @@ pub struct Options {
     /// Accept the older superblock copy when the newer one is damaged (repair only: the state
     /// may then be older than what was acknowledged).
     pub fallback_superblock: bool,
+    /// Check every node's structural invariants (pivot order, buffer placement, sizes) each time
+    /// it changes, panicking on the first broken one. Costs a pass over the node per change:
+    /// the tests turn it on; builds with debug assertions always check.
+    pub check_invariants: bool,
 }
 
 impl Default for Options {
@@ -173,6 +177,7 @@ impl Default for Options {
             background_threads: true,
             read_only: false,
             fallback_superblock: false,
+            check_invariants: false,
         }
     }
 }

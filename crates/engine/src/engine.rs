@@ -632,7 +632,8 @@ impl Engine {
             btt: Mutex::new(btt),
             counters: StoreCounters::default(),
         });
-        let tree = Tree::new(format, store, options.cache_size, ROOT_ID + 1, 1);
+        let mut tree = Tree::new(format, store, options.cache_size, ROOT_ID + 1, 1);
+        tree.check_invariants |= options.check_invariants;
         tree.cache.insert(ROOT_ID, Node::empty_leaf(), true);
         let log = Log::new(
             dev.clone(),
@@ -718,13 +719,14 @@ impl Engine {
             btt: Mutex::new(btt),
             counters: StoreCounters::default(),
         });
-        let tree = Tree::new(
+        let mut tree = Tree::new(
             format.clone(),
             store,
             options.cache_size,
             sb.next_node_id,
             sb.next_msn,
         );
+        tree.check_invariants |= options.check_invariants;
         let region_start = sb.log_start_block * BLOCK_SIZE as u64;
         let region_len = sb.log_blocks * BLOCK_SIZE as u64;
         let ckpt_lsn = sb.ckpt_lsn;
@@ -1159,6 +1161,12 @@ impl Engine {
             .log
             .append(payload.unwrap_or(&rec))
             .expect("append")
+    }
+
+    /// The tree, for tests that break it on purpose.
+    #[cfg(test)]
+    pub(crate) fn tree(&self) -> &Tree {
+        &self.inner.tree
     }
 
     /// Checks every invariant of the tree on disk and in memory: node checksums, pivot order, message

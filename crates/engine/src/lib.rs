@@ -36,6 +36,8 @@ mod compress;
 mod config;
 mod engine;
 mod error;
+#[cfg(test)]
+mod invariant_tests;
 mod msg;
 mod node;
 mod ops;

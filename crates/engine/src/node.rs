@@ -256,7 +256,7 @@ pub fn child_index(pivots: &[Vec<u8>], key: &[u8]) -> usize {
 
 /// The shortest key `s` with `left < s <= right` (a compact pivot between two runs).
 pub fn separator(left: &[u8], right: &[u8]) -> Vec<u8> {
-    debug_assert!(left < right);
+    assert!(left < right);
     let common = left.iter().zip(right).take_while(|(a, b)| a == b).count();
     right[..(common + 1).min(right.len())].to_vec()
 }
@@ -370,7 +370,7 @@ impl Leaf {
             };
             out.merge(lo, base.as_deref(), &my_ranges, my_points);
         }
-        debug_assert_eq!(
+        assert_eq!(
             pi,
             points.len(),
             "every point message belongs to a partition"
@@ -637,7 +637,7 @@ impl LeafBuilder {
             }
             parts.push(slot);
         }
-        debug_assert_eq!(pivots.len() + 1, parts.len());
+        assert_eq!(pivots.len() + 1, parts.len());
         (pivots, parts)
     }
 }
@@ -837,8 +837,38 @@ pub struct NodeImage {
     pub sublocs: Vec<SubLoc>,
 }
 
+/// Asserts, before a node is written, everything [`parse_header`], [`decode_partition`] and
+/// [`decode_buffer`] check when it is read back (shape, pivot order, sizes, key order, message
+/// placement and age): a node the parser would reject must stop the engine, not reach the disk.
+fn assert_writable(id: NodeId, node: &Node) {
+    node.check_invariants(id);
+    let (is_leaf, n, pivots) = match &node.body {
+        Body::Leaf(l) => (true, l.parts.len(), &l.pivots),
+        Body::Internal(int) => (false, int.children.len(), &int.pivots),
+    };
+    assert!(
+        is_leaf == (node.height == 0) && (1..=1 << 20).contains(&n) && node.height <= 64,
+        "node {id}: impossible shape (height {}, {n} children)",
+        node.height
+    );
+    for p in pivots {
+        assert!(p.len() <= u16::MAX as usize, "node {id}: pivot too long");
+    }
+    if let Body::Leaf(l) = &node.body {
+        for (i, p) in l.resident_parts().iter().enumerate() {
+            for j in 1..p.len() {
+                assert!(
+                    p.key(j - 1) < p.key(j),
+                    "node {id}: partition {i} keys out of order"
+                );
+            }
+        }
+    }
+}
+
 /// Serializes a node, which must be fully resident.
 pub fn serialize(id: NodeId, node: &Node, codec: Compression) -> NodeImage {
+    assert_writable(id, node);
     let mut index = Enc::with_capacity(256);
     let mut subs: Vec<(u8, Vec<u8>, usize, u32)> = Vec::new(); // (codec, stored, raw_len, count)
     let (kind, pivots, n) = match &node.body {
@@ -856,6 +886,11 @@ pub fn serialize(id: NodeId, node: &Node, codec: Compression) -> NodeImage {
                     .expect("an internal node being written is fully resident");
                 let mut e = Enc::with_capacity(b.bytes() + BUFFER_HEADER);
                 b.encode(&mut e);
+                assert_eq!(
+                    e.buf.len(),
+                    b.bytes() + BUFFER_HEADER,
+                    "node {id}: buffer size differs from its encoding"
+                );
                 let (used, stored) = compress::compress(codec, &e.buf);
                 let (np, nr) = b.counts();
                 subs.push((used.code(), stored, e.buf.len(), (np + nr) as u32));
@@ -896,6 +931,18 @@ pub fn serialize(id: NodeId, node: &Node, codec: Compression) -> NodeImage {
     }
     assert_eq!(index.len(), index_len, "node index length");
     let total = offset;
+    let span = HEADER_LEN + index_len;
+    assert!(total <= u32::MAX as usize, "node {id}: image too long");
+    for loc in &sublocs {
+        let (off, len) = loc.aligned_range();
+        assert!(
+            (off as usize).is_multiple_of(BLOCK_SIZE)
+                && off as usize >= span
+                && off as usize + len <= total
+                && loc.raw_len <= 1 << 30,
+            "node {id}: sub-block descriptor out of bounds ({loc:?}, span {span}, image {total})"
+        );
+    }
     let mut buf = AlignedBuf::zeroed(total);
     let mut h = Enc::with_capacity(HEADER_LEN);
     h.raw(&NODE_MAGIC);

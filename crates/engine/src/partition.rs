@@ -182,7 +182,7 @@ impl PartitionBuilder {
 
     /// Appends an entry; keys must be strictly increasing.
     pub fn push(&mut self, key: &[u8], value: &[u8]) {
-        debug_assert!(
+        assert!(
             self.last_key().is_none_or(|l| l < key),
             "partition keys out of order"
         );

@@ -50,16 +50,13 @@ impl Tree {
                         let mut v = part.get(key).map(|x| x.to_vec());
                         for (range, point) in layers.iter().rev() {
                             if let Some(m) = range {
-                                debug_assert!(
-                                    *m > leaf_msn,
-                                    "ancestor message already applied below"
-                                );
+                                assert!(*m > leaf_msn, "ancestor message already applied below");
                                 if *m > leaf_msn {
                                     v = None;
                                 }
                             }
                             if let Some(km) = point {
-                                debug_assert!(
+                                assert!(
                                     km.min_msn() > leaf_msn,
                                     "ancestor message already applied below"
                                 );
@@ -303,7 +300,7 @@ impl Chunk {
                 let take = iters[li].peek().is_some_and(|(hk, _)| *hk == k);
                 if take {
                     let (_, km) = iters[li].next().expect("peeked");
-                    debug_assert!(
+                    assert!(
                         km.min_msn() > leaf_msn,
                         "ancestor message already applied below"
                     );

@@ -126,8 +126,11 @@ impl Superblock {
         self.log_start_block + self.log_blocks
     }
 
-    /// Serializes into one block.
+    /// Serializes into one block. Asserts first what [`Superblock::decode`] checks on read.
     pub fn encode(&self) -> AlignedBuf {
+        if let Err(err) = self.validate().and_then(|()| self.format().map(drop)) {
+            panic!("a superblock about to be written fails its own checks: {err}");
+        }
         let mut e = Enc::with_capacity(BLOCK_SIZE);
         e.raw(&SUPER_MAGIC);
         e.u32(FORMAT_VERSION);

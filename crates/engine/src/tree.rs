@@ -103,6 +103,10 @@ pub struct Tree {
     pub ckpt_queue: Mutex<Vec<(NodeId, AlignedBuf)>>,
     /// Counters.
     pub counters: TreeCounters,
+    /// Check each node's invariants whenever it changes ([`Options::check_invariants`]).
+    ///
+    /// [`Options::check_invariants`]: crate::Options::check_invariants
+    pub check_invariants: bool,
 }
 
 impl Tree {
@@ -124,6 +128,7 @@ impl Tree {
             next_msn: AtomicU64::new(next_msn),
             ckpt_queue: Mutex::new(Vec::new()),
             counters: TreeCounters::default(),
+            check_invariants: cfg!(debug_assertions),
         }
     }
 
@@ -454,7 +459,7 @@ impl Tree {
 
     /// Call after changing a node: marks it dirty, bumps its version, re-measures its memory.
     pub fn end_modify(&self, cn: &CachedNode, node: &Node) {
-        if cfg!(debug_assertions) {
+        if self.check_invariants {
             node.check_invariants(cn.id);
         }
         {
@@ -468,7 +473,7 @@ impl Tree {
 
     fn new_node(&self, node: Node) -> NodeId {
         let id = self.next_node_id.fetch_add(1, Ordering::Relaxed);
-        if cfg!(debug_assertions) {
+        if self.check_invariants {
             node.check_invariants(id);
         }
         self.cache.insert(id, node, true);

@@ -386,6 +386,7 @@ fn encode_chunk(
     durable: Lsn,
     records: &[u8],
 ) -> AlignedBuf {
+    assert_chunk_records(first, n, records);
     let mut h = Enc::with_capacity(CHUNK_HEADER);
     h.raw(&CHUNK_MAGIC);
     h.u16(CHUNK_VERSION);
@@ -405,6 +406,33 @@ fn encode_chunk(
     buf[..CHUNK_HEADER].copy_from_slice(&h.buf);
     buf[CHUNK_HEADER..CHUNK_HEADER + records.len()].copy_from_slice(records);
     buf
+}
+
+/// Asserts, before a chunk is written, what recovery checks when it reads the chunk back: `n`
+/// records exactly filling `records`, each at least a header long, numbered from `first` on
+/// (record checksums are computed when records are appended and checked by recovery).
+fn assert_chunk_records(first: Lsn, n: u32, records: &[u8]) {
+    assert!(records.len() <= u32::MAX as usize, "log chunk too long");
+    let mut pos = 0;
+    for i in 0..u64::from(n) {
+        assert!(
+            pos + RECORD_HEADER <= records.len(),
+            "log record header past its chunk"
+        );
+        let rlen = u32::from_le_bytes(records[pos..pos + 4].try_into().expect("4 bytes")) as usize;
+        assert!(
+            rlen >= RECORD_HEADER && pos + rlen <= records.len(),
+            "log record past its chunk"
+        );
+        let lsn = u64::from_le_bytes(records[pos + 8..pos + 16].try_into().expect("8 bytes"));
+        assert_eq!(lsn, first + i, "log record numbered out of order");
+        pos += rlen;
+    }
+    assert_eq!(
+        pos,
+        records.len(),
+        "log chunk holds bytes after its records"
+    );
 }
 
 /// What recovery found in the log.

@@ -20,6 +20,7 @@ fn concurrent_writers_readers_and_checkpoints() {
         background_threads: true,
         log_flush_interval: Duration::from_millis(20),
         checkpoint_interval: Duration::from_millis(150),
+        check_invariants: true,
         ..Options::default()
     };
     let e = Arc::new(Engine::create(dev.clone(), small_format(), options.clone()).unwrap());
@@ -156,6 +157,7 @@ fn idle_engine_gives_back_the_space_of_range_deletes() {
         cache_size: 256 << 10,
         background_threads: true,
         checkpoint_interval: Duration::from_secs(3600),
+        check_invariants: true,
         ..Options::default()
     };
     let e = Engine::create(dev.clone(), small_format(), options.clone()).unwrap();

@@ -81,14 +81,17 @@ fn run(seed: u64, steps: usize) {
                 );
             }
             900..=969 => check_range(&e, &m, &mut g, seed, step),
-            970..=979 => e
-                .checkpoint()
-                .unwrap_or_else(|err| panic!("seed {seed} step {step}: checkpoint: {err}")),
+            970..=979 => {
+                e.checkpoint()
+                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: checkpoint: {err}"));
+                verified(&e, seed, step, "checkpoint");
+            }
             980..=989 => {
                 e.close()
                     .unwrap_or_else(|err| panic!("seed {seed} step {step}: close: {err}"));
                 e = Engine::open(dev.clone(), options.clone())
                     .unwrap_or_else(|err| panic!("seed {seed} step {step}: open: {err}"));
+                verified(&e, seed, step, "reopen");
             }
             _ => {
                 // A crash after sync: nothing acknowledged may be lost.
@@ -96,17 +99,11 @@ fn run(seed: u64, steps: usize) {
                 e.abandon();
                 e = Engine::open(dev.clone(), options.clone())
                     .unwrap_or_else(|err| panic!("seed {seed} step {step}: recover: {err}"));
+                verified(&e, seed, step, "recovery");
             }
         }
         if step % 500 == 499 {
-            let report = e
-                .verify()
-                .unwrap_or_else(|err| panic!("seed {seed} step {step}: verify: {err}"));
-            assert!(
-                report.leaked_nodes.is_empty(),
-                "seed {seed} step {step}: leaked nodes {:?}",
-                report.leaked_nodes
-            );
+            verified(&e, seed, step, "operations");
         }
     }
     assert!(dump(&e) == m, "seed {seed}: final contents differ");
@@ -126,6 +123,18 @@ fn run(seed: u64, steps: usize) {
     assert!(
         dump(&e) == m,
         "seed {seed}: contents differ after the last reopen"
+    );
+}
+
+/// The full check of the tree (every node read and checked, no leaked node) after `what`.
+fn verified(e: &Engine, seed: u64, step: usize, what: &str) {
+    let report = e
+        .verify()
+        .unwrap_or_else(|err| panic!("seed {seed} step {step}: verify after {what}: {err}"));
+    assert!(
+        report.leaked_nodes.is_empty(),
+        "seed {seed} step {step}: leaked nodes after {what}: {:?}",
+        report.leaked_nodes
     );
 }
 

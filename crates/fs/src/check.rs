@@ -193,7 +193,8 @@ fn valid_path_key(path: &[u8]) -> bool {
     if path[0] != keys::SEP || path.len() < 3 {
         return false;
     }
-    // Components between separators must unescape; exactly one doubled separator, before the last.
+    // Components between separators must decode (hash matching the name); exactly one doubled
+    // separator, before the last.
     let Some(last) = path.iter().rposition(|&b| b == keys::SEP) else {
         return false;
     };
@@ -204,8 +205,8 @@ fn valid_path_key(path: &[u8]) -> bool {
     let comps_ok = head
         .split(|&b| b == keys::SEP)
         .skip(1)
-        .all(|c| !c.is_empty() && keys::unescape(c).is_some());
-    comps_ok && !path[last + 1..].is_empty() && keys::unescape(&path[last + 1..]).is_some()
+        .all(|c| keys::decode_component(c).is_some());
+    comps_ok && keys::decode_component(&path[last + 1..]).is_some()
 }
 
 /// Checks the file system in `engine` (which should be opened read-only unless `repair`).
@@ -620,5 +621,7 @@ mod tests {
         assert_eq!(parent_of(&ab), Some(a.clone()));
         assert_eq!(parent_of(&abc), Some(ab.clone()));
         assert!(valid_path_key(&abc) && valid_path_key(&[]) && !valid_path_key(b"\x01x"));
+        // A name without its hash (the version-1 layout) is not a valid path key.
+        assert!(!valid_path_key(b"\x01\x01x"));
     }
 }

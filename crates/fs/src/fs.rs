@@ -21,8 +21,11 @@ use crate::inode::{Inode, Kind, Meta, Time};
 use crate::keys::{self, BLOCK};
 use crate::table::{Table, ROOT_INO};
 
-/// Version of the file-system schema stored in `s/format`.
-pub const SCHEMA_VERSION: u32 = 1;
+mod readdir;
+
+/// Version of the file-system schema stored in `s/format` (2: names carry their hash, so a
+/// directory's children are in hash order; version-1 images are refused).
+pub const SCHEMA_VERSION: u32 = 2;
 /// Longest file name.
 pub const NAME_MAX: usize = 255;
 /// Longest symlink target.
@@ -154,16 +157,6 @@ struct FileHandle {
     append: bool,
 }
 
-/// Where a directory listing stands.
-#[derive(Debug, Default)]
-struct DirHandle {
-    ino: u64,
-    /// Cookie handed out for the next child.
-    next_cookie: u64,
-    /// Names of the most recent entries with their cookies, to resume after any of them.
-    recent: Vec<(u64, Vec<u8>)>,
-}
-
 /// Counters of file-system activity.
 #[derive(Debug, Default)]
 pub struct FsCounters {
@@ -203,7 +196,7 @@ pub struct Fs {
     /// Orders the commits that change the used-inode counter (see `count_inodes`).
     count_lock: Mutex<()>,
     files: Mutex<HashMap<u64, FileHandle>>,
-    dirs: Mutex<HashMap<u64, DirHandle>>,
+    dirs: Mutex<HashMap<u64, readdir::DirHandle>>,
     next_fh: AtomicU64,
     /// When space was last reclaimed, the deletion count then, and the bytes it freed.
     last_reclaim: Mutex<(Option<Instant>, u64, u64)>,
@@ -255,7 +248,10 @@ impl Fs {
         match version.as_deref() {
             Some(v) if v == SCHEMA_VERSION.to_le_bytes() => {}
             Some(v) => {
-                log::error!("amaranth: unsupported file-system schema {v:?}");
+                log::error!(
+                    "amaranth: unsupported file-system schema {v:?} (this version reads schema \
+                     {SCHEMA_VERSION}: make a new image with mkfs and copy the files over)"
+                );
                 return Err(Errno::EINVAL);
             }
             None => {
@@ -1482,168 +1478,7 @@ impl Fs {
         Ok(())
     }
 
-    // ----- directories --------------------------------------------------------------------
-
-    /// Opens a directory for listing.
-    pub fn opendir(&self, ino: u64) -> Result<u64> {
-        self.dir(ino)?;
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.dirs.lock().insert(
-            fh,
-            DirHandle {
-                ino,
-                next_cookie: 3,
-                recent: Vec::new(),
-            },
-        );
-        Ok(fh)
-    }
-
-    /// Closes a directory handle.
-    pub fn releasedir(&self, fh: u64) {
-        self.dirs.lock().remove(&fh);
-    }
-
-    /// Lists a directory from `offset` (0 at the start; otherwise the offset of the last entry
-    /// consumed). `emit` returns false when it cannot take the entry (its buffer is full); with
-    /// `plus`, each accepted entry except `.` and `..` counts as a kernel lookup. Offsets stay
-    /// valid while the directory changes: listing resumes after the name it stopped at.
-    pub fn readdir(
-        &self,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-        plus: bool,
-        mut emit: impl FnMut(&DirEntry) -> bool,
-    ) -> Result<()> {
-        let _ns = self.ns.read();
-        let (dkey, _) = self.dir(ino)?;
-        let parent_ino = self
-            .table
-            .lock()
-            .get(ino)
-            .map(|n| if n.parent == 0 { ROOT_INO } else { n.parent })
-            .unwrap_or(ROOT_INO);
-        let mut handles = self.dirs.lock();
-        let h = handles.entry(fh).or_insert_with(|| DirHandle {
-            ino,
-            next_cookie: 3,
-            recent: Vec::new(),
-        });
-        if h.ino != ino {
-            return Err(Errno::EBADF);
-        }
-        if offset == 0 {
-            let e = DirEntry {
-                ino,
-                offset: 1,
-                kind: Kind::Dir,
-                name: b".".to_vec(),
-                attr: None,
-            };
-            if !emit(&e) {
-                return Ok(());
-            }
-        }
-        if offset <= 1 {
-            let e = DirEntry {
-                ino: parent_ino,
-                offset: 2,
-                kind: Kind::Dir,
-                name: b"..".to_vec(),
-                attr: None,
-            };
-            if !emit(&e) {
-                return Ok(());
-            }
-        }
-        let prefix = keys::meta_key(&keys::children_prefix(&dkey));
-        let end = amaranth_engine::prefix_end(&prefix, self.max_key());
-        // Where to resume: after a name we handed out, or (an old cookie) by counting.
-        let (mut start, mut skip) = (prefix.clone(), 0u64);
-        if offset > 2 {
-            match h.recent.iter().find(|(c, _)| *c == offset) {
-                Some((_, name)) => {
-                    start = prefix.clone();
-                    keys::escape_into(name, &mut start);
-                    start.push(0);
-                }
-                None => skip = offset - 2,
-            }
-        }
-        if offset <= 2 {
-            h.recent.clear();
-        }
-        let mut err = None;
-        let mut recent = Vec::new();
-        let mut pending: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        // Collect a window of entries, then emit them (emission may need engine reads for redirects).
-        self.engine
-            .scan(Bound::Included(&start), Bound::Excluded(&end), |k, v| {
-                if skip > 0 {
-                    skip -= 1;
-                    return true;
-                }
-                pending.push((k.to_vec(), v.to_vec()));
-                pending.len() < 256
-            })?;
-        for (k, v) in pending {
-            let Some(name) = keys::name_of_child(&k[1..], prefix.len() - 1) else {
-                log::error!("amaranth: undecodable directory entry under inode {ino}");
-                err = Some(Errno::EIO);
-                break;
-            };
-            let (inode, redirect) = match Meta::decode(&v)? {
-                Meta::Inode(i) => (i, false),
-                Meta::Redirect(target) => {
-                    let hv = self
-                        .engine
-                        .get(&keys::meta_key(&keys::home_key(target)))?
-                        .ok_or(Errno::EIO)?;
-                    match Meta::decode(&hv)? {
-                        Meta::Inode(i) => (i, true),
-                        Meta::Redirect(_) => return Err(Errno::EIO),
-                    }
-                }
-            };
-            let _ = redirect;
-            let cookie = h.next_cookie;
-            let cached = if plus {
-                let shared = self.table.lock().inode(inode.ino);
-                shared.map(|s| s.lock().clone())
-            } else {
-                None
-            };
-            let attr = if plus {
-                Some(cached.unwrap_or_else(|| inode.clone()))
-            } else {
-                None
-            };
-            let e = DirEntry {
-                ino: inode.ino,
-                offset: cookie,
-                kind: inode.kind,
-                name: name.clone(),
-                attr,
-            };
-            if !emit(&e) {
-                break;
-            }
-            h.next_cookie += 1;
-            recent.push((cookie, name.clone()));
-            if plus {
-                self.table.lock().remember(ino, &name, inode, true);
-            }
-        }
-        // Keep the cookies of the last two batches (the kernel resumes from one of them).
-        let keep_from = h.recent.len().saturating_sub(512);
-        h.recent.drain(..keep_from);
-        h.recent.extend(recent);
-        match err {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
+    // ----- directories: opendir, readdir, releasedir are in fs/readdir.rs --------------------
 
     // ----- whole-file-system operations ---------------------------------------------------
 

@@ -240,7 +240,7 @@ impl Inode {
         v.extend_from_slice(&self.rdev.to_le_bytes());
         v.extend_from_slice(&self.flags.to_le_bytes());
         v.push(self.homed as u8);
-        debug_assert_eq!(v.len(), FIXED_LEN);
+        assert_eq!(v.len(), FIXED_LEN);
         v.extend_from_slice(&self.target);
         v
     }

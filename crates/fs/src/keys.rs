@@ -2,12 +2,18 @@
 //! contiguous and its whole subtree in one key range.
 //!
 //! A path `/d1/d2/.../dk/name` is encoded as
-//! `SEP esc(d1) SEP esc(d2) ... SEP esc(dk) SEP SEP esc(name)`: every separator is one `SEP` byte
-//! (0x01) except the one before the last component, which is doubled (BetrFS's trick). Then:
+//! `SEP comp(d1) SEP comp(d2) ... SEP comp(dk) SEP SEP comp(name)`: every separator is one `SEP`
+//! byte (0x01) except the one before the last component, which is doubled (BetrFS's trick). Then:
 //! - the children of directory `D` are exactly the keys starting with `children_prefix(D)`
-//!   (`... SEP esc(dk) SEP SEP`), contiguous, before any grandchild;
+//!   (`... SEP comp(dk) SEP SEP`), contiguous, before any grandchild;
 //! - the whole subtree of `D` is exactly the keys starting with `subtree_prefix(D)`
-//!   (`... SEP esc(dk) SEP`), one key range.
+//!   (`... SEP comp(dk) SEP`), one key range.
+//!
+//! A component is `hash(name) esc(name)`: a fixed-width 56-bit hash of the name (8 bytes, 7 bits
+//! each, high bit set, so it is order-preserving and never holds 0x00–0x02) before the escaped
+//! name. A directory's children are therefore in hash order, and a listing position is the hash
+//! of the last name returned: a stable offset that survives other handles, changes of the
+//! directory and remounts (see [`name_hash`] and the readdir code).
 //!
 //! Unlike BetrFS, every name Linux allows works: names are escaped so that the bytes 0x00, 0x01
 //! and 0x02 never appear in an encoded name (`0x02` is the escape byte: 0x00/0x01/0x02 become
@@ -76,19 +82,60 @@ pub fn unescape(enc: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// Bytes of the hash at the start of every encoded component.
+pub const HASH_LEN: usize = 8;
+/// Hashes are below this (56 bits).
+pub const HASH_LIMIT: u64 = 1 << 56;
+
+/// The 56-bit hash that orders a name among its siblings: XXH3-64 (a fixed, published function,
+/// so keys never change across versions of the program), top 56 bits.
+pub fn name_hash(name: &[u8]) -> u64 {
+    twox_hash::XxHash3_64::oneshot(name) >> 8
+}
+
+/// Appends the order-preserving encoding of hash `h` (< [`HASH_LIMIT`]): 8 bytes of 7 bits each,
+/// most significant first, each with its high bit set.
+pub fn hash_into(h: u64, out: &mut Vec<u8>) {
+    assert!(h < HASH_LIMIT, "hash {h:#x} out of range");
+    for i in (0..HASH_LEN).rev() {
+        out.push(0x80 | ((h >> (7 * i)) & 0x7f) as u8);
+    }
+}
+
+/// The hash encoded at the start of a component, if well formed.
+pub fn hash_of(comp: &[u8]) -> Option<u64> {
+    let enc = comp.get(..HASH_LEN)?;
+    enc.iter().try_fold(0u64, |h, &b| {
+        (b & 0x80 != 0).then_some((h << 7) | u64::from(b & 0x7f))
+    })
+}
+
+/// Appends the encoded component of `name`: its hash, then its escaped bytes.
+pub fn component_into(name: &[u8], out: &mut Vec<u8>) {
+    hash_into(name_hash(name), out);
+    escape_into(name, out);
+}
+
+/// Reverses [`component_into`]; `None` unless the hash is well formed and matches the name.
+pub fn decode_component(comp: &[u8]) -> Option<Vec<u8>> {
+    let h = hash_of(comp)?;
+    let name = unescape(&comp[HASH_LEN..])?;
+    (!name.is_empty() && name_hash(&name) == h).then_some(name)
+}
+
 /// A path, as the list of its components from the root (the root itself is empty).
 pub type Components<'a> = &'a [&'a [u8]];
 
 /// The path key of `/c0/c1/.../cn` (empty for the root).
 pub fn path_key(components: &[&[u8]]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(components.iter().map(|c| c.len() + 2).sum());
+    let mut k = Vec::with_capacity(components.iter().map(|c| c.len() + 2 + HASH_LEN).sum());
     let n = components.len();
     for (i, c) in components.iter().enumerate() {
         k.push(SEP);
         if i + 1 == n {
             k.push(SEP);
         }
-        escape_into(c, &mut k);
+        component_into(c, &mut k);
     }
     k
 }
@@ -96,7 +143,7 @@ pub fn path_key(components: &[&[u8]]) -> Vec<u8> {
 /// The key of child `name` of the directory whose path key is `dir`.
 pub fn child_key(dir: &[u8], name: &[u8]) -> Vec<u8> {
     let mut k = children_prefix(dir);
-    escape_into(name, &mut k);
+    component_into(name, &mut k);
     k
 }
 
@@ -121,7 +168,7 @@ pub fn subtree_prefix(dir: &[u8]) -> Vec<u8> {
         .iter()
         .rposition(|&b| b == SEP)
         .expect("a non-root path key holds a separator");
-    debug_assert!(
+    assert!(
         last_sep >= 1 && dir[last_sep - 1] == SEP,
         "malformed path key"
     );
@@ -132,9 +179,9 @@ pub fn subtree_prefix(dir: &[u8]) -> Vec<u8> {
     k
 }
 
-/// The escaped last component of a child key under `children_prefix`, unescaped.
+/// The name of a child key under `children_prefix` (of length `prefix_len`), if well formed.
 pub fn name_of_child(key: &[u8], prefix_len: usize) -> Option<Vec<u8>> {
-    unescape(&key[prefix_len..])
+    decode_component(key.get(prefix_len..)?)
 }
 
 /// The file key an exchange moves one side to before moving the other into its place (inside
@@ -239,12 +286,29 @@ mod tests {
         let abc = path_key(&[b"a", b"b", b"c"]);
         let az = path_key(&[b"a", b"z"]);
         let a2 = path_key(&[b"a2"]);
-        assert_eq!(a, b"\x01\x01a");
-        assert_eq!(ab, b"\x01a\x01\x01b");
-        assert_eq!(abc, b"\x01a\x01b\x01\x01c");
+        let c = |n: &[u8]| {
+            let mut v = Vec::new();
+            component_into(n, &mut v);
+            v
+        };
+        assert_eq!(a, [&[SEP, SEP][..], &c(b"a")].concat());
+        assert_eq!(ab, [&[SEP][..], &c(b"a"), &[SEP, SEP], &c(b"b")].concat());
+        assert_eq!(
+            abc,
+            [
+                &[SEP][..],
+                &c(b"a"),
+                &[SEP],
+                &c(b"b"),
+                &[SEP, SEP],
+                &c(b"c")
+            ]
+            .concat()
+        );
+        assert_eq!(&c(b"a")[HASH_LEN..], b"a");
         assert_eq!(child_key(&a, b"b"), ab);
         // Children of /a come before grandchildren, and everything under /a shares one prefix.
-        assert!(az < abc);
+        assert!(az < abc && ab < abc);
         let sub = subtree_prefix(&a);
         for k in [&ab, &abc, &az] {
             assert!(k.starts_with(&sub));
@@ -271,6 +335,10 @@ mod tests {
             escape_into(n, &mut e);
             assert!(!e.contains(&SEP) && !e.contains(&0));
             assert_eq!(unescape(&e).as_ref(), Some(n));
+            let mut comp = Vec::new();
+            component_into(n, &mut comp);
+            assert!(!comp.contains(&SEP) && !comp.contains(&0) && comp[0] > ESC);
+            assert_eq!(decode_component(&comp).as_ref(), Some(n));
             // A child with such a name stays inside its parent's children range.
             let dir = path_key(&[b"d"]);
             let k = child_key(&dir, n);
@@ -307,6 +375,43 @@ mod tests {
         }
         assert!(!xattr_prefix(&swap).starts_with(&x) && !x.starts_with(&xattr_prefix(&swap)));
         assert!(!data_prefix(&swap).starts_with(&d) && !d.starts_with(&data_prefix(&swap)));
+    }
+
+    #[test]
+    fn hash_encoding_preserves_order_and_is_checked() {
+        let mut hs = vec![
+            0,
+            1,
+            0x7f,
+            0x80,
+            0x3fff,
+            1 << 40,
+            HASH_LIMIT - 2,
+            HASH_LIMIT - 1,
+        ];
+        hs.extend((0..200u32).map(|i| name_hash(&i.to_le_bytes())));
+        for &h in &hs {
+            let mut e = Vec::new();
+            hash_into(h, &mut e);
+            assert_eq!(e.len(), HASH_LEN);
+            assert!(e.iter().all(|&b| b >= 0x80));
+            assert_eq!(hash_of(&e), Some(h));
+            for &g in &hs {
+                let mut f = Vec::new();
+                hash_into(g, &mut f);
+                assert_eq!(h.cmp(&g), e.cmp(&f), "order of {h:#x} and {g:#x}");
+            }
+        }
+        // The hash is a fixed function: keys written by one build are found by the next.
+        assert_eq!(name_hash(b""), 0x2d06800538d394);
+        assert_eq!(name_hash(b"a"), name_hash(b"a"));
+        assert_ne!(name_hash(b"a"), name_hash(b"b"));
+        // A component whose hash does not match its name is not a component.
+        let mut bad = Vec::new();
+        hash_into(name_hash(b"x"), &mut bad);
+        escape_into(b"y", &mut bad);
+        assert_eq!(decode_component(&bad), None);
+        assert_eq!(decode_component(b"plain"), None);
     }
 
     #[test]

@@ -106,6 +106,7 @@ fn engine_options() -> Options {
     Options {
         cache_size: 384 << 10,
         background_threads: false,
+        check_invariants: true,
         ..Options::default()
     }
 }
@@ -145,6 +146,14 @@ impl Harness {
             .close()
             .unwrap();
         let engine = Engine::open(self.dev.clone(), engine_options()).unwrap();
+        // The full checks (engine: every node read and checked; schema) after every recovery.
+        let rep = check::check(&engine, false, |_| {});
+        assert!(
+            rep.problems.is_empty(),
+            "seed {}: fsck after a remount found {:?}",
+            self.seed,
+            rep.problems
+        );
         self.fs = Fs::new(
             Arc::new(engine),
             FsOptions {

@@ -18,11 +18,13 @@ pub fn small_format() -> Format {
     Format::small_for_tests()
 }
 
-/// Options with a small cache and no background threads (deterministic).
+/// Options with a small cache and no background threads (deterministic), checking every node's
+/// invariants whenever it changes.
 pub fn small_options() -> Options {
     Options {
         cache_size: 256 << 10,
         background_threads: false,
+        check_invariants: true,
         ..Options::default()
     }
 }

@@ -50,6 +50,7 @@ pub fn engine_options() -> Options {
     Options {
         cache_size: 256 << 10,
         background_threads: false,
+        check_invariants: true,
         ..Options::default()
     }
 }
