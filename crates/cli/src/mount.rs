@@ -557,7 +557,14 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
             log::warn!("amaranth: cannot write the pid file {}: {e}", p.display());
         }
     }
-    let control = crate::control::Control::start(fs.clone(), &image, &mountpoint, started, &run);
+    let control = crate::control::Control::start(
+        fs.clone(),
+        handle.counts(),
+        &image,
+        &mountpoint,
+        started,
+        &run,
+    );
     spawn_signal_thread(handle.unmounter());
     ready.ok();
     if foreground {

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::counters::{op, RequestCounts};
 use amaranth_fs::{Ctx, Errno, Fs, Inode, Kind, SetAttr, SetTime, Time};
 use fuser::{
     AccessFlags, BsdFileFlags, CopyFileRangeFlags, FileAttr, FileHandle, FileType, FopenFlags,
@@ -32,6 +33,8 @@ pub(crate) struct Adapter {
     pub(crate) negative_ttl: Duration,
     /// Notifications to the kernel, set once the session exists.
     pub(crate) notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// Requests served, by opcode.
+    pub(crate) counts: Arc<RequestCounts>,
 }
 
 fn errno(e: Errno) -> fuser::Errno {
@@ -148,6 +151,7 @@ impl Adapter {
 #[allow(clippy::too_many_arguments)]
 impl fuser::Filesystem for Adapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        self.counts.count(op::INIT);
         // Not wanted: FUSE_WRITEBACK_CACHE (operations must reach us in application order and
         // small writes must stay small), FUSE_AUTO_INVAL_DATA (would drop the page cache after our
         // own writes), FUSE_POSIX_LOCKS/FLOCK_LOCKS (the kernel handles locks locally),
@@ -175,6 +179,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.counts.count(op::LOOKUP);
         match self.fs.lookup(parent.0, name.as_bytes()) {
             Ok(i) => reply.entry(&self.ttl, &attr(&i), Generation(0)),
             Err(Errno::ENOENT) if !self.negative_ttl.is_zero() => {
@@ -190,6 +195,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.counts.count(op::FORGET);
         self.fs.forget(ino.0, nlookup);
     }
 
@@ -197,6 +203,7 @@ impl fuser::Filesystem for Adapter {
     // node, which is exactly what we want) stays.
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.counts.count(op::GETATTR);
         match self.fs.getattr(ino.0) {
             Ok(i) => reply.attr(&self.ttl, &attr(&i)),
             Err(e) => reply.error(errno(e)),
@@ -221,6 +228,7 @@ impl fuser::Filesystem for Adapter {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.counts.count(op::SETATTR);
         // fuser 0.18.0 does not pass FATTR_KILL_SUIDGID; Fs::setattr clears set-id bits on a
         // truncate by a non-root caller and on a change of owner, which is what the flag asks.
         let set = SetAttr {
@@ -240,6 +248,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.counts.count(op::READLINK);
         match self.fs.readlink(ino.0) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(e)),
@@ -256,6 +265,7 @@ impl fuser::Filesystem for Adapter {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        self.counts.count(op::MKNOD);
         self.entry(
             reply,
             self.fs
@@ -272,6 +282,7 @@ impl fuser::Filesystem for Adapter {
         _umask: u32,
         reply: ReplyEntry,
     ) {
+        self.counts.count(op::MKDIR);
         self.entry(
             reply,
             self.fs.mkdir(parent.0, name.as_bytes(), mode, ctx(req)),
@@ -279,6 +290,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.counts.count(op::UNLINK);
         match self.fs.unlink(parent.0, name.as_bytes()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
@@ -286,6 +298,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.counts.count(op::RMDIR);
         match self.fs.rmdir(parent.0, name.as_bytes()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
@@ -300,6 +313,7 @@ impl fuser::Filesystem for Adapter {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        self.counts.count(op::SYMLINK);
         self.entry(
             reply,
             self.fs.symlink(
@@ -321,6 +335,7 @@ impl fuser::Filesystem for Adapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        self.counts.count(op::RENAME);
         match self.fs.rename(
             parent.0,
             name.as_bytes(),
@@ -341,10 +356,12 @@ impl fuser::Filesystem for Adapter {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        self.counts.count(op::LINK);
         self.entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()));
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.counts.count(op::OPEN);
         // FUSE_OPEN_KILL_SUIDGID is not passed by fuser 0.18.0; with FUSE_ATOMIC_O_TRUNC an
         // O_TRUNC open truncates through Fs::setattr, which clears set-id bits for non-root.
         match self.fs.open(ino.0, flags.0, ctx(req)) {
@@ -366,6 +383,7 @@ impl fuser::Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.counts.count(op::READ);
         match self.fs.read(ino.0, offset, size) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(errno(e)),
@@ -384,6 +402,7 @@ impl fuser::Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.counts.count(op::WRITE);
         // With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves clearing set-id bits to us and says so.
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         match self.fs.write(ino.0, fh.0, offset, data, kill) {
@@ -400,6 +419,7 @@ impl fuser::Filesystem for Adapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        self.counts.count(op::FLUSH);
         // Every write is already in the engine when it is acknowledged: nothing to do.
         reply.ok();
     }
@@ -414,6 +434,7 @@ impl fuser::Filesystem for Adapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.counts.count(op::RELEASE);
         match self.fs.release(ino.0, fh.0) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
@@ -428,6 +449,7 @@ impl fuser::Filesystem for Adapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.counts.count(op::FSYNC);
         match self.fs.fsync() {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
@@ -435,6 +457,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.counts.count(op::OPENDIR);
         match self.fs.opendir(ino.0) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),
@@ -449,6 +472,7 @@ impl fuser::Filesystem for Adapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        self.counts.count(op::READDIR);
         let r = self.fs.readdir(ino.0, fh.0, offset, false, |e| {
             // `add` returns true when the buffer is full (the entry was not added).
             !reply.add(
@@ -472,6 +496,7 @@ impl fuser::Filesystem for Adapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        self.counts.count(op::READDIRPLUS);
         let r = self.fs.readdir(ino.0, fh.0, offset, true, |e| {
             // `.` and `..` come without attributes; the kernel skips them when linking entries.
             let a = match &e.attr {
@@ -501,6 +526,7 @@ impl fuser::Filesystem for Adapter {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        self.counts.count(op::RELEASEDIR);
         self.fs.releasedir(fh.0);
         reply.ok();
     }
@@ -513,6 +539,7 @@ impl fuser::Filesystem for Adapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.counts.count(op::FSYNCDIR);
         match self.fs.fsync() {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
@@ -520,6 +547,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.counts.count(op::STATFS);
         let s = self.fs.statfs();
         reply.statfs(
             s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
@@ -536,6 +564,7 @@ impl fuser::Filesystem for Adapter {
         position: u32,
         reply: ReplyEmpty,
     ) {
+        self.counts.count(op::SETXATTR);
         if position != 0 {
             return reply.error(fuser::Errno::EINVAL);
         }
@@ -557,14 +586,17 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.counts.count(op::GETXATTR);
         sized_reply(reply, size, self.fs.getxattr(ino.0, name.as_bytes()));
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.counts.count(op::LISTXATTR);
         sized_reply(reply, size, self.fs.listxattr(ino.0));
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.counts.count(op::REMOVEXATTR);
         match self.fs.removexattr(ino.0, name.as_bytes()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
@@ -572,6 +604,7 @@ impl fuser::Filesystem for Adapter {
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        self.counts.count(op::ACCESS);
         // Only reached without `default_permissions` (the kernel checks otherwise): mode bits,
         // primary group only.
         let i = match self.fs.getattr(ino.0) {
@@ -610,6 +643,7 @@ impl fuser::Filesystem for Adapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        self.counts.count(op::CREATE);
         match self
             .fs
             .create(parent.0, name.as_bytes(), mode, flags, ctx(req))
@@ -639,6 +673,7 @@ impl fuser::Filesystem for Adapter {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
+        self.counts.count(op::IOCTL);
         reply.error(fuser::Errno::ENOTTY);
     }
 
@@ -655,6 +690,7 @@ impl fuser::Filesystem for Adapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        self.counts.count(op::FALLOCATE);
         match self.fs.fallocate(ino.0, offset, length, mode) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
@@ -670,6 +706,7 @@ impl fuser::Filesystem for Adapter {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        self.counts.count(op::LSEEK);
         // The kernel handles SEEK_SET/CUR/END itself; only SEEK_DATA/SEEK_HOLE reach us.
         if whence != libc::SEEK_DATA && whence != libc::SEEK_HOLE {
             return reply.error(fuser::Errno::EINVAL);
@@ -696,6 +733,7 @@ impl fuser::Filesystem for Adapter {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        self.counts.count(op::COPY_FILE_RANGE);
         // The reply carries a 32-bit count: copy at most that much (the caller loops).
         let len = len.min(u64::from(u32::MAX) & !0xfff);
         match self

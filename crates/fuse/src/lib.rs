@@ -19,6 +19,9 @@
 //! path), so unmounting is entirely in our hands; other users go through `fusermount3`.
 
 mod adapter;
+mod counters;
+
+pub use counters::RequestCounts;
 
 use std::ffi::CString;
 use std::fs::OpenOptions;
@@ -91,6 +94,7 @@ impl Default for MountOptions {
 pub struct MountHandle {
     mountpoint: PathBuf,
     dev: Option<(u32, u32)>,
+    counts: Arc<RequestCounts>,
     thread: Option<JoinHandle<io::Result<()>>>,
     direct: bool,
 }
@@ -108,11 +112,13 @@ pub struct Unmounter {
 pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Result<MountHandle> {
     let mountpoint = mountpoint.canonicalize()?;
     let notifier = Arc::new(std::sync::OnceLock::new());
+    let counts = Arc::new(RequestCounts::default());
     let adapter = Adapter {
         fs: fs.clone(),
         ttl: options.ttl,
         negative_ttl: options.negative_ttl,
         notifier: notifier.clone(),
+        counts: counts.clone(),
     };
     let threads = options.threads.max(1);
     let mut config = Config::default();
@@ -150,6 +156,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Resu
     let handle = MountHandle {
         mountpoint,
         dev,
+        counts,
         thread: Some(thread),
         direct,
     };
@@ -274,6 +281,11 @@ impl MountHandle {
     /// The mount's device number (`major`, `minor`): it names the FUSE connection and the bdi.
     pub fn device(&self) -> Option<(u32, u32)> {
         self.dev
+    }
+
+    /// Requests served so far, by opcode.
+    pub fn counts(&self) -> Arc<RequestCounts> {
+        self.counts.clone()
     }
 
     /// Something that can unmount this mount from another thread.
