@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use amaranth_fs::Fs;
-use amaranth_fuse::RequestCounts;
+use amaranth_fuse::{RequestCounts, Transport};
 
 use crate::files;
 use crate::rundir::{self, RunDir};
@@ -30,6 +30,7 @@ impl Control {
     pub fn start(
         fs: Arc<Fs>,
         counts: Arc<RequestCounts>,
+        transport: Transport,
         image: &Path,
         mountpoint: &Path,
         started: Instant,
@@ -64,7 +65,7 @@ impl Control {
         let mp = mountpoint.to_path_buf();
         c.thread = std::thread::Builder::new()
             .name("amaranth-control".into())
-            .spawn(move || serve_control(listener, &stop, &fs, &counts, &image, &mp, started))
+            .spawn(move || serve_control(listener, &stop, (&fs, &counts, transport), &image, &mp, started))
             .ok();
         c
     }
@@ -74,8 +75,7 @@ impl Control {
 fn serve_control(
     listener: UnixListener,
     stop: &AtomicBool,
-    fs: &Fs,
-    counts: &RequestCounts,
+    (fs, counts, transport): (&Fs, &RequestCounts, Transport),
     image: &str,
     mp: &Path,
     started: Instant,
@@ -103,7 +103,7 @@ fn serve_control(
             continue;
         }
         let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
-        let v = crate::stat::live_json(fs, counts, image, mp, started);
+        let v = crate::stat::live_json(fs, counts, transport, image, mp, started);
         let _ = conn.write_all(v.to_string().as_bytes());
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use amaranth_device::{BlockDevice, FileDevice};
 use amaranth_engine::{Engine, Options, Stats, Superblock};
 use amaranth_fs::Fs;
-use amaranth_fuse::RequestCounts;
+use amaranth_fuse::{RequestCounts, Transport};
 use serde_json::{json, Value};
 
 use crate::files;
@@ -81,6 +81,7 @@ pub fn engine_json(s: &Stats) -> Value {
 pub fn live_json(
     fs: &Fs,
     counts: &RequestCounts,
+    transport: Transport,
     image: &str,
     mountpoint: &Path,
     started: std::time::Instant,
@@ -106,7 +107,11 @@ pub fn live_json(
         .collect();
     o.insert(
         "fuse".into(),
-        json!({ "requests": counts.total(), "requests_by_opcode": by_op }),
+        json!({
+            "transport": transport.name(),
+            "requests": counts.total(),
+            "requests_by_opcode": by_op,
+        }),
     );
     o.insert(
         "fs".into(),

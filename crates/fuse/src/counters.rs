@@ -103,48 +103,10 @@ impl RequestCounts {
     }
 }
 
-/// FUSE opcodes the adapter counts by name.
-pub(crate) mod op {
-    pub const LOOKUP: u32 = 1;
-    pub const FORGET: u32 = 2;
-    pub const GETATTR: u32 = 3;
-    pub const SETATTR: u32 = 4;
-    pub const READLINK: u32 = 5;
-    pub const SYMLINK: u32 = 6;
-    pub const MKNOD: u32 = 8;
-    pub const MKDIR: u32 = 9;
-    pub const UNLINK: u32 = 10;
-    pub const RMDIR: u32 = 11;
-    pub const RENAME: u32 = 12;
-    pub const LINK: u32 = 13;
-    pub const OPEN: u32 = 14;
-    pub const READ: u32 = 15;
-    pub const WRITE: u32 = 16;
-    pub const STATFS: u32 = 17;
-    pub const RELEASE: u32 = 18;
-    pub const FSYNC: u32 = 20;
-    pub const SETXATTR: u32 = 21;
-    pub const GETXATTR: u32 = 22;
-    pub const LISTXATTR: u32 = 23;
-    pub const REMOVEXATTR: u32 = 24;
-    pub const FLUSH: u32 = 25;
-    pub const INIT: u32 = 26;
-    pub const OPENDIR: u32 = 27;
-    pub const READDIR: u32 = 28;
-    pub const RELEASEDIR: u32 = 29;
-    pub const FSYNCDIR: u32 = 30;
-    pub const ACCESS: u32 = 34;
-    pub const CREATE: u32 = 35;
-    pub const IOCTL: u32 = 39;
-    pub const FALLOCATE: u32 = 43;
-    pub const READDIRPLUS: u32 = 44;
-    pub const LSEEK: u32 = 46;
-    pub const COPY_FILE_RANGE: u32 = 47;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::abi::op;
 
     #[test]
     fn counts_by_name() {
