@@ -166,3 +166,69 @@ fn kill_9_with_requests_in_flight_on_uring() {
     assert_eq!(fs::read(m.p("synced")).unwrap(), b"acknowledged");
     s.finish(m);
 }
+
+/// Unmount under load on io_uring: writers keep their files open and write while the mount is
+/// detached (`amaranth umount --lazy`); the daemon serves them until they close, then exits
+/// cleanly, and the image holds everything they wrote.
+#[test]
+fn lazy_unmount_under_load_on_uring() {
+    if !mount_env_ok() || !uring_in_kernel() {
+        return;
+    }
+    let _g = serial();
+    let s = Scratch::new("ul");
+    let img = s.mkfs("a.img", "1G");
+    let m = s.mount(&img, "mnt", &with_transport("uring"));
+    let files: Vec<File> = (0..4)
+        .map(|t| File::create(m.p(&format!("w{t}"))).unwrap())
+        .collect();
+    let detached = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = files
+        .into_iter()
+        .map(|f| {
+            let detached = detached.clone();
+            std::thread::spawn(move || {
+                let block = [5u8; 4096];
+                let mut n = 0u64;
+                // Write before and after the detach, at least 200 blocks after it.
+                let mut after = 0;
+                while after < 200 && n < 20_000 {
+                    f.write_at(&block, n * 4096)
+                        .expect("a write on a detached mount");
+                    n += 1;
+                    if detached.load(Ordering::Relaxed) {
+                        after += 1;
+                    }
+                }
+                assert!(after > 0, "no write after the detach");
+                n
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    // `amaranth umount --lazy` returns when the daemon has exited, that is after the writers
+    // close: run it beside them and let them go on once the mount is detached.
+    let umount = s
+        .amaranth()
+        .args([OsStr::new("umount"), m.mp.as_os_str(), OsStr::new("--lazy")])
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    while is_mounted(&m.mp) {
+        assert!(t0.elapsed() < Duration::from_secs(30), "not detached");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    detached.store(true, Ordering::Relaxed);
+    let written: Vec<u64> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+    let out = umount.wait_with_output().unwrap();
+    assert!(out.status.success(), "lazy umount failed");
+    m.expect_clean_exit(Duration::from_secs(60));
+    s.assert_fsck_clean(&img);
+    let m = s.mount(&img, "mnt", &with_transport("uring"));
+    for (t, n) in written.iter().enumerate() {
+        let got = fs::read(m.p(&format!("w{t}"))).unwrap();
+        assert_eq!(got.len() as u64, n * 4096, "w{t}");
+        assert!(got.iter().all(|&b| b == 5), "w{t} holds other bytes");
+    }
+    s.finish(m);
+}
