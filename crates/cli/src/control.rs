@@ -65,7 +65,16 @@ impl Control {
         let mp = mountpoint.to_path_buf();
         c.thread = std::thread::Builder::new()
             .name("amaranth-control".into())
-            .spawn(move || serve_control(listener, &stop, (&fs, &counts, transport), &image, &mp, started))
+            .spawn(move || {
+                serve_control(
+                    listener,
+                    &stop,
+                    (&fs, &counts, transport),
+                    &image,
+                    &mp,
+                    started,
+                )
+            })
             .ok();
         c
     }
