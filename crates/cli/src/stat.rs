@@ -273,12 +273,12 @@ fn print_live(v: &Value) {
                 .join(", ")
         })
         .unwrap_or_default();
-    println!(
+    say!(
         "FUSE requests:   {} ({by_op})",
         fuse["requests"].as_u64().unwrap_or(0)
     );
     if let Some(t) = fuse["transport"].as_str() {
-        println!("FUSE transport:  {t}");
+        say!("FUSE transport:  {t}");
     }
     if let Some(f) = v["failure"].as_str() {
         say!("FAILURE:         {f}");
