@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use amaranth_fs::Fs;
+use amaranth_fuse::{RequestCounts, Transport};
 
 use crate::files;
 use crate::rundir::{self, RunDir};
@@ -28,6 +29,8 @@ impl Control {
     /// daemon works without it).
     pub fn start(
         fs: Arc<Fs>,
+        counts: Arc<RequestCounts>,
+        transport: Transport,
         image: &Path,
         mountpoint: &Path,
         started: Instant,
@@ -62,7 +65,16 @@ impl Control {
         let mp = mountpoint.to_path_buf();
         c.thread = std::thread::Builder::new()
             .name("amaranth-control".into())
-            .spawn(move || serve_control(listener, &stop, &fs, &image, &mp, started))
+            .spawn(move || {
+                serve_control(
+                    listener,
+                    &stop,
+                    (&fs, &counts, transport),
+                    &image,
+                    &mp,
+                    started,
+                )
+            })
             .ok();
         c
     }
@@ -72,7 +84,7 @@ impl Control {
 fn serve_control(
     listener: UnixListener,
     stop: &AtomicBool,
-    fs: &Fs,
+    (fs, counts, transport): (&Fs, &RequestCounts, Transport),
     image: &str,
     mp: &Path,
     started: Instant,
@@ -100,7 +112,7 @@ fn serve_control(
             continue;
         }
         let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
-        let v = crate::stat::live_json(fs, image, mp, started);
+        let v = crate::stat::live_json(fs, counts, transport, image, mp, started);
         let _ = conn.write_all(v.to_string().as_bytes());
     }
 }

@@ -74,9 +74,14 @@ enum Command {
         /// Engine cache size (default: 1/4 of RAM, at most 2 GiB and 1/4 of the image).
         #[arg(long, value_parser = parse_size)]
         cache_size: Option<u64>,
-        /// Threads serving FUSE requests (default: the number of cores).
+        /// Threads serving FUSE requests over /dev/fuse (default: the number of cores).
         #[arg(long)]
         threads: Option<usize>,
+        /// How FUSE requests travel: `uring` (FUSE-over-io_uring, one queue per CPU; fails when
+        /// the kernel lacks it), `dev` (/dev/fuse), or `auto` (uring when available; default).
+        /// As root, `uring` and `auto` turn on the fuse module's enable_uring parameter.
+        #[arg(long, value_name = "uring|dev|auto")]
+        transport: Option<String>,
         /// Also write the daemon's pid to this file.
         #[arg(long)]
         pid_file: Option<PathBuf>,
@@ -199,6 +204,7 @@ fn main() {
             foreground,
             cache_size,
             threads,
+            transport,
             pid_file,
             log_file,
             options,
@@ -208,6 +214,7 @@ fn main() {
             foreground,
             cache_size,
             threads,
+            transport,
             pid_file,
             options,
             log_file,

@@ -11,7 +11,7 @@ use std::time::Instant;
 use amaranth_device::{BlockDevice, FileDevice};
 use amaranth_engine::{Engine, Error, Format, Options, Superblock};
 use amaranth_fs::{Fs, FsOptions};
-use amaranth_fuse::{MountOptions, Unmounter};
+use amaranth_fuse::{MountOptions, Transport, Unmounter};
 
 use crate::files::{self, Create};
 use crate::rundir::{self, RunDir};
@@ -30,6 +30,8 @@ pub struct MountArgs {
     pub cache_size: Option<u64>,
     /// Request threads.
     pub threads: Option<usize>,
+    /// Transport (`uring`, `dev` or `auto`).
+    pub transport: Option<String>,
     /// Extra pid file to write.
     pub pid_file: Option<PathBuf>,
     /// `-o` option lists.
@@ -79,6 +81,7 @@ fn apply_options(args: &mut MountArgs, m: &mut MountOptions) -> CliResult {
                     Failure::new(format!("bad threads value {:?}", val.unwrap_or("")))
                 })?)
             }
+            "transport" => args.transport = Some(need(val)?.to_string()),
             "log" | "log_file" => args.log_file = Some(PathBuf::from(need(val)?)),
             "pid_file" | "pidfile" => args.pid_file = Some(PathBuf::from(need(val)?)),
             "read_ahead_kb" => {
@@ -248,6 +251,13 @@ fn plan(mut args: MountArgs) -> CliResult<Plan> {
         return Err(Failure::new("--threads must be between 1 and 64"));
     }
     mount_opts.threads = threads;
+    if let Some(t) = &args.transport {
+        mount_opts.transport = Transport::parse(t).ok_or_else(|| {
+            Failure::new(format!(
+                "bad --transport {t:?}: expected uring, dev or auto"
+            ))
+        })?;
+    }
     mount_opts.fsname = image.display().to_string();
     let run = RunDir::create()?;
     let name = rundir::mount_name(&mountpoint);
@@ -376,12 +386,13 @@ fn wait_for_child(
     let mut msg = String::new();
     let _ = std::fs::File::from(rd).read_to_string(&mut msg);
     let msg = msg.trim();
-    if msg == "OK" {
+    if let Some(transport) = msg.strip_prefix("OK ") {
         say!(
-            "mounted {} on {} (daemon pid {pid}, log {})",
+            "mounted {} on {} (daemon pid {pid}, log {}, transport {})",
             image.display(),
             mountpoint.display(),
-            log_file.display()
+            log_file.display(),
+            transport_text(transport)
         );
         say!("unmount with: amaranth umount {}", mountpoint.display());
         return Ok(());
@@ -418,6 +429,15 @@ fn open_log(plan: &Plan) -> CliResult<std::fs::File> {
     })
 }
 
+/// How `mount` names a transport to the user.
+fn transport_text(name: &str) -> &str {
+    match name {
+        "uring" => "FUSE-over-io_uring",
+        "dev" => "/dev/fuse",
+        other => other,
+    }
+}
+
 fn redirect_stdio(log: std::fs::File) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let null = std::fs::OpenOptions::new()
@@ -435,7 +455,7 @@ fn redirect_stdio(log: std::fs::File) -> io::Result<()> {
 
 fn init_logging(_file: Option<&Path>) {
     // Both modes log to stderr: the terminal in the foreground, the log file in the background.
-    let env = env_logger::Env::default().default_filter_or("info,fuser=warn");
+    let env = env_logger::Env::default().default_filter_or("info");
     let _ = env_logger::Builder::from_env(env)
         .format_timestamp_millis()
         .try_init();
@@ -445,10 +465,11 @@ fn init_logging(_file: Option<&Path>) {
 struct Ready(Option<OwnedFd>);
 
 impl Ready {
-    fn ok(&mut self) {
+    /// Mounted; `transport` is the one serving requests.
+    fn ok(&mut self, transport: Transport) {
         if let Some(fd) = self.0.take() {
             let mut w = std::fs::File::from(fd);
-            let _ = w.write_all(b"OK\n");
+            let _ = writeln!(w, "OK {}", transport.name());
         }
     }
     fn fail(&mut self, f: &Failure) {
@@ -534,10 +555,11 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
         }
     };
     log::info!(
-        "amaranth: mounted {} on {} (device {:?})",
+        "amaranth: mounted {} on {} (device {:?}, transport {})",
         image.display(),
         mountpoint.display(),
-        handle.device()
+        handle.device(),
+        handle.transport().name()
     );
     let pid = std::process::id();
     let run_pid = rundir::pid_name(&mountpoint);
@@ -557,14 +579,23 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
             log::warn!("amaranth: cannot write the pid file {}: {e}", p.display());
         }
     }
-    let control = crate::control::Control::start(fs.clone(), &image, &mountpoint, started, &run);
+    let control = crate::control::Control::start(
+        fs.clone(),
+        handle.counts(),
+        handle.transport(),
+        &image,
+        &mountpoint,
+        started,
+        &run,
+    );
     spawn_signal_thread(handle.unmounter());
-    ready.ok();
+    ready.ok(handle.transport());
     if foreground {
         note!(
-            "mounted {} on {}; unmount with `amaranth umount {}` or Ctrl-C",
+            "mounted {} on {} (transport {}); unmount with `amaranth umount {}` or Ctrl-C",
             image.display(),
             mountpoint.display(),
+            transport_text(handle.transport().name()),
             mountpoint.display()
         );
     }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use amaranth_device::{BlockDevice, FileDevice};
 use amaranth_engine::{Engine, Options, Stats, Superblock};
 use amaranth_fs::Fs;
+use amaranth_fuse::{RequestCounts, Transport};
 use serde_json::{json, Value};
 
 use crate::files;
@@ -77,7 +78,14 @@ pub fn engine_json(s: &Stats) -> Value {
 }
 
 /// The live report a daemon serves on its control socket.
-pub fn live_json(fs: &Fs, image: &str, mountpoint: &Path, started: std::time::Instant) -> Value {
+pub fn live_json(
+    fs: &Fs,
+    counts: &RequestCounts,
+    transport: Transport,
+    image: &str,
+    mountpoint: &Path,
+    started: std::time::Instant,
+) -> Value {
     let s = fs.engine().stats();
     let mut v = engine_json(&s);
     let st = fs.statfs();
@@ -92,6 +100,19 @@ pub fn live_json(fs: &Fs, image: &str, mountpoint: &Path, started: std::time::In
         json!(started.elapsed().as_secs_f64()),
     );
     o.insert("rss_bytes".into(), json!(rss_bytes()));
+    let by_op: serde_json::Map<String, Value> = counts
+        .snapshot()
+        .into_iter()
+        .map(|(name, n)| (name.to_string(), json!(n)))
+        .collect();
+    o.insert(
+        "fuse".into(),
+        json!({
+            "transport": transport.name(),
+            "requests": counts.total(),
+            "requests_by_opcode": by_op,
+        }),
+    );
     o.insert(
         "fs".into(),
         json!({
@@ -242,6 +263,23 @@ fn print_live(v: &Value) {
         human(fs["bytes_read"].as_u64().unwrap_or(0)),
         fs["cached_inodes"].as_u64().unwrap_or(0)
     );
+    let fuse = &v["fuse"];
+    let by_op = fuse["requests_by_opcode"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, n)| format!("{k} {}", n.as_u64().unwrap_or(0)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    say!(
+        "FUSE requests:   {} ({by_op})",
+        fuse["requests"].as_u64().unwrap_or(0)
+    );
+    if let Some(t) = fuse["transport"].as_str() {
+        say!("FUSE transport:  {t}");
+    }
     if let Some(f) = v["failure"].as_str() {
         say!("FAILURE:         {f}");
     }

@@ -25,6 +25,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -436,10 +437,16 @@ fn killed_clients_leave_prefixes_and_others_continue() {
                 src = q(&src)
             ))
             .stderr(Stdio::null())
+            .process_group(0)
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(700));
-        holder.kill().unwrap();
+        // The whole group: a `cat` that outlived bash would keep writing to the unlinked file
+        // and keep the mount busy at the unmount below.
+        // SAFETY: signals the process group this test started.
+        unsafe {
+            libc::kill(-(holder.id() as i32), libc::SIGKILL);
+        }
         holder.wait().unwrap();
         kills.fetch_add(1, Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(300));

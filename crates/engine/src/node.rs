@@ -340,21 +340,24 @@ impl Leaf {
             }
             // A few point messages: patch the partition in place (one memmove per entry) instead of
             // rebuilding it, when it stays within its size and does not become empty.
+            // The size check uses the exact new size (an overwrite of a value by one of the same
+            // length grows nothing), so a full partition is patched too.
             if my_ranges.is_empty() && my_points.len() <= 16 {
                 if let Some(base) = slot.data() {
-                    let grow: usize = my_points.iter().map(|(k, m)| k.len() + m.size() + 16).sum();
-                    if base.bytes() + grow <= format.partition_size {
+                    let (size, values) = patched_size(&base, my_points);
+                    // An emptied partition (size 0) goes through the rebuild, which drops it.
+                    if size > 0 && size <= format.partition_size {
+                        // Without the leaf's own reference the partition is patched where it is
+                        // (a reader holding it meanwhile gets its copy).
+                        drop(slot);
                         let mut p =
                             Arc::try_unwrap(base).unwrap_or_else(|shared| (*shared).clone());
-                        for (k, km) in my_points {
-                            let old = p.get(k).map(|v| v.to_vec());
-                            p.set(k, km.apply(old).as_deref());
+                        for ((k, _), v) in my_points.iter().zip(values) {
+                            p.set(k, v.as_deref());
                         }
-                        if !p.is_empty() {
-                            out.keep(lo, PartSlot::resident(p));
-                            continue;
-                        }
-                        // Emptied: fall through to the rebuild, which drops it.
+                        assert_eq!(p.bytes(), size, "patched partition size");
+                        out.keep(lo, PartSlot::resident(p));
+                        continue;
                     }
                 }
             }
@@ -1303,6 +1306,24 @@ pub fn decode_buffer_payload(
     Ok(b)
 }
 
+/// The encoded size of `base` after `points` (distinct keys) are applied, and the new values.
+fn patched_size(base: &Partition, points: &[(Vec<u8>, KeyMsgs)]) -> (usize, Vec<Option<Vec<u8>>>) {
+    let mut size = base.bytes();
+    let mut values = Vec::with_capacity(points.len());
+    for (k, km) in points {
+        let old = base.get(k);
+        if let Some(o) = old {
+            size -= crate::partition::entry_size(k, o);
+        }
+        let new = km.apply(old.map(|v| v.to_vec()));
+        if let Some(n) = &new {
+            size += crate::partition::entry_size(k, n);
+        }
+        values.push(new);
+    }
+    (size, values)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1338,6 +1359,32 @@ mod tests {
             }
         }
         out
+    }
+
+    /// Overwriting a value with one of the same size in a full partition patches it in place
+    /// (the partition's buffer stays where it was) instead of re-encoding the leaf.
+    #[test]
+    fn same_size_overwrite_in_a_full_partition_is_patched() {
+        let mut l = leaf_with(300);
+        let full = l.parts[0].data().unwrap();
+        assert!(
+            full.bytes() + 70 > fmt().partition_size,
+            "the first partition is full"
+        );
+        let key = full.key(1).to_vec();
+        let before = full.raw().as_ptr();
+        drop(full);
+        let points = vec![(
+            key.clone(),
+            KeyMsgs::Put {
+                msn: 2,
+                value: vec![9u8; 50],
+            },
+        )];
+        l.apply(&[], &points, &fmt());
+        let p = l.parts[0].data().unwrap();
+        assert_eq!(p.raw().as_ptr(), before, "the partition was rebuilt");
+        assert_eq!(p.get(&key), Some(&[9u8; 50][..]));
     }
 
     #[test]

@@ -1,27 +1,19 @@
-//! `fuser::Filesystem` for [`Fs`]: every request becomes one call on [`Fs`] and one reply. Nothing
-//! here knows about keys, the engine or caching beyond the kernel's TTLs.
+//! From FUSE requests to [`Fs`] calls: every request becomes one call on [`Fs`] and one reply.
+//! Nothing here knows about keys, the engine or caching beyond the kernel's TTLs, and nothing
+//! here knows which transport carried the request.
 
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Duration;
 
 use amaranth_fs::{Ctx, Errno, Fs, Inode, Kind, SetAttr, SetTime, Time};
-use fuser::{
-    AccessFlags, BsdFileFlags, CopyFileRangeFlags, FileAttr, FileHandle, FileType, FopenFlags,
-    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
-};
 
-/// Largest request we negotiate (the kernel's `max_pages_limit` caps it at 1 MiB anyway).
-pub(crate) const MAX_REQUEST: u32 = 1 << 20;
+use crate::abi::{self, fattr, op, *};
+use crate::counters::RequestCounts;
+use crate::reply::Reply;
+
 /// `st_blksize`: the I/O size `stdio`, `cp` and friends use, so each `write()` is a big request.
 const BLKSIZE: u32 = 128 << 10;
-/// Requests that go to the kernel in the background (read-ahead); above fuser's default of 16.
-const MAX_BACKGROUND: u16 = 64;
 
 /// The adapter: an [`Fs`] plus the kernel cache lifetimes.
 pub(crate) struct Adapter {
@@ -30,66 +22,53 @@ pub(crate) struct Adapter {
     pub(crate) ttl: Duration,
     /// Lifetime of a negative entry (a name that does not exist); zero disables them.
     pub(crate) negative_ttl: Duration,
-    /// Notifications to the kernel, set once the session exists.
-    pub(crate) notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// The session's `/dev/fuse` descriptor, for notifications.
+    pub(crate) dev: Arc<OwnedFd>,
+    /// Requests served, by opcode.
+    pub(crate) counts: Arc<RequestCounts>,
 }
 
-fn errno(e: Errno) -> fuser::Errno {
-    fuser::Errno::from_i32(e.0)
+type R<T> = Result<T, i32>;
+
+fn err(e: Errno) -> i32 {
+    e.0
 }
 
-fn ctx(req: &Request) -> Ctx {
-    Ctx {
-        uid: req.uid(),
-        gid: req.gid(),
-        pid: req.pid(),
-    }
+/// A NUL-terminated name at the start of `b`, and what follows it.
+fn name(b: &[u8]) -> R<(&[u8], &[u8])> {
+    let end = b.iter().position(|&c| c == 0).ok_or(libc::EINVAL)?;
+    Ok((&b[..end], &b[end + 1..]))
 }
 
-fn file_type(kind: Kind) -> FileType {
+fn arg<T: Pod>(b: &[u8]) -> R<T> {
+    abi::read(b).ok_or(libc::EINVAL)
+}
+
+fn type_bits(kind: Kind) -> u32 {
     match kind {
-        Kind::File => FileType::RegularFile,
-        Kind::Dir => FileType::Directory,
-        Kind::Symlink => FileType::Symlink,
-        Kind::Fifo => FileType::NamedPipe,
-        Kind::Socket => FileType::Socket,
-        Kind::CharDev => FileType::CharDevice,
-        Kind::BlockDev => FileType::BlockDevice,
-    }
-}
-
-/// A time the kernel sent (setattr), as fuser 0.18.0 (pinned in the workspace) hands it over.
-///
-/// fuser decodes the kernel's `(sec, nsec)` before 1970 as `epoch - (-sec s + nsec ns)` instead
-/// of `epoch + sec s + nsec ns`, so `(-1, 500)` arrives as 1.000000500 s before the epoch. The
-/// kernel's `nsec` is always below one billion, so that decoding is one-to-one and is inverted
-/// here exactly: whole seconds before the epoch give `-sec`, the remaining nanoseconds `nsec`.
-/// Times after the epoch are decoded correctly and pass through.
-pub(crate) fn time_of(t: SystemTime) -> Time {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(_) => Time::from_system(t),
-        Err(e) => {
-            let d = e.duration();
-            Time {
-                sec: (d.as_secs() as i64).wrapping_neg(),
-                nsec: d.subsec_nanos(),
-            }
-        }
+        Kind::File => libc::S_IFREG,
+        Kind::Dir => libc::S_IFDIR,
+        Kind::Symlink => libc::S_IFLNK,
+        Kind::Fifo => libc::S_IFIFO,
+        Kind::Socket => libc::S_IFSOCK,
+        Kind::CharDev => libc::S_IFCHR,
+        Kind::BlockDev => libc::S_IFBLK,
     }
 }
 
 /// The kernel's view of an inode.
-pub(crate) fn attr(i: &Inode) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(i.ino),
+pub(crate) fn attr(i: &Inode) -> Attr {
+    Attr {
+        ino: i.ino,
         size: i.size,
         blocks: i.blocks(),
-        atime: i.atime.to_system(),
-        mtime: i.mtime.to_system(),
-        ctime: i.ctime.to_system(),
-        crtime: i.crtime.to_system(),
-        kind: file_type(i.kind),
-        perm: i.perm,
+        atime: i.atime.sec as u64,
+        mtime: i.mtime.sec as u64,
+        ctime: i.ctime.sec as u64,
+        atimensec: i.atime.nsec,
+        mtimensec: i.mtime.nsec,
+        ctimensec: i.ctime.nsec,
+        mode: type_bits(i.kind) | u32::from(i.perm),
         nlink: i.nlink,
         uid: i.uid,
         gid: i.gid,
@@ -99,622 +78,454 @@ pub(crate) fn attr(i: &Inode) -> FileAttr {
     }
 }
 
-/// Attributes for an entry the kernel ignores (`.`/`..` in readdirplus, negative entries).
-fn placeholder_attr(ino: u64, kind: FileType) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(ino),
-        size: 0,
-        blocks: 0,
-        atime: UNIX_EPOCH,
-        mtime: UNIX_EPOCH,
-        ctime: UNIX_EPOCH,
-        crtime: UNIX_EPOCH,
-        kind,
-        perm: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        blksize: BLKSIZE,
-        flags: 0,
+/// A time the kernel sent: seconds (two's complement before the epoch) and nanoseconds.
+fn time(sec: u64, nsec: u32) -> Time {
+    Time {
+        sec: sec as i64,
+        nsec,
     }
 }
 
-fn to_set_time(t: TimeOrNow) -> SetTime {
-    match t {
-        TimeOrNow::Now => SetTime::Now,
-        TimeOrNow::SpecificTime(t) => SetTime::At(time_of(t)),
+fn ctx(h: &InHeader) -> Ctx {
+    Ctx {
+        uid: h.uid,
+        gid: h.gid,
+        pid: h.pid,
     }
+}
+
+/// Rounds a directory entry's length up to 8 bytes, as the kernel expects.
+fn align8(n: usize) -> usize {
+    (n + 7) & !7
 }
 
 impl Adapter {
-    fn entry(&self, reply: ReplyEntry, r: amaranth_fs::Result<Inode>) {
-        match r {
-            Ok(i) => reply.entry(&self.ttl, &attr(&i), Generation(0)),
-            Err(e) => reply.error(errno(e)),
+    fn entry_out(&self, i: &Inode) -> EntryOut {
+        EntryOut {
+            nodeid: i.ino,
+            generation: 0,
+            entry_valid: self.ttl.as_secs(),
+            attr_valid: self.ttl.as_secs(),
+            entry_valid_nsec: self.ttl.subsec_nanos(),
+            attr_valid_nsec: self.ttl.subsec_nanos(),
+            attr: attr(i),
         }
     }
 
-    /// Adds capabilities one at a time, so one the kernel lacks does not drop the others.
-    fn want(config: &mut KernelConfig, flags: InitFlags) {
-        for flag in flags.iter() {
-            if let Err(missing) = config.add_capabilities(flag) {
-                log::info!("amaranth: the kernel does not offer {missing:?}");
-            }
+    fn attr_out(&self, i: &Inode) -> AttrOut {
+        AttrOut {
+            attr_valid: self.ttl.as_secs(),
+            attr_valid_nsec: self.ttl.subsec_nanos(),
+            dummy: 0,
+            attr: attr(i),
         }
     }
-}
 
-#[allow(clippy::too_many_arguments)]
-impl fuser::Filesystem for Adapter {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Not wanted: FUSE_WRITEBACK_CACHE (operations must reach us in application order and
-        // small writes must stay small), FUSE_AUTO_INVAL_DATA (would drop the page cache after our
-        // own writes), FUSE_POSIX_LOCKS/FLOCK_LOCKS (the kernel handles locks locally),
-        // FUSE_SETXATTR_EXT (fuser 0.18.0 cannot parse it).
-        let wanted = InitFlags::FUSE_HANDLE_KILLPRIV_V2
-            | InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_READDIRPLUS_AUTO
-            | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_ATOMIC_O_TRUNC
-            | InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_MAX_PAGES;
-        Self::want(config, wanted);
-        if let Err(max) = config.set_max_write(MAX_REQUEST) {
-            let _ = config.set_max_write(max);
-        }
-        let _ = config.set_max_background(MAX_BACKGROUND);
-        log::debug!("amaranth: the kernel offers {:?}", config.capabilities());
-        log::info!(
-            "amaranth: FUSE protocol {}.{}, enabled {:?}",
-            config.kernel_abi().0,
-            config.kernel_abi().1,
-            config.capabilities() & wanted
-        );
+    fn entry(&self, r: &mut Reply, i: amaranth_fs::Result<Inode>) -> R<()> {
+        r.push(&self.entry_out(&i.map_err(err)?));
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.fs.lookup(parent.0, name.as_bytes()) {
-            Ok(i) => reply.entry(&self.ttl, &attr(&i), Generation(0)),
+    /// Serves one request: `arg` is the operation's fixed header, `payload` what follows it
+    /// (names, data). Fills `r` (or marks it as needing no reply).
+    pub(crate) fn handle(&self, h: &InHeader, arg: &[u8], payload: &[u8], r: &mut Reply) {
+        self.counts.count(h.opcode);
+        r.start(h.unique);
+        if let Err(e) = self.dispatch(h, arg, payload, r) {
+            r.error(e);
+        }
+    }
+
+    fn dispatch(&self, h: &InHeader, a: &[u8], p: &[u8], r: &mut Reply) -> R<()> {
+        let fs = &*self.fs;
+        let ino = h.nodeid;
+        match h.opcode {
+            op::LOOKUP => self.lookup(ino, name(p)?.0, r),
+            op::FORGET => {
+                let f: ForgetIn = arg(a)?;
+                fs.forget(ino, f.nlookup);
+                r.none();
+                Ok(())
+            }
+            op::BATCH_FORGET => {
+                let b: BatchForgetIn = arg(a)?;
+                let one = std::mem::size_of::<ForgetOne>();
+                for k in 0..b.count as usize {
+                    let f: ForgetOne = arg(p.get(k * one..).unwrap_or(&[]))?;
+                    fs.forget(f.nodeid, f.nlookup);
+                }
+                r.none();
+                Ok(())
+            }
+            op::INTERRUPT => {
+                // Every request is served to completion quickly; nothing to interrupt.
+                r.none();
+                Ok(())
+            }
+            op::GETATTR => {
+                let i = fs.getattr(ino).map_err(err)?;
+                r.push(&self.attr_out(&i));
+                Ok(())
+            }
+            op::SETATTR => self.setattr(h, arg(a)?, r),
+            op::READLINK => {
+                r.extend(&fs.readlink(ino).map_err(err)?);
+                Ok(())
+            }
+            op::MKNOD => {
+                let m: MknodIn = arg(a)?;
+                let n = name(p)?.0;
+                self.entry(r, fs.mknod(ino, n, m.mode, m.rdev, ctx(h)))
+            }
+            op::MKDIR => {
+                let m: MkdirIn = arg(a)?;
+                self.entry(r, fs.mkdir(ino, name(p)?.0, m.mode, ctx(h)))
+            }
+            op::SYMLINK => {
+                let (n, rest) = name(p)?;
+                let target = name(rest)?.0;
+                self.entry(r, fs.symlink(ino, n, target, ctx(h)))
+            }
+            op::UNLINK => fs.unlink(ino, name(p)?.0).map_err(err),
+            op::RMDIR => fs.rmdir(ino, name(p)?.0).map_err(err),
+            op::RENAME | op::RENAME2 => {
+                let (newdir, flags) = if h.opcode == op::RENAME {
+                    (arg::<RenameIn>(a)?.newdir, 0)
+                } else {
+                    let x: Rename2In = arg(a)?;
+                    (x.newdir, x.flags)
+                };
+                let (from, rest) = name(p)?;
+                let to = name(rest)?.0;
+                fs.rename(ino, from, newdir, to, flags).map_err(err)
+            }
+            op::LINK => {
+                let l: LinkIn = arg(a)?;
+                self.entry(r, fs.link(l.oldnodeid, ino, name(p)?.0))
+            }
+            op::OPEN => {
+                let o: OpenIn = arg(a)?;
+                // FUSE_OPEN_KILL_SUIDGID: with FUSE_ATOMIC_O_TRUNC an O_TRUNC open truncates
+                // through Fs::setattr, which clears set-id bits for non-root callers.
+                let fh = fs.open(ino, o.flags as i32, ctx(h)).map_err(err)?;
+                r.push(&self.open_out(fh));
+                Ok(())
+            }
+            op::READ => {
+                let x: ReadIn = arg(a)?;
+                r.extend(&fs.read(ino, x.offset, x.size).map_err(err)?);
+                Ok(())
+            }
+            op::WRITE => {
+                let w: WriteIn = arg(a)?;
+                let data = p.get(..w.size as usize).ok_or(libc::EINVAL)?;
+                // With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves clearing set-id bits to us.
+                let kill = w.write_flags & WRITE_KILL_SUIDGID != 0;
+                let n = fs.write(ino, w.fh, w.offset, data, kill).map_err(err)?;
+                r.push(&WriteOut {
+                    size: n as u32,
+                    padding: 0,
+                });
+                Ok(())
+            }
+            op::FLUSH => Ok(()), // Every write is in the engine when acknowledged.
+            op::RELEASE => fs.release(ino, arg::<ReleaseIn>(a)?.fh).map_err(err),
+            op::FSYNC | op::FSYNCDIR | op::SYNCFS => fs.fsync().map_err(err),
+            op::OPENDIR => {
+                let fh = fs.opendir(ino).map_err(err)?;
+                r.push(&OpenOut {
+                    fh,
+                    open_flags: 0,
+                    backing_id: 0,
+                });
+                Ok(())
+            }
+            op::READDIR | op::READDIRPLUS => {
+                self.readdir(ino, arg(a)?, h.opcode == op::READDIRPLUS, r)
+            }
+            op::RELEASEDIR => {
+                fs.releasedir(arg::<ReleaseIn>(a)?.fh);
+                Ok(())
+            }
+            op::STATFS => {
+                let s = fs.statfs();
+                r.push(&StatfsOut {
+                    blocks: s.blocks,
+                    bfree: s.bfree,
+                    bavail: s.bavail,
+                    files: s.files,
+                    ffree: s.ffree,
+                    bsize: s.bsize,
+                    namelen: s.namelen,
+                    frsize: s.bsize,
+                    ..StatfsOut::default()
+                });
+                Ok(())
+            }
+            op::SETXATTR => self.setxattr(ino, arg(a)?, p),
+            op::GETXATTR => {
+                let g: GetxattrIn = arg(a)?;
+                sized(r, g.size, fs.getxattr(ino, name(p)?.0))
+            }
+            op::LISTXATTR => sized(r, arg::<GetxattrIn>(a)?.size, fs.listxattr(ino)),
+            op::REMOVEXATTR => fs.removexattr(ino, name(p)?.0).map_err(err),
+            op::ACCESS => self.access(h, arg::<AccessIn>(a)?.mask),
+            op::CREATE => {
+                let c: CreateIn = arg(a)?;
+                let n = name(p)?.0;
+                let (i, fh) = fs
+                    .create(ino, n, c.mode, c.flags as i32, ctx(h))
+                    .map_err(err)?;
+                r.push(&self.entry_out(&i));
+                r.push(&self.open_out(fh));
+                Ok(())
+            }
+            op::IOCTL => Err(libc::ENOTTY),
+            op::FALLOCATE => {
+                let f: FallocateIn = arg(a)?;
+                fs.fallocate(ino, f.offset, f.length, f.mode as i32)
+                    .map_err(err)
+            }
+            op::LSEEK => self.lseek(ino, arg(a)?, r),
+            op::COPY_FILE_RANGE => {
+                let c: CopyFileRangeIn = arg(a)?;
+                // The reply carries a 32-bit count: copy at most that much (the caller loops).
+                let len = c.len.min(u64::from(u32::MAX) & !0xfff);
+                let n = fs
+                    .copy_file_range(ino, c.off_in, c.nodeid_out, c.off_out, len)
+                    .map_err(err)?;
+                r.push(&WriteOut {
+                    size: n as u32,
+                    padding: 0,
+                });
+                Ok(())
+            }
+            op::DESTROY => Ok(()),
+            // GETLK/SETLK (locks stay in the kernel: not negotiated), POLL (ENOSYS makes files
+            // always ready), BMAP, TMPFILE, STATX and anything newer: not implemented, and the
+            // kernel remembers that for the rest of the mount.
+            _ => Err(libc::ENOSYS),
+        }
+    }
+
+    /// Open reply flags: keep the page cache across opens (only this daemon changes data, and
+    /// every change goes through the kernel), and no FLUSH on close (every write is in the
+    /// engine when it is acknowledged, so a flush has nothing to do).
+    fn open_out(&self, fh: u64) -> OpenOut {
+        OpenOut {
+            fh,
+            open_flags: FOPEN_KEEP_CACHE | FOPEN_NOFLUSH,
+            backing_id: 0,
+        }
+    }
+
+    fn lookup(&self, parent: u64, n: &[u8], r: &mut Reply) -> R<()> {
+        match self.fs.lookup(parent, n) {
+            Ok(i) => {
+                r.push(&self.entry_out(&i));
+                Ok(())
+            }
             Err(Errno::ENOENT) if !self.negative_ttl.is_zero() => {
                 // Node id 0 with a lifetime: the kernel caches the miss (a negative dentry).
-                reply.entry(
-                    &self.negative_ttl,
-                    &placeholder_attr(0, FileType::RegularFile),
-                    Generation(0),
-                )
+                r.push(&EntryOut {
+                    entry_valid: self.negative_ttl.as_secs(),
+                    entry_valid_nsec: self.negative_ttl.subsec_nanos(),
+                    ..EntryOut::default()
+                });
+                Ok(())
             }
-            Err(e) => reply.error(errno(e)),
+            Err(e) => Err(err(e)),
         }
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.fs.forget(ino.0, nlookup);
-    }
-
-    // batch_forget: fuser 0.18.0 does not export `ForgetOne`, so its default (one `forget` per
-    // node, which is exactly what we want) stays.
-
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino.0) {
-            Ok(i) => reply.attr(&self.ttl, &attr(&i)),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn setattr(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        // fuser 0.18.0 does not pass FATTR_KILL_SUIDGID; Fs::setattr clears set-id bits on a
-        // truncate by a non-root caller and on a change of owner, which is what the flag asks.
-        let set = SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime: atime.map(to_set_time),
-            mtime: mtime.map(to_set_time),
-            ctime: ctime.map(time_of),
-            crtime: crtime.map(time_of),
+    fn setattr(&self, h: &InHeader, s: SetattrIn, r: &mut Reply) -> R<()> {
+        let v = s.valid;
+        let has = |bit: u32| v & bit != 0;
+        let when = |at: u32, now: u32, sec: u64, nsec: u32| {
+            if has(now) {
+                Some(SetTime::Now)
+            } else if has(at) {
+                Some(SetTime::At(time(sec, nsec)))
+            } else {
+                None
+            }
         };
-        match self.fs.setattr(ino.0, &set, ctx(req)) {
-            Ok(i) => reply.attr(&self.ttl, &attr(&i)),
-            Err(e) => reply.error(errno(e)),
-        }
+        // FATTR_KILL_SUIDGID: Fs::setattr clears set-id bits on a truncate by a non-root caller
+        // and on a change of owner, which is what the flag asks.
+        let set = SetAttr {
+            mode: has(fattr::MODE).then_some(s.mode),
+            uid: has(fattr::UID).then_some(s.uid),
+            gid: has(fattr::GID).then_some(s.gid),
+            size: has(fattr::SIZE).then_some(s.size),
+            atime: when(fattr::ATIME, fattr::ATIME_NOW, s.atime, s.atimensec),
+            mtime: when(fattr::MTIME, fattr::MTIME_NOW, s.mtime, s.mtimensec),
+            ctime: has(fattr::CTIME).then(|| time(s.ctime, s.ctimensec)),
+            crtime: None,
+        };
+        let i = self.fs.setattr(h.nodeid, &set, ctx(h)).map_err(err)?;
+        r.push(&self.attr_out(&i));
+        Ok(())
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(ino.0) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn mknod(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        _umask: u32,
-        rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        self.entry(
-            reply,
-            self.fs
-                .mknod(parent.0, name.as_bytes(), mode, rdev, ctx(req)),
-        );
-    }
-
-    fn mkdir(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        _umask: u32,
-        reply: ReplyEntry,
-    ) {
-        self.entry(
-            reply,
-            self.fs.mkdir(parent.0, name.as_bytes(), mode, ctx(req)),
-        );
-    }
-
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.unlink(parent.0, name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.rmdir(parent.0, name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn symlink(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &Path,
-        reply: ReplyEntry,
-    ) {
-        self.entry(
-            reply,
-            self.fs.symlink(
-                parent.0,
-                link_name.as_bytes(),
-                target.as_os_str().as_bytes(),
-                ctx(req),
-            ),
-        );
-    }
-
-    fn rename(
-        &self,
-        _req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
-        flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        match self.fs.rename(
-            parent.0,
-            name.as_bytes(),
-            newparent.0,
-            newname.as_bytes(),
-            flags.bits(),
-        ) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn link(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        newparent: INodeNo,
-        newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        self.entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()));
-    }
-
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        // FUSE_OPEN_KILL_SUIDGID is not passed by fuser 0.18.0; with FUSE_ATOMIC_O_TRUNC an
-        // O_TRUNC open truncates through Fs::setattr, which clears set-id bits for non-root.
-        match self.fs.open(ino.0, flags.0, ctx(req)) {
-            // Keep the page cache across opens: only this daemon changes data, and every change
-            // goes through the kernel, which updates or drops the cached pages itself.
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        match self.fs.read(ino.0, offset, size) {
-            Ok(data) => reply.data(&data),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        // With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves clearing set-id bits to us and says so.
-        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        match self.fs.write(ino.0, fh.0, offset, data, kill) {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        // Every write is already in the engine when it is acknowledged: nothing to do.
-        reply.ok();
-    }
-
-    fn release(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        match self.fs.release(ino.0, fh.0) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn fsync(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        match self.fs.fsync() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.opendir(ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        let r = self.fs.readdir(ino.0, fh.0, offset, false, |e| {
-            // `add` returns true when the buffer is full (the entry was not added).
-            !reply.add(
-                INodeNo(e.ino),
-                e.offset,
-                file_type(e.kind),
-                OsStr::from_bytes(&e.name),
-            )
-        });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn readdirplus(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
-        let r = self.fs.readdir(ino.0, fh.0, offset, true, |e| {
-            // `.` and `..` come without attributes; the kernel skips them when linking entries.
-            let a = match &e.attr {
-                Some(i) => attr(i),
-                None => placeholder_attr(e.ino, file_type(e.kind)),
+    fn readdir(&self, ino: u64, x: ReadIn, plus: bool, r: &mut Reply) -> R<()> {
+        let limit = x.size as usize;
+        let res = self.fs.readdir(ino, x.fh, x.offset, plus, |e| {
+            let dirent = Dirent {
+                ino: e.ino,
+                off: e.offset,
+                namelen: e.name.len() as u32,
+                typ: type_bits(e.kind) >> 12,
             };
-            !reply.add(
-                INodeNo(e.ino),
-                e.offset,
-                OsStr::from_bytes(&e.name),
-                &self.ttl,
-                &a,
-                Generation(0),
-            )
-        });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        self.fs.releasedir(fh.0);
-        reply.ok();
-    }
-
-    fn fsyncdir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        match self.fs.fsync() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let s = self.fs.statfs();
-        reply.statfs(
-            s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
-        );
-    }
-
-    fn setxattr(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        name: &OsStr,
-        value: &[u8],
-        flags: i32,
-        position: u32,
-        reply: ReplyEmpty,
-    ) {
-        if position != 0 {
-            return reply.error(fuser::Errno::EINVAL);
-        }
-        match self.fs.setxattr(ino.0, name.as_bytes(), value, flags) {
-            Ok(()) => {
-                if name.as_bytes() == amaranth_fs::acl::ACCESS {
-                    // An access ACL sets the mode, and the kernel (without FUSE_POSIX_ACL) keeps
-                    // its cached attributes: drop them (attributes only, not pages).
-                    if let Some(n) = self.notifier.get() {
-                        if let Err(e) = n.inval_inode(ino, -1, 0) {
-                            log::debug!("amaranth: invalidating {}: {e}", ino.0);
-                        }
-                    }
-                }
-                reply.ok()
+            let base = std::mem::size_of::<Dirent>() + e.name.len();
+            let need = align8(base + if plus { 128 } else { 0 });
+            if r.payload_len() + need > limit {
+                return false;
             }
-            Err(e) => reply.error(errno(e)),
+            if plus {
+                // `.` and `..` come without attributes; node id 0 tells the kernel to skip them.
+                let entry = match &e.attr {
+                    Some(i) => self.entry_out(i),
+                    None => EntryOut::default(),
+                };
+                r.push(&entry);
+            }
+            r.push(&dirent);
+            r.extend(&e.name);
+            let pad = need - base - if plus { 128 } else { 0 };
+            r.extend(&[0u8; 8][..pad]);
+            true
+        });
+        res.map_err(err)
+    }
+
+    fn setxattr(&self, ino: u64, s: SetxattrIn, p: &[u8]) -> R<()> {
+        let (n, rest) = name(p)?;
+        let value = rest.get(..s.size as usize).ok_or(libc::EINVAL)?;
+        self.fs
+            .setxattr(ino, n, value, s.flags as i32)
+            .map_err(err)?;
+        if n == amaranth_fs::acl::ACCESS {
+            // An access ACL sets the mode, and the kernel (without FUSE_POSIX_ACL) keeps its
+            // cached attributes: drop them (attributes only, not pages).
+            self.inval_attributes(ino);
+        }
+        Ok(())
+    }
+
+    /// Tells the kernel to forget the cached attributes of `ino` (a notification on /dev/fuse).
+    fn inval_attributes(&self, ino: u64) {
+        let body = NotifyInvalInodeOut {
+            ino,
+            off: -1,
+            len: 0,
+        };
+        let h = OutHeader {
+            len: (std::mem::size_of::<OutHeader>() + std::mem::size_of_val(&body)) as u32,
+            error: NOTIFY_INVAL_INODE,
+            unique: 0,
+        };
+        let mut msg = abi::bytes(&h).to_vec();
+        msg.extend_from_slice(abi::bytes(&body));
+        // SAFETY: writes a valid buffer to our own descriptor.
+        let n = unsafe { libc::write(self.dev.as_raw_fd(), msg.as_ptr().cast(), msg.len()) };
+        if n < 0 {
+            log::debug!(
+                "amaranth: invalidating {ino}: {}",
+                std::io::Error::last_os_error()
+            );
         }
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        sized_reply(reply, size, self.fs.getxattr(ino.0, name.as_bytes()));
-    }
-
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        sized_reply(reply, size, self.fs.listxattr(ino.0));
-    }
-
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.fs.removexattr(ino.0, name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+    fn access(&self, h: &InHeader, mask: u32) -> R<()> {
         // Only reached without `default_permissions` (the kernel checks otherwise): mode bits,
         // primary group only.
-        let i = match self.fs.getattr(ino.0) {
-            Ok(i) => i,
-            Err(e) => return reply.error(errno(e)),
-        };
-        let want = mask.bits() as u16 & 0o7;
-        let allowed = if req.uid() == 0 {
+        let i = self.fs.getattr(h.nodeid).map_err(err)?;
+        let want = mask as u16 & 0o7;
+        let allowed = if h.uid == 0 {
             // Root may do anything except execute a file nobody may execute.
             if want & 1 != 0 && i.kind != Kind::Dir && i.perm & 0o111 == 0 {
                 0o6
             } else {
                 0o7
             }
-        } else if req.uid() == i.uid {
+        } else if h.uid == i.uid {
             (i.perm >> 6) & 7
-        } else if req.gid() == i.gid {
+        } else if h.gid == i.gid {
             (i.perm >> 3) & 7
         } else {
             i.perm & 7
         };
         if want & !allowed == 0 {
-            reply.ok()
+            Ok(())
         } else {
-            reply.error(fuser::Errno::EACCES)
+            Err(libc::EACCES)
         }
     }
 
-    fn create(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        _umask: u32,
-        flags: i32,
-        reply: ReplyCreate,
-    ) {
-        match self
-            .fs
-            .create(parent.0, name.as_bytes(), mode, flags, ctx(req))
-        {
-            Ok((i, fh)) => reply.created(
-                &self.ttl,
-                &attr(&i),
-                Generation(0),
-                FileHandle(fh),
-                FopenFlags::FOPEN_KEEP_CACHE,
-            ),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    // getlk/setlk: FUSE_POSIX_LOCKS and FUSE_FLOCK_LOCKS are not negotiated, so the kernel keeps
-    // locks locally and never sends these requests (fuser's defaults stay unused).
-
-    fn ioctl(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _flags: IoctlFlags,
-        _cmd: u32,
-        _in_data: &[u8],
-        _out_size: u32,
-        reply: ReplyIoctl,
-    ) {
-        reply.error(fuser::Errno::ENOTTY);
-    }
-
-    // poll: fuser's default ENOSYS makes the kernel treat files as always ready (DEFAULT_POLLMASK)
-    // without asking again, which is right for a file system whose data is always available.
-
-    fn fallocate(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        match self.fs.fallocate(ino.0, offset, length, mode) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn lseek(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: i64,
-        whence: i32,
-        reply: ReplyLseek,
-    ) {
+    fn lseek(&self, ino: u64, l: LseekIn, r: &mut Reply) -> R<()> {
         // The kernel handles SEEK_SET/CUR/END itself; only SEEK_DATA/SEEK_HOLE reach us.
+        let whence = l.whence as i32;
         if whence != libc::SEEK_DATA && whence != libc::SEEK_HOLE {
-            return reply.error(fuser::Errno::EINVAL);
+            return Err(libc::EINVAL);
         }
-        if offset < 0 {
-            return reply.error(fuser::Errno::ENXIO);
+        if (l.offset as i64) < 0 {
+            return Err(libc::ENXIO);
         }
-        match self.fs.lseek(ino.0, offset as u64, whence) {
-            Ok(off) => reply.offset(off as i64),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn copy_file_range(
-        &self,
-        _req: &Request,
-        ino_in: INodeNo,
-        _fh_in: FileHandle,
-        offset_in: u64,
-        ino_out: INodeNo,
-        _fh_out: FileHandle,
-        offset_out: u64,
-        len: u64,
-        _flags: CopyFileRangeFlags,
-        reply: ReplyWrite,
-    ) {
-        // The reply carries a 32-bit count: copy at most that much (the caller loops).
-        let len = len.min(u64::from(u32::MAX) & !0xfff);
-        match self
-            .fs
-            .copy_file_range(ino_in.0, offset_in, ino_out.0, offset_out, len)
-        {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(e)),
-        }
+        let off = self.fs.lseek(ino, l.offset, whence).map_err(err)?;
+        r.push(&LseekOut { offset: off });
+        Ok(())
     }
 }
 
 /// Replies to a getxattr/listxattr: the size for a size-0 probe, `ERANGE` when the buffer is small.
-fn sized_reply(reply: ReplyXattr, size: u32, r: amaranth_fs::Result<Vec<u8>>) {
-    match r {
-        Ok(v) if size == 0 => reply.size(v.len() as u32),
-        Ok(v) if v.len() > size as usize => reply.error(fuser::Errno::ERANGE),
-        Ok(v) => reply.data(&v),
-        Err(e) => reply.error(errno(e)),
+fn sized(r: &mut Reply, size: u32, v: amaranth_fs::Result<Vec<u8>>) -> R<()> {
+    let v = v.map_err(err)?;
+    if size == 0 {
+        r.push(&GetxattrOut {
+            size: v.len() as u32,
+            padding: 0,
+        });
+    } else if v.len() > size as usize {
+        return Err(libc::ERANGE);
+    } else {
+        r.extend(&v);
+    }
+    Ok(())
+}
+
+/// The size of the fixed header of each request (what the io_uring transport finds in the
+/// entry's `op_in` area; on /dev/fuse it precedes the payload).
+pub(crate) fn arg_size(opcode: u32) -> usize {
+    use std::mem::size_of;
+    match opcode {
+        op::FORGET => size_of::<ForgetIn>(),
+        op::BATCH_FORGET => size_of::<BatchForgetIn>(),
+        op::INTERRUPT => 8,
+        op::GETATTR => size_of::<GetattrIn>(),
+        op::SETATTR => size_of::<SetattrIn>(),
+        op::MKNOD => size_of::<MknodIn>(),
+        op::MKDIR => size_of::<MkdirIn>(),
+        op::RENAME => size_of::<RenameIn>(),
+        op::RENAME2 => size_of::<Rename2In>(),
+        op::LINK => size_of::<LinkIn>(),
+        op::OPEN | op::OPENDIR => size_of::<OpenIn>(),
+        op::CREATE => size_of::<CreateIn>(),
+        op::READ | op::READDIR | op::READDIRPLUS => size_of::<ReadIn>(),
+        op::WRITE => size_of::<WriteIn>(),
+        op::RELEASE | op::RELEASEDIR | op::FLUSH => size_of::<ReleaseIn>(),
+        op::FSYNC | op::FSYNCDIR => size_of::<FsyncIn>(),
+        op::SYNCFS => 8,
+        op::SETXATTR => size_of::<SetxattrIn>(),
+        op::GETXATTR | op::LISTXATTR => size_of::<GetxattrIn>(),
+        op::ACCESS => size_of::<AccessIn>(),
+        op::IOCTL => 32,
+        op::FALLOCATE => size_of::<FallocateIn>(),
+        op::LSEEK => size_of::<LseekIn>(),
+        op::COPY_FILE_RANGE => size_of::<CopyFileRangeIn>(),
+        op::GETLK | op::SETLK | op::SETLKW => 48,
+        op::POLL => 24,
+        op::BMAP => 16,
+        _ => 0,
     }
 }
 
@@ -722,32 +533,21 @@ fn sized_reply(reply: ReplyXattr, size: u32, r: amaranth_fs::Result<Vec<u8>>) {
 mod tests {
     use super::*;
 
-    /// What fuser 0.18.0 makes of the kernel's `(sec, nsec)` (see `time_of`).
-    fn as_fuser_decodes(sec: i64, nsec: u32) -> SystemTime {
-        if sec >= 0 {
-            UNIX_EPOCH + Duration::new(sec as u64, nsec)
-        } else {
-            UNIX_EPOCH - Duration::new(sec.unsigned_abs(), nsec)
-        }
+    #[test]
+    fn names_are_nul_terminated() {
+        assert_eq!(name(b"a\0b\0").unwrap(), (&b"a"[..], &b"b\0"[..]));
+        assert_eq!(name(b"abc"), Err(libc::EINVAL));
     }
 
     #[test]
-    fn kernel_times_round_trip_through_fusers_decoding() {
-        for (sec, nsec) in [
-            (0, 0),
-            (1, 1),
-            (1_700_000_000, 999_999_999),
-            (-1, 0),
-            (-1, 500),
-            (-1, 999_999_999),
-            (-1_000_000, 999_999_999),
-            (-2_208_988_800, 123_456_789),
-        ] {
-            assert_eq!(
-                time_of(as_fuser_decodes(sec, nsec)),
-                Time { sec, nsec },
-                "({sec}, {nsec})"
-            );
-        }
+    fn kernel_times_before_the_epoch() {
+        assert_eq!(time((-1i64) as u64, 500), Time { sec: -1, nsec: 500 });
+        assert_eq!(
+            time(1_700_000_000, 1),
+            Time {
+                sec: 1_700_000_000,
+                nsec: 1
+            }
+        );
     }
 }

@@ -1,14 +1,21 @@
 //! Amaranth's FUSE transport: mounts an [`amaranth_fs::Fs`] and serves kernel requests with it.
 //!
 //! The adapter is thin on purpose: each request becomes one call on [`Fs`](amaranth_fs::Fs) and
-//! one reply, so another transport (FUSE-over-io_uring, a test harness) can replace this crate
-//! without touching the file system. The public surface is [`mount`], [`MountOptions`],
-//! [`MountHandle`] and [`Unmounter`].
+//! one reply, whichever transport carried it. Two transports speak the FUSE protocol (this crate
+//! implements it; no FUSE library is used):
+//! - FUSE-over-io_uring ([`Transport::Uring`]): one ring queue per CPU, served by a thread pinned
+//!   to that CPU, so a request is answered on the CPU that issued it (a wake-up across vCPUs costs
+//!   30–80 µs on the VMs measured, `shared/notes/fuse.md`);
+//! - `/dev/fuse` ([`Transport::Dev`]): threads reading requests and writing replies, the fallback
+//!   when the kernel does not offer io_uring. FORGET, INTERRUPT and notifications use it always.
+//!
+//! The public surface is [`mount`], [`MountOptions`], [`MountHandle`] and [`Unmounter`].
 //!
 //! Settings (see `shared/notes/fuse.md` for the measurements behind them):
 //! - kernel writeback cache off: operations reach the daemon in application order and small writes
 //!   stay small;
-//! - page cache kept across opens (`FOPEN_KEEP_CACHE`): only the daemon changes data;
+//! - page cache kept across opens (`FOPEN_KEEP_CACHE`), no FLUSH on close (`FOPEN_NOFLUSH`:
+//!   every write is in the engine when it is acknowledged);
 //! - 1 MiB requests, `FUSE_HANDLE_KILLPRIV_V2` (set-id bits cleared by the daemon),
 //!   readdirplus (`FUSE_DO_READDIRPLUS | FUSE_READDIRPLUS_AUTO`), `FUSE_PARALLEL_DIROPS`,
 //!   `FUSE_ATOMIC_O_TRUNC`, `FUSE_CACHE_SYMLINKS`;
@@ -18,12 +25,20 @@
 //! As root the mount is made with `mount(2)` directly (type `fuse.amaranth`, source the image
 //! path), so unmounting is entirely in our hands; other users go through `fusermount3`.
 
+mod abi;
 mod adapter;
+mod counters;
+mod dev;
+mod reply;
+mod session;
+mod uring;
+
+pub use counters::RequestCounts;
 
 use std::ffi::CString;
 use std::fs::OpenOptions;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -32,20 +47,63 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use amaranth_fs::{Fs, ROOT_INO};
-use fuser::{Config, MountOption, Session, SessionACL};
 
 use crate::adapter::Adapter;
 
 /// The file-system type shown in `/proc/mounts` is `fuse.` followed by this.
 pub const SUBTYPE: &str = "amaranth";
 
+/// The kernel module parameter that lets FUSE connections use io_uring.
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Test hook: with this environment variable set to 1 the daemon acts as if the kernel had no
+/// FUSE-over-io_uring (to test the fallback on kernels that have it).
+pub const NO_URING_ENV: &str = "AMARANTH_FUSE_NO_URING";
+
+/// How requests travel between the kernel and the daemon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// FUSE-over-io_uring when the kernel offers it, `/dev/fuse` otherwise.
+    Auto,
+    /// FUSE-over-io_uring; the mount fails when the kernel does not offer it.
+    Uring,
+    /// `read(2)`/`write(2)` on `/dev/fuse`.
+    Dev,
+}
+
+impl Transport {
+    /// The name used on the command line and in `amaranth stat`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Auto => "auto",
+            Transport::Uring => "uring",
+            Transport::Dev => "dev",
+        }
+    }
+
+    /// Parses `auto`, `uring` or `dev`.
+    pub fn parse(s: &str) -> Option<Transport> {
+        match s {
+            "auto" => Some(Transport::Auto),
+            "uring" | "io_uring" => Some(Transport::Uring),
+            "dev" => Some(Transport::Dev),
+            _ => None,
+        }
+    }
+}
+
 /// How to mount.
 #[derive(Clone, Debug)]
 pub struct MountOptions {
     /// Name shown as the mount's source (the image path).
     pub fsname: String,
-    /// Threads serving requests (each with its own `/dev/fuse` fd when more than one).
+    /// Threads serving `/dev/fuse` (each with its own descriptor when more than one); with
+    /// io_uring, one thread per CPU serves the ring and one thread `/dev/fuse`.
     pub threads: usize,
+    /// Which transport to use.
+    pub transport: Transport,
+    /// Entries registered per io_uring queue (requests one CPU can have in flight).
+    pub ring_depth: usize,
     /// Let other users use the mount (`allow_other`).
     pub allow_other: bool,
     /// Let the kernel check permissions from the mode bits (`default_permissions`).
@@ -73,6 +131,8 @@ impl Default for MountOptions {
         MountOptions {
             fsname: "amaranth".into(),
             threads: 2,
+            transport: Transport::Auto,
+            ring_depth: 8,
             allow_other: true,
             default_permissions: true,
             read_only: false,
@@ -91,7 +151,9 @@ impl Default for MountOptions {
 pub struct MountHandle {
     mountpoint: PathBuf,
     dev: Option<(u32, u32)>,
-    thread: Option<JoinHandle<io::Result<()>>>,
+    counts: Arc<RequestCounts>,
+    transport: Transport,
+    threads: Vec<JoinHandle<io::Result<()>>>,
     direct: bool,
 }
 
@@ -103,54 +165,134 @@ pub struct Unmounter {
     direct: bool,
 }
 
+/// Whether FUSE-over-io_uring may be used: the module parameter is on, or we (root) turn it on.
+/// Returns why not otherwise.
+fn uring_available() -> Result<(), String> {
+    if std::env::var(NO_URING_ENV).as_deref() == Ok("1") {
+        return Err(format!("{NO_URING_ENV}=1"));
+    }
+    let v = std::fs::read_to_string(ENABLE_URING)
+        .map_err(|e| format!("the kernel has no FUSE-over-io_uring ({ENABLE_URING}: {e})"))?;
+    if v.trim() == "Y" {
+        return Ok(());
+    }
+    match std::fs::write(ENABLE_URING, "Y") {
+        Ok(()) => {
+            log::info!("amaranth: turned on {ENABLE_URING}");
+            Ok(())
+        }
+        Err(e) => Err(format!(
+            "{ENABLE_URING} is off and cannot be turned on: {e}"
+        )),
+    }
+}
+
 /// Mounts `fs` on `mountpoint` and starts serving requests on background threads. Returns once
 /// the kernel has completed the FUSE handshake, so the mount is usable.
 pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Result<MountHandle> {
     let mountpoint = mountpoint.canonicalize()?;
-    let notifier = Arc::new(std::sync::OnceLock::new());
-    let adapter = Adapter {
-        fs: fs.clone(),
-        ttl: options.ttl,
-        negative_ttl: options.negative_ttl,
-        notifier: notifier.clone(),
+    let want_uring = match options.transport {
+        Transport::Dev => false,
+        t => match uring_available() {
+            Ok(()) => true,
+            Err(why) if t == Transport::Uring => {
+                return Err(io::Error::other(format!("--transport uring: {why}")))
+            }
+            Err(why) => {
+                log::info!("amaranth: using /dev/fuse: {why}");
+                false
+            }
+        },
     };
-    let threads = options.threads.max(1);
-    let mut config = Config::default();
-    config.n_threads = Some(threads);
-    config.clone_fd = threads > 1;
-    let acl = if options.allow_other {
-        SessionACL::All
-    } else {
-        SessionACL::Owner
-    };
-    config.acl = acl;
     // SAFETY: geteuid has no preconditions.
     let direct = unsafe { libc::geteuid() } == 0;
-    let session = if direct {
+    let fd = if direct {
         let root_mode = fs
             .getattr(ROOT_INO)
             .map_err(|e| io::Error::from_raw_os_error(e.0))?;
-        let fd = mount_direct(&mountpoint, options, root_mode.mode())?;
-        match Session::from_fd(adapter, fd, acl, config) {
-            Ok(s) => s,
+        mount_direct(&mountpoint, options, root_mode.mode())?
+    } else {
+        mount_fusermount(&mountpoint, options)?
+    };
+    let fd = Arc::new(fd);
+    let detach = |e: io::Error| {
+        let _ = umount_any(&mountpoint, direct);
+        e
+    };
+    let negotiated = session::handshake(&fd, want_uring).map_err(detach)?;
+    log::info!(
+        "amaranth: FUSE protocol 7.{}, flags {:#x} (kernel offered {:#x})",
+        negotiated.minor,
+        negotiated.flags,
+        negotiated.offered
+    );
+    let counts = Arc::new(RequestCounts::default());
+    let adapter = Arc::new(Adapter {
+        fs: fs.clone(),
+        ttl: options.ttl,
+        negative_ttl: options.negative_ttl,
+        dev: fd.clone(),
+        counts: counts.clone(),
+    });
+    let mut threads = Vec::new();
+    let mut transport = Transport::Dev;
+    let mut dev_threads = options.threads.max(1);
+    if want_uring && !negotiated.uring() {
+        let why = "the kernel did not offer FUSE_OVER_IO_URING in INIT";
+        if options.transport == Transport::Uring {
+            return Err(detach(io::Error::other(format!(
+                "--transport uring: {why}"
+            ))));
+        }
+        log::info!("amaranth: using /dev/fuse: {why}");
+    }
+    if negotiated.uring() {
+        // The /dev/fuse thread first: it serves whatever comes before the ring is complete.
+        threads.push(spawn_dev(fd.clone(), adapter.clone(), 0)?);
+        let payload = (negotiated.max_write as usize).max(session::MAX_REQUEST as usize);
+        match uring::start(
+            fd.clone(),
+            adapter.clone(),
+            options.ring_depth.max(1),
+            payload,
+        ) {
+            Ok(t) => {
+                threads.extend(t);
+                transport = Transport::Uring;
+                dev_threads = 0;
+            }
+            Err(e) if options.transport == Transport::Uring => {
+                return Err(detach(io::Error::other(format!("--transport uring: {e}"))))
+            }
             Err(e) => {
-                let _ = umount2(&mountpoint, libc::MNT_DETACH);
-                return Err(e);
+                log::warn!("amaranth: FUSE-over-io_uring failed ({e}); using /dev/fuse");
+                dev_threads -= 1;
             }
         }
-    } else {
-        config.mount_options = fuser_options(options);
-        Session::new(adapter, &mountpoint, &config)?
-    };
-    let _ = notifier.set(session.notifier());
-    let thread = std::thread::Builder::new()
-        .name("amaranth-fuse".into())
-        .spawn(move || session.run())?;
+    }
+    for i in 0..dev_threads {
+        let f = if threads.is_empty() {
+            fd.clone()
+        } else {
+            Arc::new(dev::clone_fd(&fd).map_err(detach)?)
+        };
+        threads.push(spawn_dev(f, adapter.clone(), i)?);
+    }
+    log::info!(
+        "amaranth: serving requests over {} ({} threads)",
+        match transport {
+            Transport::Uring => "FUSE-over-io_uring",
+            _ => "/dev/fuse",
+        },
+        threads.len()
+    );
     let dev = find_mount(&mountpoint).map(|m| m.dev);
     let handle = MountHandle {
         mountpoint,
         dev,
-        thread: Some(thread),
+        counts,
+        transport,
+        threads,
         direct,
     };
     if let (Some(kb), Some((major, minor))) = (options.read_ahead_kb, dev) {
@@ -160,6 +302,101 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Resu
         }
     }
     Ok(handle)
+}
+
+fn spawn_dev(
+    fd: Arc<OwnedFd>,
+    adapter: Arc<Adapter>,
+    i: usize,
+) -> io::Result<JoinHandle<io::Result<()>>> {
+    std::thread::Builder::new()
+        .name(format!("amaranth-dev{i}"))
+        .spawn(move || dev::serve(fd, adapter))
+}
+
+fn umount_any(mountpoint: &Path, direct: bool) -> io::Result<()> {
+    if direct {
+        umount2(mountpoint, libc::MNT_DETACH)
+    } else {
+        std::process::Command::new("fusermount3")
+            .args(["-u", "-q", "-z", "--"])
+            .arg(mountpoint)
+            .status()
+            .map(|_| ())
+    }
+}
+
+/// Mounts through `fusermount3` (not root): it mounts and passes the `/dev/fuse` descriptor
+/// back over a socket named by `_FUSE_COMMFD`.
+fn mount_fusermount(mountpoint: &Path, o: &MountOptions) -> io::Result<OwnedFd> {
+    let mut fds = [0; 2];
+    // SAFETY: socketpair fills two descriptors.
+    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, fds.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptors owned here.
+    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: marks our end close-on-exec; theirs stays inheritable for fusermount3.
+    unsafe { libc::fcntl(ours.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+    let mut opts = vec![
+        format!("fsname={}", o.fsname.replace(',', "\\,")),
+        format!("subtype={SUBTYPE}"),
+        if o.read_only { "ro" } else { "rw" }.to_string(),
+    ];
+    for (on, name) in [
+        (o.default_permissions, "default_permissions"),
+        (o.allow_other, "allow_other"),
+        (!o.dev, "nodev"),
+        (!o.suid, "nosuid"),
+        (o.noexec, "noexec"),
+        (o.noatime, "noatime"),
+    ] {
+        if on {
+            opts.push(name.to_string());
+        }
+    }
+    let status = std::process::Command::new("fusermount3")
+        .arg("-o")
+        .arg(opts.join(","))
+        .arg("--")
+        .arg(mountpoint)
+        .env("_FUSE_COMMFD", theirs.as_raw_fd().to_string())
+        .status()
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot run fusermount3: {e}")))?;
+    drop(theirs);
+    if !status.success() {
+        return Err(io::Error::other(format!("fusermount3 failed ({status})")));
+    }
+    receive_fd(&ours)
+}
+
+/// Receives one descriptor sent with `SCM_RIGHTS` on `sock`.
+fn receive_fd(sock: &OwnedFd) -> io::Result<OwnedFd> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // Room for one cmsghdr carrying one int.
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr zeroed, then pointed at live buffers; recvmsg fills them.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control);
+        if libc::recvmsg(sock.as_raw_fd(), &mut msg, 0) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        if c.is_null() || (*c).cmsg_type != libc::SCM_RIGHTS {
+            return Err(io::Error::other("fusermount3 sent no descriptor"));
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
+        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
 }
 
 /// Mounts with `mount(2)` (root only): type `fuse.amaranth`, the image path as the source.
@@ -227,34 +464,6 @@ fn mount_direct(mountpoint: &Path, o: &MountOptions, root_mode: u32) -> io::Resu
     Ok(fd)
 }
 
-fn fuser_options(o: &MountOptions) -> Vec<MountOption> {
-    let mut v = vec![
-        MountOption::FSName(o.fsname.clone()),
-        MountOption::Subtype(SUBTYPE.into()),
-    ];
-    if o.default_permissions {
-        v.push(MountOption::DefaultPermissions);
-    }
-    v.push(if o.read_only {
-        MountOption::RO
-    } else {
-        MountOption::RW
-    });
-    if o.dev {
-        v.push(MountOption::Dev);
-    }
-    if o.suid {
-        v.push(MountOption::Suid);
-    }
-    if o.noexec {
-        v.push(MountOption::NoExec);
-    }
-    if o.noatime {
-        v.push(MountOption::NoAtime);
-    }
-    v
-}
-
 fn umount2(mountpoint: &Path, flags: libc::c_int) -> io::Result<()> {
     let target = CString::new(mountpoint.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in the mount point"))?;
@@ -276,6 +485,16 @@ impl MountHandle {
         self.dev
     }
 
+    /// Requests served so far, by opcode.
+    pub fn counts(&self) -> Arc<RequestCounts> {
+        self.counts.clone()
+    }
+
+    /// The transport serving requests ([`Transport::Uring`] or [`Transport::Dev`]).
+    pub fn transport(&self) -> Transport {
+        self.transport
+    }
+
     /// Something that can unmount this mount from another thread.
     pub fn unmounter(&self) -> Unmounter {
         Unmounter {
@@ -288,12 +507,17 @@ impl MountHandle {
     /// Waits until the file system is unmounted and every request thread has finished. The
     /// adapter's reference to the [`Fs`] is dropped before this returns.
     pub fn join(mut self) -> io::Result<()> {
-        match self.thread.take() {
-            Some(t) => t
+        let mut result = Ok(());
+        for t in self.threads.drain(..) {
+            let r = t
                 .join()
-                .map_err(|_| io::Error::other("the FUSE session thread panicked"))?,
-            None => Ok(()),
+                .map_err(|_| io::Error::other("a FUSE request thread panicked"))
+                .and_then(|r| r);
+            if result.is_ok() {
+                result = r;
+            }
         }
+        result
     }
 }
 

@@ -11,6 +11,7 @@
 //! - `AMARANTH_TEST_CACHE`: inputs prepared once and reused (default
 //!   `/var/tmp/amaranth-test-cache`: the uncompressed Linux tar, its extracted tree, subsets).
 //! - `AMARANTH_TEST_SEED`: the seed of the random workloads (default: from the clock; printed).
+//! - `AMARANTH_TEST_TRANSPORT`: `uring`, `dev` or `auto` (default: the daemon's, `auto`).
 //! - `AMARANTH_KEEP_FAILED=1`: keep a failed test's scratch directory (image, daemon log).
 
 #![allow(dead_code)]
@@ -394,11 +395,21 @@ pub struct Scratch {
     pub dir: PathBuf,
 }
 
+/// The transport every mount of the tests uses (`AMARANTH_TEST_TRANSPORT`: `uring`, `dev` or
+/// `auto`); unset: the daemon's default (`auto`).
+pub fn test_transport() -> Option<String> {
+    std::env::var("AMARANTH_TEST_TRANSPORT")
+        .ok()
+        .filter(|t| !t.is_empty())
+}
+
 /// Options of one mount.
 #[derive(Clone, Debug)]
 pub struct MountOpts {
     pub cache_size: String,
     pub extra: Vec<String>,
+    /// Environment of the daemon (test hooks such as `AMARANTH_FUSE_NO_URING`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for MountOpts {
@@ -406,6 +417,7 @@ impl Default for MountOpts {
         MountOpts {
             cache_size: "256M".into(),
             extra: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -437,7 +449,16 @@ impl Scratch {
     }
     /// Runs `amaranth ARGS`, printing the command and its output.
     pub fn run<S: AsRef<OsStr>>(&self, args: &[S]) -> Output {
-        let out = self.amaranth().args(args).output().unwrap();
+        self.run_env(args, &[])
+    }
+    /// [`Scratch::run`] with extra environment variables.
+    pub fn run_env<S: AsRef<OsStr>>(&self, args: &[S], env: &[(String, String)]) -> Output {
+        let mut c = self.amaranth();
+        c.args(args);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let out = c.output().unwrap();
         let shown: Vec<_> = args
             .iter()
             .map(|a| a.as_ref().to_string_lossy().into_owned())
@@ -481,12 +502,21 @@ impl Scratch {
             "--log-file".as_ref(),
             log.as_os_str(),
         ];
+        // AMARANTH_TEST_TRANSPORT=uring|dev|auto runs every mount test on that transport
+        // (unless the test chose one itself).
+        let transport = test_transport();
+        if let Some(t) = &transport {
+            if !o.extra.iter().any(|e| e == "--transport") {
+                args.push("--transport".as_ref());
+                args.push(t.as_ref());
+            }
+        }
         for e in &o.extra {
             args.push(e.as_ref());
         }
         // The log is appended to: this session's lines start here.
         let log_from = fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
-        let out = self.run(&args);
+        let out = self.run_env(&args, &o.env);
         let pid = fs::read_to_string(&pid_file)
             .ok()
             .and_then(|s| s.trim().parse().ok());

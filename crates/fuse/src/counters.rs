@@ -1,0 +1,127 @@
+//! Requests served, by FUSE opcode: the daemon's side of "how many round trips does a system call
+//! cost". Read by `amaranth stat` (live) and by the request tables in docs/DESIGN.md.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// FUSE opcodes and their names (include/uapi/linux/fuse.h), indexed by opcode.
+const NAMES: [&str; 54] = [
+    "", // 0 is not an opcode
+    "LOOKUP",
+    "FORGET",
+    "GETATTR",
+    "SETATTR",
+    "READLINK",
+    "SYMLINK",
+    "", // 7 unused
+    "MKNOD",
+    "MKDIR",
+    "UNLINK",
+    "RMDIR",
+    "RENAME",
+    "LINK",
+    "OPEN",
+    "READ",
+    "WRITE",
+    "STATFS",
+    "RELEASE",
+    "", // 19 unused
+    "FSYNC",
+    "SETXATTR",
+    "GETXATTR",
+    "LISTXATTR",
+    "REMOVEXATTR",
+    "FLUSH",
+    "INIT",
+    "OPENDIR",
+    "READDIR",
+    "RELEASEDIR",
+    "FSYNCDIR",
+    "GETLK",
+    "SETLK",
+    "SETLKW",
+    "ACCESS",
+    "CREATE",
+    "INTERRUPT",
+    "BMAP",
+    "DESTROY",
+    "IOCTL",
+    "POLL",
+    "NOTIFY_REPLY",
+    "BATCH_FORGET",
+    "FALLOCATE",
+    "READDIRPLUS",
+    "RENAME2",
+    "LSEEK",
+    "COPY_FILE_RANGE",
+    "SETUPMAPPING",
+    "REMOVEMAPPING",
+    "SYNCFS",
+    "TMPFILE",
+    "STATX",
+    "COPY_FILE_RANGE_64",
+];
+
+/// One counter per opcode (anything unknown counts as opcode 0).
+pub struct RequestCounts {
+    counts: [AtomicU64; NAMES.len()],
+}
+
+impl Default for RequestCounts {
+    fn default() -> RequestCounts {
+        RequestCounts {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl RequestCounts {
+    /// Counts one request with `opcode`.
+    pub fn count(&self, opcode: u32) {
+        let i = if (opcode as usize) < NAMES.len() {
+            opcode as usize
+        } else {
+            0
+        };
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Every opcode seen so far with its count, by name (unknown opcodes as `UNKNOWN`).
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        let mut out = Vec::new();
+        for (i, c) in self.counts.iter().enumerate() {
+            let n = c.load(Ordering::Relaxed);
+            if n > 0 {
+                out.push((if i == 0 { "UNKNOWN" } else { NAMES[i] }, n));
+            }
+        }
+        out
+    }
+
+    /// All requests served.
+    pub fn total(&self) -> u64 {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::op;
+
+    #[test]
+    fn counts_by_name() {
+        let c = RequestCounts::default();
+        c.count(op::LOOKUP);
+        c.count(op::LOOKUP);
+        c.count(op::CREATE);
+        c.count(9999);
+        assert_eq!(
+            c.snapshot(),
+            vec![("UNKNOWN", 1), ("LOOKUP", 2), ("CREATE", 1)]
+        );
+        assert_eq!(c.total(), 4);
+        assert_eq!(NAMES[op::READDIRPLUS as usize], "READDIRPLUS");
+        assert_eq!(NAMES[op::COPY_FILE_RANGE as usize], "COPY_FILE_RANGE");
+        assert_eq!(NAMES[op::FSYNCDIR as usize], "FSYNCDIR");
+    }
+}

@@ -1,0 +1,338 @@
+//! FUSE-over-io_uring (Linux 6.14+, `fuse.enable_uring`): one ring queue per possible CPU, each
+//! served by a thread pinned to that CPU, so a request is answered on the CPU that made it
+//! without a cross-CPU wake-up. Each queue registers `depth` entries with the kernel
+//! (`FUSE_IO_URING_CMD_REGISTER`); an entry is a 288-byte header area (`fuse_in_header` or
+//! `fuse_out_header`, the operation's fixed argument, and the entry's commit id and payload
+//! size) plus a payload buffer as large as the largest request (1 MiB). A request arrives as a
+//! completion of the entry's command; the reply goes back in the same entry with
+//! `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`, which also re-arms it for the next request. The kernel
+//! switches to the ring only once every queue has an entry.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+
+use crate::abi::{self, InHeader, OutHeader};
+use crate::adapter::{arg_size, Adapter};
+use crate::reply::Reply;
+
+const CMD_REGISTER: u32 = 1;
+const CMD_COMMIT_AND_FETCH: u32 = 2;
+
+/// `struct fuse_uring_req_header`.
+#[repr(C, align(8))]
+struct EntryHeader {
+    in_out: [u8; 128],
+    op_in: [u8; 128],
+    flags: u64,
+    commit_id: u64,
+    payload_sz: u32,
+    padding: u32,
+    reserved: u64,
+}
+
+/// `struct fuse_uring_cmd_req`, carried in the SQE's 80-byte command area.
+fn cmd_req(commit_id: u64, qid: u16) -> [u8; 80] {
+    let mut c = [0u8; 80];
+    c[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+    c[16..18].copy_from_slice(&qid.to_ne_bytes());
+    c
+}
+
+/// An anonymous mapping (payload buffers: pages are touched only when used).
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by one queue thread at a time.
+unsafe impl Send for Mapping {}
+
+impl Mapping {
+    fn new(len: usize) -> io::Result<Mapping> {
+        // SAFETY: an anonymous private mapping, checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps our own mapping once.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
+        }
+    }
+}
+
+/// One registered entry: its header area, payload buffer, and the iovecs naming them.
+struct Entry {
+    header: Box<EntryHeader>,
+    payload: Mapping,
+    iov: Box<[libc::iovec; 2]>,
+}
+
+impl Entry {
+    fn new(payload_len: usize) -> io::Result<Entry> {
+        let mut header = Box::new(EntryHeader {
+            in_out: [0; 128],
+            op_in: [0; 128],
+            flags: 0,
+            commit_id: 0,
+            payload_sz: 0,
+            padding: 0,
+            reserved: 0,
+        });
+        let payload = Mapping::new(payload_len)?;
+        let iov = Box::new([
+            libc::iovec {
+                iov_base: (&mut *header as *mut EntryHeader).cast(),
+                iov_len: std::mem::size_of::<EntryHeader>(),
+            },
+            libc::iovec {
+                iov_base: payload.ptr.cast(),
+                iov_len: payload.len,
+            },
+        ]);
+        Ok(Entry {
+            header,
+            payload,
+            iov,
+        })
+    }
+}
+
+/// The possible CPUs (the kernel makes one queue for each).
+pub(crate) fn possible_cpus() -> usize {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
+    let mut max = None;
+    for part in text.trim().split(',') {
+        let last = part.rsplit('-').next().unwrap_or("");
+        if let Ok(n) = last.parse::<usize>() {
+            max = Some(max.map_or(n, |m: usize| m.max(n)));
+        }
+    }
+    max.map(|m| m + 1).unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    })
+}
+
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t with one bit set, applied to this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            log::warn!(
+                "amaranth: cannot pin ring queue {cpu}: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// An SQE for `cmd` on entry `idx`; registration also passes the entry's two iovecs.
+fn sqe(
+    fd: i32,
+    cmd: u32,
+    qid: u16,
+    commit_id: u64,
+    iov: Option<&[libc::iovec; 2]>,
+    idx: usize,
+) -> squeue::Entry128 {
+    let mut b = opcode::UringCmd80::new(types::Fd(fd), cmd).cmd(cmd_req(commit_id, qid));
+    if let Some(iov) = iov {
+        b = b.addr(Some(iov.as_ptr() as u64));
+    }
+    let mut e = b.build().user_data(idx as u64);
+    if iov.is_some() {
+        const _: () = assert!(std::mem::size_of::<squeue::Entry128>() == 128);
+        // The io-uring crate has no setter for `len` on this opcode; it is the u32 at byte 24
+        // of `struct io_uring_sqe` (the number of iovecs: header and payload).
+        // SAFETY: Entry128 is repr(C) and starts with the 64-byte io_uring_sqe.
+        unsafe {
+            let p = (&mut e as *mut squeue::Entry128)
+                .cast::<u8>()
+                .add(24)
+                .cast::<u32>();
+            p.write_unaligned(2);
+        }
+    }
+    e
+}
+
+/// Starts one pinned thread per possible CPU, each registering `depth` entries with payload
+/// buffers of `payload_len` bytes. Returns once every queue has registered (or the first error:
+/// then the threads that started wind down when the connection ends).
+pub(crate) fn start(
+    fd: Arc<OwnedFd>,
+    adapter: Arc<Adapter>,
+    depth: usize,
+    payload_len: usize,
+) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
+    let queues = possible_cpus();
+    let online = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let (tx, rx) = mpsc::channel();
+    let mut threads = Vec::new();
+    for qid in 0..queues {
+        let (fd, adapter, tx) = (fd.clone(), adapter.clone(), tx.clone());
+        let t = std::thread::Builder::new()
+            .name(format!("amaranth-ring{qid}"))
+            .spawn(move || {
+                if qid < online {
+                    pin_to(qid);
+                }
+                serve_queue(&fd, &adapter, qid as u16, depth, payload_len, &tx)
+            })?;
+        threads.push(t);
+    }
+    drop(tx);
+    for _ in 0..queues {
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(io::Error::other("a ring queue thread ended during setup")),
+        }
+    }
+    Ok(threads)
+}
+
+fn serve_queue(
+    fd: &OwnedFd,
+    adapter: &Adapter,
+    qid: u16,
+    depth: usize,
+    payload_len: usize,
+    ready: &mpsc::Sender<io::Result<()>>,
+) -> io::Result<()> {
+    let setup = || -> io::Result<(IoUring<squeue::Entry128, cqueue::Entry>, Vec<Entry>)> {
+        let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .build((depth * 2) as u32)?;
+        let mut entries = Vec::with_capacity(depth);
+        for _ in 0..depth {
+            entries.push(Entry::new(payload_len)?);
+        }
+        Ok((ring, entries))
+    };
+    let (mut ring, mut entries) = match setup() {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = ready.send(Err(io::Error::new(e.kind(), format!("ring setup: {e}"))));
+            return Ok(());
+        }
+    };
+    let raw = fd.as_raw_fd();
+    for (idx, ent) in entries.iter().enumerate() {
+        let e = sqe(raw, CMD_REGISTER, qid, 0, Some(&ent.iov), idx);
+        // SAFETY: the entry's buffers live in `entries` until this function returns, after
+        // every command has completed.
+        unsafe { ring.submission().push(&e) }.map_err(|_| io::Error::other("ring full"))?;
+    }
+    if let Err(e) = ring.submit() {
+        let _ = ready.send(Err(e));
+        return Ok(());
+    }
+    // A failed registration completes at once; a good one completes only with a request.
+    let mut pending: Vec<(u64, i32)> = ring
+        .completion()
+        .map(|c| (c.user_data(), c.result()))
+        .collect();
+    if let Some((_, res)) = pending.iter().find(|(_, r)| *r < 0) {
+        let e = io::Error::from_raw_os_error(-res);
+        let _ = ready.send(Err(io::Error::new(e.kind(), format!("ring register: {e}"))));
+        return Ok(());
+    }
+    let _ = ready.send(Ok(()));
+    let mut live = depth;
+    let mut reply = Reply::with_capacity(payload_len);
+    let header = std::mem::size_of::<InHeader>();
+    while live > 0 {
+        for (idx, res) in pending.drain(..) {
+            if res < 0 {
+                live -= 1;
+                if res != -libc::ENOTCONN && res != -libc::ECONNABORTED && res != -libc::ECANCELED {
+                    log::warn!(
+                        "amaranth: ring queue {qid} entry {idx}: {}",
+                        io::Error::from_raw_os_error(-res)
+                    );
+                }
+                continue;
+            }
+            let ent = &mut entries[idx as usize];
+            let commit_id = serve_entry(adapter, ent, header, &mut reply);
+            let e = sqe(
+                raw,
+                CMD_COMMIT_AND_FETCH,
+                qid,
+                commit_id,
+                None,
+                idx as usize,
+            );
+            // SAFETY: as above.
+            unsafe { ring.submission().push(&e) }.map_err(|_| io::Error::other("ring full"))?;
+        }
+        if live == 0 {
+            break;
+        }
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+            Err(e) => return Err(e),
+        }
+        pending.extend(ring.completion().map(|c| (c.user_data(), c.result())));
+    }
+    Ok(())
+}
+
+/// Serves the request in `ent` and writes the reply into it; returns the commit id.
+fn serve_entry(adapter: &Adapter, ent: &mut Entry, header: usize, reply: &mut Reply) -> u64 {
+    let commit_id = ent.header.commit_id;
+    let len = (ent.header.payload_sz as usize).min(ent.payload.len);
+    // SAFETY: the kernel wrote `len` bytes into our payload mapping before completing.
+    let payload = unsafe { std::slice::from_raw_parts(ent.payload.ptr, len) };
+    match abi::read::<InHeader>(&ent.header.in_out[..header]) {
+        Some(h) => {
+            let a = &ent.header.op_in[..arg_size(h.opcode).min(128)];
+            adapter.handle(&h, a, payload, reply);
+        }
+        None => {
+            reply.start(commit_id);
+            reply.error(libc::EIO);
+        }
+    }
+    reply.finish();
+    let out = reply.payload();
+    let n = out.len().min(ent.payload.len);
+    // SAFETY: copies at most the mapping's length into it.
+    unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), ent.payload.ptr, n) };
+    let hb = reply.header();
+    ent.header.in_out[..hb.len()].copy_from_slice(hb);
+    debug_assert_eq!(hb.len(), std::mem::size_of::<OutHeader>());
+    ent.header.payload_sz = n as u32;
+    commit_id
+}
