@@ -6,8 +6,10 @@
 //! the parents. Every entry's parent stays in the table while the entry does (`children` counts).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
+use hashbrown::HashTable;
 use parking_lot::Mutex;
 
 use crate::inode::Inode;
@@ -16,55 +18,133 @@ use crate::keys;
 /// Inode number of the root directory (FUSE's root node id).
 pub const ROOT_INO: u64 = 1;
 
-/// A cached inode.
+/// A cached inode. Kept small: the table holds one per inode the kernel knows, which can be
+/// millions (see `Table::mem_bytes`).
 #[derive(Debug)]
 pub struct Node {
     /// Parent directory (path-keyed inodes only; 0 when the inode has no path: homed).
     pub parent: u64,
-    /// Name in the parent (raw bytes).
-    pub name: Vec<u8>,
     /// Kernel lookup count (FUSE `nlookup`).
     pub lookups: u64,
+    /// The attributes: authoritative (only this daemon changes them). Lock to change them and
+    /// hold the lock until the change is submitted to the engine, so changes land in order.
+    pub inode: Arc<Mutex<Inode>>,
+    /// Name in the parent (raw bytes; empty when detached).
+    name: Box<[u8]>,
     /// Table entries whose parent is this node.
-    pub children: u64,
+    pub children: u32,
     /// Open file handles.
     pub opens: u32,
+    /// When the kernel last looked this inode up or was asked to forget it (a table tick): the
+    /// least recent are asked to be forgotten first when the table is over its share.
+    touched: u32,
+    /// Heap bytes of the symlink target counted when the entry was made (taken back at removal
+    /// without locking the inode: the table never takes an inode lock).
+    target_heap: u16,
     /// Kind (never changes for an inode).
     pub kind: crate::inode::Kind,
     /// Lives at its home: its key is the home key, not a path. (Mirrors `inode.homed` so that the
     /// table never locks an inode: locks are taken inode first, table second.)
     pub homed: bool,
-    /// The attributes: authoritative (only this daemon changes them). Lock to change them and
-    /// hold the lock until the change is submitted to the engine, so changes land in order.
-    pub inode: Arc<Mutex<Inode>>,
 }
 
-/// The table.
-#[derive(Debug, Default)]
+/// The table: inodes by number, plus an index by (parent, name) holding only inode numbers (the
+/// name is the node's own, so each name is stored once).
+#[derive(Debug)]
 pub struct Table {
     nodes: HashMap<u64, Node>,
-    names: HashMap<(u64, Vec<u8>), u64>,
+    names: HashTable<u64>,
+    hasher: RandomState,
+    /// Heap bytes held by the entries themselves (names, shared attributes), beyond the two maps.
+    heap: usize,
+    /// Logical clock of `Node::touched`.
+    tick: u32,
+}
+
+/// Heap bytes glibc's malloc takes for a request of `n` bytes (16-byte granules, 8 bytes of
+/// header, 32 bytes at least).
+fn malloc_bytes(n: usize) -> usize {
+    if n == 0 {
+        0
+    } else {
+        (n + 8).div_ceil(16).max(2) * 16
+    }
+}
+
+/// Heap bytes of one entry's own allocations besides a symlink target: its name and its shared
+/// attributes.
+fn entry_heap(name: &[u8]) -> usize {
+    // The Arc's allocation: two counts and the mutex-wrapped inode.
+    let arc = 2 * std::mem::size_of::<usize>() + std::mem::size_of::<Mutex<Inode>>();
+    malloc_bytes(name.len()) + malloc_bytes(arc)
+}
+
+/// Heap bytes of a symlink target, as counted in a node.
+fn target_heap(inode: &Inode) -> u16 {
+    malloc_bytes(inode.target.capacity()).min(u16::MAX as usize) as u16
+}
+
+/// Bytes of a hash table with room for `cap` entries of `slot` bytes (hashbrown: a power-of-two
+/// number of buckets, 7/8 of them usable, one control byte each).
+fn table_bytes(cap: usize, slot: usize) -> usize {
+    if cap == 0 {
+        return 0;
+    }
+    let buckets = (cap * 8).div_ceil(7).next_power_of_two();
+    buckets * (slot + 1) + 16
 }
 
 impl Table {
     /// A table holding the root.
     pub fn new(root: Inode) -> Table {
-        let mut t = Table::default();
+        let mut t = Table {
+            nodes: HashMap::new(),
+            names: HashTable::new(),
+            hasher: RandomState::new(),
+            heap: 0,
+            tick: 0,
+        };
+        t.heap += entry_heap(&[]);
         let kind = root.kind;
         t.nodes.insert(
             ROOT_INO,
             Node {
                 parent: 0,
-                name: Vec::new(),
+                name: Box::default(),
                 lookups: 1,
                 children: 0,
                 opens: 0,
+                touched: 0,
+                target_heap: 0,
                 kind,
                 homed: false,
                 inode: Arc::new(Mutex::new(root)),
             },
         );
         t
+    }
+
+    fn name_hash(&self, parent: u64, name: &[u8]) -> u64 {
+        self.hasher.hash_one((parent, name))
+    }
+
+    /// Adds `ino` (whose node has `parent` and `name`) to the name index.
+    fn index(&mut self, ino: u64) {
+        let n = &self.nodes[&ino];
+        let hash = self.name_hash(n.parent, &n.name);
+        let nodes = &self.nodes;
+        self.names.insert_unique(hash, ino, |i| {
+            let n = &nodes[i];
+            hash_of(&self.hasher, n.parent, &n.name)
+        });
+    }
+
+    /// Removes `ino` (at `parent`/`name`) from the name index.
+    fn unindex(&mut self, ino: u64, parent: u64, name: &[u8]) {
+        let hash = self.name_hash(parent, name);
+        if let Ok(e) = self.names.find_entry(hash, |&i| i == ino) {
+            e.remove();
+        }
     }
 
     /// The node for `ino`.
@@ -79,13 +159,27 @@ impl Table {
 
     /// The cached child `name` of `parent`, if any.
     pub fn child(&self, parent: u64, name: &[u8]) -> Option<u64> {
-        self.names.get(&(parent, name.to_vec())).copied()
+        let hash = self.name_hash(parent, name);
+        self.names
+            .find(hash, |i| {
+                let n = &self.nodes[i];
+                n.parent == parent && *n.name == *name
+            })
+            .copied()
     }
 
     /// Number of cached inodes.
     #[allow(clippy::len_without_is_empty)]
     pub fn len(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// Heap bytes the table holds: both maps at their capacity plus every entry's own allocations.
+    /// What the memory bound charges for the inodes the kernel knows.
+    pub fn mem_bytes(&self) -> usize {
+        table_bytes(self.nodes.capacity(), std::mem::size_of::<(u64, Node)>())
+            + table_bytes(self.names.capacity(), std::mem::size_of::<u64>())
+            + self.heap
     }
 
     /// The file key of `ino`: its home if homed, else its path key.
@@ -122,6 +216,11 @@ impl Table {
         }
     }
 
+    fn next_tick(&mut self) -> u32 {
+        self.tick = self.tick.wrapping_add(1);
+        self.tick
+    }
+
     /// Records a kernel lookup of `ino` reached as `parent/name` (for path-keyed inodes), inserting
     /// it with `inode` if new. Returns the (shared) inode.
     pub fn remember(
@@ -134,22 +233,26 @@ impl Table {
         let ino = inode.ino;
         let homed = inode.homed;
         let kind = inode.kind;
+        let tick = self.next_tick();
         if let Some(n) = self.nodes.get_mut(&ino) {
             if count_lookup {
                 n.lookups += 1;
+                n.touched = tick;
             }
             return n.inode.clone();
         }
-        let (p, nm) = if homed {
-            (0, Vec::new())
+        let (p, nm): (u64, Box<[u8]>) = if homed {
+            (0, Box::default())
         } else {
-            (parent, name.to_vec())
+            (parent, name.into())
         };
         if p != 0 {
             if let Some(pn) = self.nodes.get_mut(&p) {
                 pn.children += 1;
             }
         }
+        let target_heap = target_heap(&inode);
+        self.heap += entry_heap(&nm) + target_heap as usize;
         let shared = Arc::new(Mutex::new(inode));
         self.nodes.insert(
             ino,
@@ -159,51 +262,60 @@ impl Table {
                 lookups: count_lookup as u64,
                 children: 0,
                 opens: 0,
+                touched: tick,
+                target_heap,
                 kind,
                 homed,
                 inode: shared.clone(),
             },
         );
         if p != 0 {
-            self.names.insert((parent, name.to_vec()), ino);
+            self.index(ino);
         }
         shared
     }
 
+    /// Replaces the name of `ino` (its heap accounting follows).
+    fn set_name(&mut self, ino: u64, parent: u64, name: &[u8]) -> Option<(u64, Box<[u8]>)> {
+        let n = self.nodes.get_mut(&ino)?;
+        let old_name = std::mem::replace(&mut n.name, name.into());
+        let old_parent = std::mem::replace(&mut n.parent, parent);
+        self.heap = self.heap + malloc_bytes(name.len()) - malloc_bytes(old_name.len());
+        Some((old_parent, old_name))
+    }
+
     /// Moves a path-keyed inode to a new parent and name.
     pub fn rename(&mut self, ino: u64, new_parent: u64, new_name: &[u8]) {
-        let Some(n) = self.nodes.get_mut(&ino) else {
+        let Some(n) = self.nodes.get(&ino) else {
             return;
         };
-        let old_parent = n.parent;
-        if !n.homed && old_parent != 0 {
-            let old_name = std::mem::replace(&mut n.name, new_name.to_vec());
-            n.parent = new_parent;
-            self.names.remove(&(old_parent, old_name));
-            self.names.insert((new_parent, new_name.to_vec()), ino);
-            if old_parent != new_parent {
-                if let Some(p) = self.nodes.get_mut(&old_parent) {
-                    p.children -= 1;
-                }
-                if let Some(p) = self.nodes.get_mut(&new_parent) {
-                    p.children += 1;
-                }
-                self.reap(old_parent);
+        if n.homed || n.parent == 0 {
+            return;
+        }
+        let (old_parent, old_name) = self.set_name(ino, new_parent, new_name).expect("present");
+        self.unindex(ino, old_parent, &old_name);
+        self.index(ino);
+        if old_parent != new_parent {
+            if let Some(p) = self.nodes.get_mut(&old_parent) {
+                p.children -= 1;
             }
+            if let Some(p) = self.nodes.get_mut(&new_parent) {
+                p.children += 1;
+            }
+            self.reap(old_parent);
         }
     }
 
     /// Gives a detached, path-keyed inode a place in the namespace again (rename exchange).
     pub fn attach(&mut self, ino: u64, parent: u64, name: &[u8]) {
-        let Some(n) = self.nodes.get_mut(&ino) else {
+        let Some(n) = self.nodes.get(&ino) else {
             return;
         };
         if n.homed || n.parent != 0 {
             return;
         }
-        n.parent = parent;
-        n.name = name.to_vec();
-        self.names.insert((parent, name.to_vec()), ino);
+        self.set_name(ino, parent, name);
+        self.index(ino);
         if let Some(p) = self.nodes.get_mut(&parent) {
             p.children += 1;
         }
@@ -225,18 +337,18 @@ impl Table {
     /// Detaches an inode from the namespace (it became homed, or was removed): it keeps its table
     /// entry while the kernel knows it, without a parent.
     pub fn detach(&mut self, ino: u64) {
-        let Some(n) = self.nodes.get_mut(&ino) else {
+        let Some(n) = self.nodes.get(&ino) else {
             return;
         };
-        let p = std::mem::replace(&mut n.parent, 0);
-        let name = std::mem::take(&mut n.name);
-        if p != 0 {
-            self.names.remove(&(p, name));
-            if let Some(pn) = self.nodes.get_mut(&p) {
-                pn.children -= 1;
-            }
-            self.reap(p);
+        if n.parent == 0 {
+            return;
         }
+        let (p, name) = self.set_name(ino, 0, &[]).expect("present");
+        self.unindex(ino, p, &name);
+        if let Some(pn) = self.nodes.get_mut(&p) {
+            pn.children -= 1;
+        }
+        self.reap(p);
     }
 
     /// Drops `n` lookups; removes the entry (and parents left unused) when nothing holds it.
@@ -258,8 +370,9 @@ impl Table {
                 return;
             }
             let n = self.nodes.remove(&cur).expect("present");
+            self.heap -= entry_heap(&n.name) + n.target_heap as usize;
             if n.parent != 0 {
-                self.names.remove(&(n.parent, n.name.clone()));
+                self.unindex(cur, n.parent, &n.name);
                 if let Some(p) = self.nodes.get_mut(&n.parent) {
                     p.children -= 1;
                 }
@@ -269,5 +382,209 @@ impl Table {
                 return;
             }
         }
+        self.shrink();
+    }
+
+    /// Gives memory back once the maps are mostly empty (a table that held millions of inodes
+    /// would otherwise keep their buckets).
+    fn shrink(&mut self) {
+        let len = self.nodes.len();
+        if self.nodes.capacity() > 1024 && len < self.nodes.capacity() / 4 {
+            self.nodes.shrink_to(len * 2);
+            let nodes = &self.nodes;
+            let hasher = &self.hasher;
+            self.names.shrink_to(len * 2, |i| {
+                let n = &nodes[i];
+                hash_of(hasher, n.parent, &n.name)
+            });
+        }
+    }
+
+    /// Up to `max` entries the kernel could be asked to forget, least recently looked up first:
+    /// named files and empty directories that no open handle holds, as (parent, name). Each is
+    /// marked as just touched, so a name the kernel keeps (a process's working directory) is not
+    /// asked for again at once.
+    pub fn forget_candidates(&mut self, max: usize) -> Vec<(u64, Vec<u8>)> {
+        let mut v: Vec<(u32, u64)> = self
+            .nodes
+            .iter()
+            .filter(|(&ino, n)| {
+                ino != ROOT_INO && n.parent != 0 && n.opens == 0 && n.children == 0 && n.lookups > 0
+            })
+            .map(|(&ino, n)| (self.tick.wrapping_sub(n.touched), ino))
+            .collect();
+        if v.len() > max {
+            // Oldest (largest age) first.
+            v.select_nth_unstable_by(max, |a, b| b.0.cmp(&a.0));
+            v.truncate(max);
+        }
+        let tick = self.next_tick();
+        v.into_iter()
+            .map(|(_, ino)| {
+                let n = self.nodes.get_mut(&ino).expect("present");
+                n.touched = tick;
+                (n.parent, n.name.to_vec())
+            })
+            .collect()
+    }
+}
+
+fn hash_of(hasher: &RandomState, parent: u64, name: &[u8]) -> u64 {
+    hasher.hash_one((parent, name))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    use super::*;
+    use crate::inode::Kind;
+
+    /// Counts the heap bytes this thread holds, as glibc's malloc takes them (usable size plus
+    /// the chunk header), so the table's own accounting can be checked against the allocator.
+    struct Counting;
+
+    thread_local! {
+        static HELD: Cell<isize> = const { Cell::new(0) };
+    }
+
+    fn chunk(p: *mut u8) -> isize {
+        // SAFETY: `p` was returned by the system allocator (malloc family) and is live.
+        unsafe { libc::malloc_usable_size(p.cast()) as isize + 8 }
+    }
+
+    // SAFETY: forwards to the system allocator; only counts.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            let p = System.alloc(l);
+            if !p.is_null() {
+                let n = chunk(p);
+                let _ = HELD.try_with(|c| c.set(c.get() + n));
+            }
+            p
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            let n = chunk(p);
+            let _ = HELD.try_with(|c| c.set(c.get() - n));
+            System.dealloc(p, l)
+        }
+    }
+
+    #[global_allocator]
+    static ALLOC: Counting = Counting;
+
+    fn held() -> isize {
+        HELD.with(|c| c.get())
+    }
+
+    fn file(ino: u64) -> Inode {
+        Inode::new(ino, Kind::File, 0o644, 0, 0)
+    }
+
+    fn dir(ino: u64) -> Inode {
+        Inode::new(ino, Kind::Dir, 0o755, 0, 0)
+    }
+
+    /// 120 directories of 1,000 files each, as the memory-bound test on a mount makes.
+    fn fill(t: &mut Table) {
+        for d in 0..120u64 {
+            let dino = 2 + d;
+            t.remember(ROOT_INO, format!("d{d:03}").as_bytes(), dir(dino), true);
+            for f in 0..1000u64 {
+                let ino = 1000 + d * 1000 + f;
+                let name = format!("f{:06}", d * 1000 + f);
+                t.remember(dino, name.as_bytes(), file(ino), true);
+            }
+        }
+    }
+
+    #[test]
+    fn entries_are_small_and_their_bytes_counted() {
+        let before = held();
+        let mut t = Table::new(dir(ROOT_INO));
+        fill(&mut t);
+        let measured = (held() - before) as usize;
+        let per_entry = measured / t.len();
+        let counted = t.mem_bytes();
+        eprintln!(
+            "{} entries: {measured} bytes held ({per_entry} per entry), {counted} counted",
+            t.len()
+        );
+        // Before the compact table: ~479 bytes per entry (two maps, each with its own copy of the
+        // name). Now ~353: the node map (142 at this count, just past a doubling), the name
+        // index (20), the name (32) and the shared attributes (160).
+        assert!(per_entry <= 400, "{per_entry} bytes per table entry");
+        let diff = measured.abs_diff(counted);
+        assert!(
+            diff <= measured / 20,
+            "the table counts {counted} bytes but holds {measured}"
+        );
+    }
+
+    #[test]
+    fn forgetting_everything_gives_the_memory_back() {
+        let before = held();
+        let mut t = Table::new(dir(ROOT_INO));
+        let empty = t.mem_bytes();
+        fill(&mut t);
+        for d in 0..120u64 {
+            for f in 0..1000u64 {
+                t.forget(1000 + d * 1000 + f, 1);
+            }
+            t.forget(2 + d, 1);
+        }
+        assert_eq!(t.len(), 1);
+        let left = (held() - before) as usize;
+        assert!(left < 64 << 10, "{left} bytes still held by an empty table");
+        assert!(t.mem_bytes() < empty + (64 << 10));
+    }
+
+    #[test]
+    fn names_resolve_after_renames_and_detaches() {
+        let mut t = Table::new(dir(ROOT_INO));
+        t.remember(ROOT_INO, b"a", dir(2), true);
+        t.remember(2, b"x", file(3), true);
+        assert_eq!(t.child(2, b"x"), Some(3));
+        t.rename(3, ROOT_INO, b"a-much-longer-name-than-inline");
+        assert_eq!(t.child(2, b"x"), None);
+        assert_eq!(
+            t.child(ROOT_INO, b"a-much-longer-name-than-inline"),
+            Some(3)
+        );
+        assert_eq!(t.get(2).unwrap().children, 0);
+        t.detach(3);
+        assert_eq!(t.child(ROOT_INO, b"a-much-longer-name-than-inline"), None);
+        t.attach(3, 2, b"y");
+        assert_eq!(t.child(2, b"y"), Some(3));
+        assert_eq!(t.file_key(3), Some(keys::path_key(&[b"a", b"y"])));
+        t.forget(3, 1);
+        assert_eq!(t.child(2, b"y"), None);
+        t.forget(2, 1);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.heap, Table::new(dir(ROOT_INO)).heap);
+    }
+
+    #[test]
+    fn forget_candidates_are_the_oldest_unopened_leaves() {
+        let mut t = Table::new(dir(ROOT_INO));
+        t.remember(ROOT_INO, b"d", dir(2), true);
+        for i in 0..10u64 {
+            t.remember(2, format!("f{i}").as_bytes(), file(10 + i), true);
+        }
+        t.get_mut(10).unwrap().opens = 1;
+        // Looked up again: now the most recent.
+        t.remember(2, b"f1", file(11), true);
+        let c = t.forget_candidates(3);
+        let names: Vec<&[u8]> = c.iter().map(|(_, n)| n.as_slice()).collect();
+        assert_eq!(c.len(), 3);
+        assert!(c.iter().all(|(p, _)| *p == 2), "{c:?}");
+        // f0 is open, f1 was just looked up, d has children.
+        for n in [&b"f2"[..], b"f3", b"f4"] {
+            assert!(names.contains(&n), "{names:?}");
+        }
+        // Asked once: not asked again before the others.
+        let again = t.forget_candidates(3);
+        assert!(again.iter().all(|(_, n)| !names.contains(&n.as_slice())));
     }
 }
