@@ -91,9 +91,12 @@ pub struct Cache {
     loaded: Condvar,
     used: AtomicUsize,
     budget: usize,
-    /// Eviction starts this far below the budget: a tree operation grows the cache by up to a few
-    /// nodes (a flush into a child, a split) before it can evict again, and that growth must fit.
-    headroom: usize,
+    /// Memory held outside the engine that the bound covers too (the file system's inode table):
+    /// nodes get the budget less this, down to `floor`.
+    external: AtomicUsize,
+    /// The least the nodes keep of the budget, however much is held outside.
+    floor: usize,
+    node_size: usize,
     tick: AtomicU64,
     /// Activity counters.
     pub counters: CacheCounters,
@@ -103,12 +106,14 @@ impl Cache {
     /// An empty cache bounded to `budget` bytes.
     pub fn new(budget: usize, node_size: usize) -> Cache {
         Cache {
-            headroom: (budget / 4).min(3 * node_size),
             map: Mutex::new(HashMap::new()),
             loading: Mutex::new(HashSet::new()),
             loaded: Condvar::new(),
             used: AtomicUsize::new(0),
             budget,
+            external: AtomicUsize::new(0),
+            floor: (budget / 2).max((8 * node_size).min(budget)),
+            node_size,
             tick: AtomicU64::new(0),
             counters: CacheCounters::default(),
         }
@@ -129,9 +134,32 @@ impl Cache {
         self.used() > self.eviction_point()
     }
 
-    /// Usage above which eviction starts (the budget less the headroom for one operation).
+    /// Records the bytes held outside the engine that the bound covers as well.
+    pub fn set_external(&self, bytes: usize) {
+        self.external.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes held outside the engine, as last recorded.
+    pub fn external(&self) -> usize {
+        self.external.load(Ordering::Relaxed)
+    }
+
+    /// How much of the budget memory held outside may take before the nodes reach their floor.
+    pub fn external_allowance(&self) -> usize {
+        self.budget - self.floor
+    }
+
+    /// What the nodes may use now: the budget less what is held outside, at least the floor.
+    pub fn node_budget(&self) -> usize {
+        self.budget - self.external().min(self.external_allowance())
+    }
+
+    /// Usage above which eviction starts: the nodes' budget less the headroom for one operation
+    /// (a tree operation grows the cache by up to a few nodes, a flush into a child or a split,
+    /// before it can evict again, and that growth must fit).
     pub fn eviction_point(&self) -> usize {
-        self.budget - self.headroom
+        let nodes = self.node_budget();
+        nodes - (nodes / 4).min(3 * self.node_size)
     }
 
     fn touch(&self, cn: &CachedNode) {

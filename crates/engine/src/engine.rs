@@ -24,6 +24,8 @@ use crate::wal::{self, Log, LogPosition, LogStats, Lsn, Space};
 
 /// The log buffer is written (not synced) once it holds this much.
 const LOG_WRITE_THRESHOLD: usize = 1 << 20;
+/// How often the cleaner hands the allocator's free pages back to the system.
+const TRIM_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A write-optimized key-value store on a block device.
 ///
@@ -92,6 +94,9 @@ pub struct Stats {
     pub cache_peak_bytes: usize,
     /// The cache bound.
     pub cache_budget: usize,
+    /// Memory held outside the engine that the bound covers (set by
+    /// [`Engine::set_external_memory`]); the nodes get the rest, down to half the bound.
+    pub cache_external_bytes: usize,
     /// Node loads answered from memory / from disk.
     pub cache_hits: u64,
     /// Node loads from disk.
@@ -376,9 +381,13 @@ impl Inner {
             )
         };
         let mut table_ext: Option<Extent> = None;
+        let mut pending = pending;
         let result = (|| -> Result<Superblock> {
-            for cn in &pending {
-                tree.checkpoint_write(cn)?;
+            // Each node is let go once written, so eviction can take it (clean now) while the
+            // checkpoint goes on: under memory pressure the cache must not hold every node that
+            // was dirty when the checkpoint began until it ends.
+            for cn in pending.drain(..) {
+                tree.checkpoint_write(&cn)?;
             }
             tree.drain_checkpoint_queue()?;
             let (table, count) = {
@@ -422,7 +431,8 @@ impl Inner {
             }
             Err(e) => {
                 tree.store.btt.lock().abort_checkpoint(table_ext);
-                for cn in &pending {
+                // Only a checkpoint marks nodes pending, and this one holds `ckpt_lock`.
+                for cn in tree.cache.all() {
                     cn.meta.lock().pending = false;
                 }
                 tree.clear_checkpoint_queue();
@@ -482,6 +492,7 @@ impl Inner {
         // Where the running pass that pushes range deletes down resumes, and how many deletes
         // had been counted when it began (those are the ones it will have pushed down).
         let mut reclaim: Option<(Vec<u8>, u64)> = None;
+        let mut last_trim = Instant::now();
         loop {
             let (flush, idle) = {
                 let mut w = self.wake_state.lock();
@@ -530,6 +541,8 @@ impl Inner {
                         let _w = self.tree.writers.read();
                         self.tree.flush_step(node_size / 2)
                     };
+                    // Each step can load a child: keep the bound between steps, not after eight.
+                    let step = step.and_then(|did| self.tree.make_room().map(|()| did));
                     match step {
                         Ok(true) => {}
                         Ok(false) => break,
@@ -550,6 +563,10 @@ impl Inner {
                 }
             }
             let _ = self.note(self.tree.make_room());
+            if last_trim.elapsed() >= TRIM_INTERVAL {
+                crate::heap::give_back_free_memory();
+                last_trim = Instant::now();
+            }
         }
     }
 }
@@ -882,6 +899,20 @@ impl Engine {
         self.inner.write_ops(batch.ops.clone())
     }
 
+    /// Records `bytes` of memory held outside the engine that the cache bound covers as well (the
+    /// file system's inode table): the nodes then keep to the bound less these bytes, but never to
+    /// less than half of it (see [`Engine::external_memory_allowance`]). Takes effect at the next
+    /// eviction.
+    pub fn set_external_memory(&self, bytes: usize) {
+        self.inner.tree.cache.set_external(bytes);
+    }
+
+    /// How many bytes held outside the engine the cache bound can cover: the bound less the half
+    /// the nodes always keep. Beyond it, memory held outside adds to the bound.
+    pub fn external_memory_allowance(&self) -> usize {
+        self.inner.tree.cache.external_allowance()
+    }
+
     /// The value of `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         if self.inner.closed.load(Ordering::Acquire) {
@@ -1053,6 +1084,7 @@ impl Engine {
             cache_bytes: t.cache.used(),
             cache_peak_bytes: cc.peak.load(Ordering::Relaxed),
             cache_budget: t.cache.budget(),
+            cache_external_bytes: t.cache.external(),
             cache_hits: cc.hits.load(Ordering::Relaxed),
             cache_misses: cc.misses.load(Ordering::Relaxed),
             partition_loads: cc.partition_loads.load(Ordering::Relaxed),

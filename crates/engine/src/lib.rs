@@ -36,6 +36,7 @@ mod compress;
 mod config;
 mod engine;
 mod error;
+mod heap;
 #[cfg(test)]
 mod invariant_tests;
 mod msg;

@@ -190,7 +190,7 @@ pub struct Fs {
     engine: Arc<Engine>,
     opts: FsOptions,
     ns: RwLock<()>,
-    table: Mutex<Table>,
+    pub(crate) table: Mutex<Table>,
     alloc: Mutex<InoAlloc>,
     inodes_used: AtomicU64,
     /// Orders the commits that change the used-inode counter (see `count_inodes`).
@@ -286,6 +286,10 @@ impl Fs {
             deletions: AtomicU64::new(0),
             counters: FsCounters::default(),
         };
+        let charged = fs.engine.clone();
+        fs.table
+            .lock()
+            .charge_to(charged, crate::memory::TABLE_UNCHARGED);
         fs.remove_orphans()?;
         Ok(fs)
     }

@@ -13,6 +13,7 @@ mod error;
 mod fs;
 mod inode;
 pub mod keys;
+mod memory;
 mod table;
 
 pub use error::{Errno, Result};
@@ -22,4 +23,5 @@ pub use fs::{
     RENAME_EXCHANGE, RENAME_NOREPLACE, SCHEMA_VERSION, SYMLINK_MAX, XATTR_VALUE_MAX,
 };
 pub use inode::{Inode, Kind, Meta, Time};
+pub use memory::TABLE_UNCHARGED;
 pub use table::ROOT_INO;

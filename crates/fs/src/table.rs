@@ -12,6 +12,8 @@ use std::sync::Arc;
 use hashbrown::HashTable;
 use parking_lot::Mutex;
 
+use amaranth_engine::Engine;
+
 use crate::inode::Inode;
 use crate::keys;
 
@@ -50,7 +52,6 @@ pub struct Node {
 
 /// The table: inodes by number, plus an index by (parent, name) holding only inode numbers (the
 /// name is the node's own, so each name is stored once).
-#[derive(Debug)]
 pub struct Table {
     nodes: HashMap<u64, Node>,
     names: HashTable<u64>,
@@ -59,7 +60,15 @@ pub struct Table {
     heap: usize,
     /// Logical clock of `Node::touched`.
     tick: u32,
+    /// Where the table's bytes are charged (the engine's cache bound), and how many of them are
+    /// not charged (the part of the daemon's documented overhead set aside for the table).
+    charge: Option<(Arc<Engine>, usize)>,
+    /// The bytes last charged.
+    charged: usize,
 }
+
+/// The table's bytes are charged again when they moved by this much.
+const CHARGE_STEP: usize = 256 << 10;
 
 /// Heap bytes glibc's malloc takes for a request of `n` bytes (16-byte granules, 8 bytes of
 /// header, 32 bytes at least).
@@ -103,6 +112,8 @@ impl Table {
             hasher: RandomState::new(),
             heap: 0,
             tick: 0,
+            charge: None,
+            charged: 0,
         };
         t.heap += entry_heap(&[]);
         let kind = root.kind;
@@ -122,6 +133,25 @@ impl Table {
             },
         );
         t
+    }
+
+    /// Charges the table's bytes beyond `uncharged` to `engine`'s cache bound from now on.
+    pub fn charge_to(&mut self, engine: Arc<Engine>, uncharged: usize) {
+        self.charge = Some((engine, uncharged));
+        self.charged = usize::MAX;
+        self.recharge();
+    }
+
+    /// Tells the engine the table's size when it moved by a step since it was last told.
+    fn recharge(&mut self) {
+        let Some((engine, uncharged)) = &self.charge else {
+            return;
+        };
+        let bytes = self.mem_bytes().saturating_sub(*uncharged);
+        if bytes.abs_diff(self.charged) >= CHARGE_STEP || (bytes == 0) != (self.charged == 0) {
+            engine.set_external_memory(bytes);
+            self.charged = bytes;
+        }
     }
 
     fn name_hash(&self, parent: u64, name: &[u8]) -> u64 {
@@ -180,6 +210,11 @@ impl Table {
         table_bytes(self.nodes.capacity(), std::mem::size_of::<(u64, Node)>())
             + table_bytes(self.names.capacity(), std::mem::size_of::<u64>())
             + self.heap
+    }
+
+    /// Average heap bytes of one entry's own allocations: what forgetting one gives back.
+    pub fn entry_bytes(&self) -> usize {
+        self.heap / self.nodes.len().max(1)
     }
 
     /// The file key of `ino`: its home if homed, else its path key.
@@ -272,6 +307,7 @@ impl Table {
         if p != 0 {
             self.index(ino);
         }
+        self.recharge();
         shared
     }
 
@@ -362,13 +398,15 @@ impl Table {
     /// Removes `ino` if the kernel no longer knows it and nothing depends on it.
     pub fn reap(&mut self, ino: u64) {
         let mut cur = ino;
+        let mut removed = false;
         while cur != ROOT_INO {
             let Some(n) = self.nodes.get(&cur) else {
-                return;
+                break;
             };
             if n.lookups > 0 || n.children > 0 || n.opens > 0 {
-                return;
+                break;
             }
+            removed = true;
             let n = self.nodes.remove(&cur).expect("present");
             self.heap -= entry_heap(&n.name) + n.target_heap as usize;
             if n.parent != 0 {
@@ -379,21 +417,27 @@ impl Table {
             }
             cur = n.parent;
             if cur == 0 {
-                return;
+                break;
             }
         }
-        self.shrink();
+        if removed {
+            self.shrink();
+            self.recharge();
+        }
     }
 
     /// Gives memory back once the maps are mostly empty (a table that held millions of inodes
     /// would otherwise keep their buckets).
     fn shrink(&mut self) {
         let len = self.nodes.len();
-        if self.nodes.capacity() > 1024 && len < self.nodes.capacity() / 4 {
-            self.nodes.shrink_to(len * 2);
+        // Half the buckets would still leave a quarter free: take them back (growth doubles
+        // again only once the table is full, so this cannot alternate with it).
+        let room = len + len / 4;
+        if self.nodes.capacity() > 1024 && room < self.nodes.capacity() / 2 {
+            self.nodes.shrink_to(room);
             let nodes = &self.nodes;
             let hasher = &self.hasher;
-            self.names.shrink_to(len * 2, |i| {
+            self.names.shrink_to(room, |i| {
                 let n = &nodes[i];
                 hash_of(hasher, n.parent, &n.name)
             });

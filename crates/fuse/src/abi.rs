@@ -98,6 +98,8 @@ pub(crate) const WRITE_KILL_SUIDGID: u32 = 1 << 2;
 pub(crate) const GETATTR_FH: u32 = 1 << 0;
 /// Notification code of `FUSE_NOTIFY_INVAL_INODE`.
 pub(crate) const NOTIFY_INVAL_INODE: i32 = 2;
+/// Notification code of `FUSE_NOTIFY_INVAL_ENTRY`.
+pub(crate) const NOTIFY_INVAL_ENTRY: i32 = 3;
 
 /// Plain old data: any byte pattern is a valid value, no padding reads matter.
 ///
@@ -183,6 +185,7 @@ pod! {
         off_out: u64, len: u64, flags: u64 }
     struct Dirent { ino: u64, off: u64, namelen: u32, typ: u32 }
     struct NotifyInvalInodeOut { ino: u64, off: i64, len: i64 }
+    struct NotifyInvalEntryOut { parent: u64, namelen: u32, flags: u32 }
 }
 
 #[cfg(test)]
@@ -195,6 +198,7 @@ mod tests {
     fn struct_sizes_match_the_kernel() {
         assert_eq!(size_of::<InHeader>(), 40);
         assert_eq!(size_of::<OutHeader>(), 16);
+        assert_eq!(size_of::<NotifyInvalEntryOut>(), 16);
         assert_eq!(size_of::<InitOut>(), 64);
         assert_eq!(size_of::<Attr>(), 88);
         assert_eq!(size_of::<EntryOut>(), 128);

@@ -29,6 +29,7 @@ mod abi;
 mod adapter;
 mod counters;
 mod dev;
+mod forget;
 mod reply;
 mod session;
 mod uring;
@@ -155,6 +156,8 @@ pub struct MountHandle {
     transport: Transport,
     threads: Vec<JoinHandle<io::Result<()>>>,
     direct: bool,
+    /// Keeps the inode table within its memory limit (stopped before `join` returns).
+    forgetter: Option<forget::Forgetter>,
 }
 
 /// Unmounts a mount from any thread (for example a signal handler thread).
@@ -286,6 +289,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Resu
         },
         threads.len()
     );
+    let forgetter = forget::Forgetter::start(fs.clone(), fd.clone());
     let dev = find_mount(&mountpoint).map(|m| m.dev);
     let handle = MountHandle {
         mountpoint,
@@ -294,6 +298,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Resu
         transport,
         threads,
         direct,
+        forgetter: Some(forgetter),
     };
     if let (Some(kb), Some((major, minor))) = (options.read_ahead_kb, dev) {
         let path = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
@@ -517,6 +522,7 @@ impl MountHandle {
                 result = r;
             }
         }
+        drop(self.forgetter.take());
         result
     }
 }
