@@ -386,8 +386,10 @@ impl Inner {
             // Each node is let go once written, so eviction can take it (clean now) while the
             // checkpoint goes on: under memory pressure the cache must not hold every node that
             // was dirty when the checkpoint began until it ends.
+            // Images that modifiers saved meanwhile are written as they come, not held to the end.
             for cn in pending.drain(..) {
                 tree.checkpoint_write(&cn)?;
+                tree.drain_checkpoint_queue()?;
             }
             tree.drain_checkpoint_queue()?;
             let (table, count) = {
