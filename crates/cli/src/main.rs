@@ -19,6 +19,7 @@ mod control;
 mod files;
 mod fsck;
 mod install;
+mod memlimit;
 mod mkfs;
 mod mount;
 mod probe;

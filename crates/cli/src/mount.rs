@@ -54,6 +54,8 @@ struct Plan {
     log_in_run_dir: bool,
     run: RunDir,
     foreground: bool,
+    /// Why the cache is smaller than asked (logged at startup).
+    cache_note: Option<String>,
 }
 
 /// Applies `-o` options (comma-separated lists, as `mount(8)` passes them).
@@ -233,6 +235,14 @@ fn plan(mut args: MountArgs) -> CliResult<Plan> {
         Some(c) => c,
         None => default_cache(dev.len(), &format),
     };
+    // Shrink the cache to what the memory cgroup or physical memory allows (said on stderr and,
+    // at startup, in the log).
+    let (allowed, what) = crate::memlimit::memory_limit();
+    let (cache, cache_note) =
+        crate::memlimit::fit_cache(cache, (format.node_size * 8) as u64, allowed, &what);
+    if let Some(m) = &cache_note {
+        eprintln!("amaranth: {m}");
+    }
     let engine_opts = Options {
         cache_size: cache as usize,
         read_only: mount_opts.read_only,
@@ -292,6 +302,7 @@ fn plan(mut args: MountArgs) -> CliResult<Plan> {
         log_in_run_dir,
         run,
         foreground: args.foreground,
+        cache_note,
     })
 }
 
@@ -502,8 +513,12 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
         pid_file,
         run,
         foreground,
+        cache_note,
         ..
     } = plan;
+    if let Some(m) = cache_note {
+        log::warn!("amaranth: {m}");
+    }
     log::info!(
         "amaranth: opening {} ({}, {} nodes), cache {}, {} threads",
         image.display(),
