@@ -22,7 +22,10 @@ fn physical_share(total: u64) -> u64 {
 /// The lowest limit on memory this process has, and what sets it.
 pub fn memory_limit() -> (u64, String) {
     let total = util::total_memory();
-    let mut best = (physical_share(total), format!("3/4 of physical memory ({})", human(total)));
+    let mut best = (
+        physical_share(total),
+        format!("3/4 of physical memory ({})", human(total)),
+    );
     for (limit, what) in cgroup_limits() {
         if limit < best.0 {
             best = (limit, what);
@@ -67,9 +70,17 @@ fn cgroup_limits() -> Vec<(u64, String)> {
             continue;
         };
         let (root, file, unlimited) = if controllers.split(',').any(|c| c == "memory") {
-            (mount_of(&mounts, "cgroup", Some("memory")), "memory.limit_in_bytes", None)
+            (
+                mount_of(&mounts, "cgroup", Some("memory")),
+                "memory.limit_in_bytes",
+                None,
+            )
         } else if controllers.is_empty() {
-            (mount_of(&mounts, "cgroup2", None), "memory.max", Some("max"))
+            (
+                mount_of(&mounts, "cgroup2", None),
+                "memory.max",
+                Some("max"),
+            )
         } else {
             continue;
         };
@@ -98,7 +109,12 @@ fn mount_of(mountinfo: &str, fstype: &str, option: Option<&str>) -> Option<PathB
 }
 
 /// The lowest limit in `file` from the cgroup at `path` up to the hierarchy's root.
-fn lowest_on_path(root: &Path, path: &str, file: &str, unlimited: Option<&str>) -> Option<(u64, String)> {
+fn lowest_on_path(
+    root: &Path,
+    path: &str,
+    file: &str,
+    unlimited: Option<&str>,
+) -> Option<(u64, String)> {
     let mut best: Option<(u64, String)> = None;
     let mut dir = root.join(path.trim_start_matches('/'));
     loop {
@@ -128,7 +144,10 @@ mod tests {
 
     #[test]
     fn a_cache_that_fits_is_kept() {
-        assert_eq!(fit_cache(256 * MIB, 32 * MIB, 320 * MIB, "x"), (256 * MIB, None));
+        assert_eq!(
+            fit_cache(256 * MIB, 32 * MIB, 320 * MIB, "x"),
+            (256 * MIB, None)
+        );
     }
 
     #[test]
@@ -146,7 +165,8 @@ mod tests {
 
     #[test]
     fn cgroup_mounts_are_found() {
-        let mi = "30 25 0:26 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory\n\
+        let mi =
+            "30 25 0:26 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory\n\
                   31 25 0:27 / /sys/fs/cgroup/unified rw,relatime shared:10 - cgroup2 cgroup2 rw\n\
                   32 25 0:28 / /sys/fs/cgroup/cpu rw,relatime shared:11 - cgroup cgroup rw,cpu\n";
         assert_eq!(

@@ -120,6 +120,8 @@ pub fn live_json(
             "bytes_written": load(&c.bytes_written),
             "bytes_read": load(&c.bytes_read),
             "cached_inodes": fs.cached_inodes(),
+            "table_bytes": fs.table_bytes(),
+            "table_limit": fs.table_limit(),
             "inodes_used": st.files.saturating_sub(st.ffree),
             "blocks": st.blocks,
             "blocks_free": st.bfree,

@@ -410,6 +410,8 @@ pub struct MountOpts {
     pub extra: Vec<String>,
     /// Environment of the daemon (test hooks such as `AMARANTH_FUSE_NO_URING`).
     pub env: Vec<(String, String)>,
+    /// A cgroup directory the daemon is started in (it joins `cgroup.procs` before exec).
+    pub cgroup: Option<PathBuf>,
 }
 
 impl Default for MountOpts {
@@ -418,6 +420,7 @@ impl Default for MountOpts {
             cache_size: "256M".into(),
             extra: Vec::new(),
             env: Vec::new(),
+            cgroup: None,
         }
     }
 }
@@ -453,10 +456,40 @@ impl Scratch {
     }
     /// [`Scratch::run`] with extra environment variables.
     pub fn run_env<S: AsRef<OsStr>>(&self, args: &[S], env: &[(String, String)]) -> Output {
+        self.run_in(args, env, None)
+    }
+    /// [`Scratch::run_env`] in the cgroup `cgroup` (a directory of a cgroup hierarchy).
+    pub fn run_in<S: AsRef<OsStr>>(
+        &self,
+        args: &[S],
+        env: &[(String, String)],
+        cgroup: Option<&Path>,
+    ) -> Output {
         let mut c = self.amaranth();
         c.args(args);
         for (k, v) in env {
             c.env(k, v);
+        }
+        if let Some(cg) = cgroup {
+            use std::os::unix::process::CommandExt;
+            let procs = cstr(&cg.join("cgroup.procs"));
+            // SAFETY: only open/write/close between fork and exec (no allocation).
+            unsafe {
+                c.pre_exec(move || {
+                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let n = libc::write(fd, b"0\n".as_ptr().cast(), 2);
+                    let e = std::io::Error::last_os_error();
+                    libc::close(fd);
+                    if n == 2 {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    }
+                });
+            }
         }
         let out = c.output().unwrap();
         let shown: Vec<_> = args
@@ -516,7 +549,7 @@ impl Scratch {
         }
         // The log is appended to: this session's lines start here.
         let log_from = fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
-        let out = self.run_env(&args, &o.env);
+        let out = self.run_in(&args, &o.env, o.cgroup.as_deref());
         let pid = fs::read_to_string(&pid_file)
             .ok()
             .and_then(|s| s.trim().parse().ok());
