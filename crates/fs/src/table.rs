@@ -580,8 +580,8 @@ mod tests {
         }
         assert_eq!(t.len(), 1);
         let left = (held() - before) as usize;
-        assert!(left < 64 << 10, "{left} bytes still held by an empty table");
-        assert!(t.mem_bytes() < empty + (64 << 10));
+        assert!(left < 128 << 10, "{left} bytes still held by an empty table");
+        assert!(t.mem_bytes() < empty + (128 << 10));
     }
 
     #[test]
