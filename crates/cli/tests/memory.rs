@@ -13,7 +13,7 @@ use support::*;
 
 const MIB: u64 = 1 << 20;
 /// The daemon's documented overhead above its cache (`DAEMON_OVERHEAD` in src/memlimit.rs).
-const OVERHEAD: u64 = 64 * MIB;
+const OVERHEAD: u64 = 128 * MIB;
 
 /// A fresh cgroup v1 memory group, removed when dropped (after the processes left in it, if
 /// any, are moved to the parent group).
@@ -109,7 +109,8 @@ fn alive_or_dump(m: &Mount, cg: &Cgroup, what: &str) {
 }
 
 /// The case: 120,000 files of 1–16 KiB with `--cache-size 256M` peaked at 377–470 MiB
-/// resident, so in a 320 MiB cgroup the daemon was OOM-killed within seconds.
+/// resident, so in a 320 MiB cgroup the daemon was OOM-killed within seconds (and in a 384 MiB
+/// one, cache plus today's documented overhead, too).
 #[test]
 fn daemon_stays_within_cache_plus_overhead_for_120k_files() {
     if !mount_env_ok() {
@@ -173,7 +174,7 @@ fn daemon_stays_within_cache_plus_overhead_for_120k_files() {
     s.finish(m);
 }
 
-/// With the smallest cache the table's limit is its uncharged part (24 MiB, ~70,000 inodes): past
+/// With the smallest cache the table's limit is its uncharged part (8 MiB, ~23,000 inodes): past
 /// it the daemon asks the kernel to forget inodes, and every file stays reachable.
 #[test]
 fn inode_table_past_its_limit_makes_the_kernel_forget() {
@@ -188,7 +189,7 @@ fn inode_table_past_its_limit_makes_the_kernel_forget() {
         ..MountOpts::default()
     };
     let m = s.mount(&img, "mnt", &opts);
-    let files = 100_000u64;
+    let files = 40_000u64;
     for i in 0..files {
         let p = file_path(&m.mp, i);
         if i % 1000 == 0 {

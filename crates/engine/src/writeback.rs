@@ -117,8 +117,11 @@ impl Tree {
         };
         let img = node::serialize(cn.id, &g, self.format.compression);
         drop(g);
-        let ext = self.store.write_new(&img.buf, &format!("node {}", cn.id))?;
-        self.install(cn, version, ext, &img.sublocs, false);
+        // The image is memory too while it is written (up to a node per writing thread).
+        self.cache.add_used(img.buf.len() as isize);
+        let r = self.store.write_new(&img.buf, &format!("node {}", cn.id));
+        self.cache.add_used(-(img.buf.len() as isize));
+        self.install(cn, version, r?, &img.sublocs, false);
         Ok(())
     }
 
@@ -196,9 +199,12 @@ impl Tree {
         assert!(g.fully_resident(), "a dirty node is always fully resident");
         let img = node::serialize(cn.id, &g, self.format.compression);
         drop(g);
-        let ext = self
+        self.cache.add_used(img.buf.len() as isize);
+        let r = self
             .store
-            .write_new(&img.buf, &format!("node {} (checkpoint)", cn.id))?;
+            .write_new(&img.buf, &format!("node {} (checkpoint)", cn.id));
+        self.cache.add_used(-(img.buf.len() as isize));
+        let ext = r?;
         self.install(cn, version, ext, &img.sublocs, true);
         Ok(())
     }
