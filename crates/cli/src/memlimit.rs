@@ -147,7 +147,7 @@ mod tests {
     #[test]
     fn a_cache_that_fits_is_kept() {
         assert_eq!(
-            fit_cache(256 * MIB, 32 * MIB, 320 * MIB, "x"),
+            fit_cache(256 * MIB, 32 * MIB, 384 * MIB, "x"),
             (256 * MIB, None)
         );
     }
