@@ -580,7 +580,10 @@ mod tests {
         }
         assert_eq!(t.len(), 1);
         let left = (held() - before) as usize;
-        assert!(left < 128 << 10, "{left} bytes still held by an empty table");
+        assert!(
+            left < 128 << 10,
+            "{left} bytes still held by an empty table"
+        );
         assert!(t.mem_bytes() < empty + (128 << 10));
     }
 
