@@ -6,7 +6,7 @@ MOUNTPOINT ?= /mnt/amaranth
 SIZE ?= 8G
 BENCH_ARGS ?=
 
-.PHONY: run test deps build lint unit fuse-tests bench bench-quick engine-bench soak crash-soak crash-mount clean
+.PHONY: run test deps build lint unit fuse-tests bench bench-quick aging engine-bench soak crash-soak crash-mount clean
 
 deps:
 	scripts/install-deps.sh
@@ -38,6 +38,15 @@ bench-quick:
 	scripts/install-deps.sh --bench
 	$(CARGO) build --release --workspace
 	python3 -m bench --quick $(BENCH_ARGS)
+
+## make aging: the FAST'17 aging experiments (git pulls, mail server, intrafile, interfile) on all four file
+## systems at full size (many hours; docs/AGING.md). AGING_ARGS e.g. "--quick", "--fs ext4,amaranth",
+## "--set aging_git_pulls=10000", "--hdd-throttle 150", "--resume bench/results/DIR".
+AGING_ARGS ?=
+aging:
+	scripts/install-deps.sh --bench
+	$(CARGO) build --release -p amaranth-cli
+	python3 -m bench --bench aging $(AGING_ARGS)
 
 engine-bench:
 	scripts/install-deps.sh --engine-bench

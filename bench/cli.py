@@ -231,6 +231,16 @@ def main(argv=None) -> int:
             except Exception as e:  # noqa: BLE001
                 data["git"] = e
                 PROGRESS.log(f"git repository unavailable: {e}")
+        if "git_history" in needs:
+            try:
+                from .gitsource import build_history
+
+                data["git_history"] = build_history(cache, params.aging_git_package, params.aging_git_from,
+                                                    params.aging_git_pulls + 1)
+                meta["git_history"] = data["git_history"].description
+            except Exception as e:  # noqa: BLE001 - aging-git fails with this error
+                data["git_history"] = e
+                PROGRESS.log(f"git history unavailable: {e}")
         if "mail_user" in needs:
             try:
                 data["mail_user"] = datasets.ensure_user("amabench")

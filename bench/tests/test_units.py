@@ -72,7 +72,10 @@ class Config(unittest.TestCase):
     def test_benchmark_names(self):
         self.assertEqual(benchmarks.expand("randwrite,seqwrite"), ["seqwrite", "randwrite"])
         self.assertEqual(benchmarks.expand("largefile"), ["seqwrite", "seqread", "randwrite"])
-        self.assertEqual(len(benchmarks.expand("all")), len(benchmarks.ORDER))
+        aging = benchmarks.expand("aging")
+        self.assertEqual(aging, ["aging-git", "aging-mail", "aging-intrafile", "aging-interfile"])
+        self.assertEqual(len(benchmarks.expand("all")) + len(aging), len(benchmarks.ORDER))
+        self.assertFalse(set(aging) & set(benchmarks.expand("all")))  # hours long: only when asked for
         with self.assertRaises(ValueError):
             benchmarks.expand("nope")
         groups = benchmarks.groups(["seqread", "tokubench"])
