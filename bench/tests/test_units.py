@@ -92,6 +92,25 @@ class Csv(unittest.TestCase):
             rows = load(Path(d) / "r.csv")
             self.assertEqual(rows, w.rows)
 
+    def test_resume_keeps_completed_runs_only(self):
+        from bench.cli import completed_runs
+
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "r.csv"
+            w = ResultWriter(path)
+            done = [Row("aging-git", "ext4", "aged", 1, "seconds", 1.0, "s", x=0.0),
+                    Row("aging-git", "ext4", "run", 1, "dev_write_bytes_total", 5.0, "B")]
+            for r in done:
+                w.add(r)
+            w.add(Row("aging-git", "xfs", "aged", 1, "seconds", 2.0, "s", x=0.0))  # interrupted: no 'run' rows
+            w.add(Row("aging-git", "btrfs", "run", 1, "dev_write_bytes_total", 5.0, "B"))
+            w.add(Row("aging-git", "btrfs", "aged", 1, "error", None, "", "boom"))  # failed
+            runs = completed_runs(path)
+            self.assertEqual(runs, {("aging-git", "ext4", "disk", 1)})
+            w2 = ResultWriter(path, keep=lambda r: (r.benchmark, r.fs, r.view, r.repetition) in runs)
+            self.assertEqual(load(path), done)
+            self.assertEqual(w2.rows, done)
+
 
 if __name__ == "__main__":
     unittest.main()
