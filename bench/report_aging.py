@@ -61,12 +61,13 @@ def figure(data, meta, bench: str, path) -> bool:
             ax.set_ylim(0, 1.05)
         elif ax.has_data():
             ax.set_ylim(bottom=0)
-    if drawn:
-        axes[0][0].legend(fontsize=7, ncol=2)
     two = len(_phases(bench)) > 1
+    if drawn:
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=8 if two else 4, fontsize=7, frameon=False)
     fig.suptitle(f"{benchmarks.INFO[bench].title}" + (" — solid: aged, dashed: fresh copy" if two else ""),
                  fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return drawn
@@ -132,12 +133,20 @@ def targets(data, meta, bench: str) -> list[str]:
         return []
     ph = _phases(bench)[0]
     lay = _points(data, bench, "amaranth", ph, "layout_score")
-    if not lay:
+    reqs = _points(data, bench, "amaranth", ph, "read_requests")
+    if not reqs:
         return ["*Targets:* no Amaranth numbers in this run."]
     out = ["*The project's targets for Amaranth in this run (disk view):*", ""]
-    lo = min(lay.values())
-    out.append(f"- layout score ≥ 0.9 at every point: **{'met' if lo >= 0.9 else 'missed'}** (lowest "
-               f"{lo:.2f}, at x = {fmt_num(min(lay, key=lay.get))})")
+    idle = sorted(x for x, v in reqs.items() if v == 0)
+    if idle:
+        shown = ", ".join(fmt_num(x) for x in idle[:8]) + (" ..." if len(idle) > 8 else "")
+        out.append(f"- at {len(idle)} of {len(reqs)} points (x = {shown}; left out of the targets below) "
+                   f"Amaranth's grep issued no block read request: everything came from what the daemon read "
+                   f"while mounting (column 'MiB read at mount'); no layout score there")
+    if lay:
+        lo = min(lay.values())
+        out.append(f"- layout score ≥ 0.9 at every point: **{'met' if lo >= 0.9 else 'missed'}** (lowest "
+                   f"{lo:.2f}, at x = {fmt_num(min(lay, key=lay.get))})")
     if ph == "aged":
         a, u = _points(data, bench, "amaranth", "aged", "seconds"), _points(data, bench, "amaranth", "unaged",
                                                                             "seconds")
@@ -146,14 +155,15 @@ def targets(data, meta, bench: str) -> list[str]:
             worst = max(r, key=r.get)
             out.append(f"- aged/unaged grep time ≤ 1.1 everywhere: **{'met' if r[worst] <= 1.1 else 'missed'}** "
                        f"(highest {r[worst]:.2f}, at x = {fmt_num(worst)})")
-    am = _points(data, bench, "amaranth", ph, "read_requests")
+    # points where Amaranth's grep read nothing (all loaded at mount) would meet these trivially: left out
+    am = {x: v for x, v in reqs.items() if x not in idle}
     bt = _points(data, bench, "btrfs", ph, "read_requests")
     q = {x: am[x] / bt[x] for x in am if x in bt and bt[x]}
     if q:
         worst = max(q, key=q.get)
         out.append(f"- read requests ≤ 1/5 of Btrfs's for the same grep: **{'met' if q[worst] <= 0.2 else 'missed'}** "
                    f"(highest ratio {q[worst]:.2f}, at x = {fmt_num(worst)})")
-    hd = _points(data, bench, "amaranth", ph, "hdd_s_per_gib")
+    hd = {x: v for x, v in _points(data, bench, "amaranth", ph, "hdd_s_per_gib").items() if x not in idle}
     fresh = "unaged" if ph == "aged" else ph
     best = {}
     for fs in KERNEL:
