@@ -161,7 +161,8 @@ def targets(data, meta, bench: str) -> list[str]:
     q = {x: am[x] / bt[x] for x in am if x in bt and bt[x]}
     if q:
         worst = max(q, key=q.get)
-        out.append(f"- read requests ≤ 1/5 of Btrfs's for the same grep: **{'met' if q[worst] <= 0.2 else 'missed'}** "
+        verdict = "met" if q[worst] <= 0.2 else "missed"
+        out.append(f"- read requests ≤ 1/5 of Btrfs's for the same grep: **{verdict}** "
                    f"(highest ratio {q[worst]:.2f}, at x = {fmt_num(worst)})")
     hd = {x: v for x, v in _points(data, bench, "amaranth", ph, "hdd_s_per_gib").items() if x not in idle}
     fresh = "unaged" if ph == "aged" else ph
