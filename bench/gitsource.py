@@ -139,10 +139,14 @@ def build_history(cache: Path, package: str, first: str, count: int) -> History:
         m = json.loads(meta.read_text())
         return History(bare, m["commits"], m["versions"], m["description"])
     versions = select_versions(list_versions(package), first, count)
+    if len(versions) < count:
+        raise RuntimeError(f"{package} has {len(versions)} releases from {first} on; {count} are needed "
+                           f"(aging_git_pulls + 1)")
     wheels = download(package, versions, cache / f"wheels-{package}")
     versions = [v for v in versions if v in wheels]
-    if len(versions) < 2:
-        raise RuntimeError(f"only {len(versions)} releases of {package} with a wheel from {first} on")
+    if len(versions) < count:
+        raise RuntimeError(f"only {len(versions)} of the {count} releases of {package} from {first} on have a "
+                           f"wheel; choose a later aging_git_from")
     work = cache / f"history-{package}-{key}.work"
     for p in (work, bare):
         shutil.rmtree(p, ignore_errors=True)
