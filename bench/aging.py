@@ -3,6 +3,8 @@ freshly made file system of the same kind (for the unaged copy, or one per round
 waiting for a file system to quiesce, and the cold recursive grep that every aging point measures."""
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import random
 import time
@@ -88,6 +90,31 @@ def tree_size(root: Path) -> tuple[int, int]:
     return files, size
 
 
+def seek_profile(reqs) -> dict:
+    """Where a traced phase's requests went: median request size, median distance of the jumps between
+    requests that do not continue the previous one, and how many of those jumps went backwards."""
+    sizes = sorted(n * 512 for _, _, n in reqs)
+    jumps, back = [], 0
+    for (_, s0, n0), (_, s1, _) in zip(reqs, reqs[1:]):
+        if s1 != s0 + n0:
+            jumps.append(abs(s1 - (s0 + n0)) * 512)
+            back += s1 < s0 + n0
+    jumps.sort()
+    mid = lambda v: v[len(v) // 2] if v else 0  # noqa: E731
+    return {"median_request_bytes": mid(sizes), "median_jump_bytes": mid(jumps), "jumps": len(jumps),
+            "backward_jumps": back}
+
+
+def save_trace(ctx, bench: str, phase: str, x: float, reqs) -> None:
+    """The phase's block requests (issue order) as raw/<fs>/trace-<bench>-<phase>-x<x>.json.gz: the evidence
+    behind a layout score."""
+    d = ctx.env.results / "raw" / ctx.fs
+    d.mkdir(parents=True, exist_ok=True)
+    view = "" if ctx.view == "disk" else f"-{ctx.view}"
+    with gzip.open(d / f"trace-{bench}-{phase}-x{x:g}-r{ctx.rep}{view}.json.gz", "wt") as f:
+        json.dump({"fields": ["rwbs", "sector", "sectors"], "requests": reqs}, f)
+
+
 def grep_point(ctx, bench: str, phase: str, root: Path, x: float, rng: random.Random) -> dict:
     """The grep test: remount (cold cache), wait for the FS to quiesce, then `grep -r` of `root` for a random
     string that occurs nowhere (so every byte is read). Records the suite's metrics for the phase plus the
@@ -109,6 +136,9 @@ def grep_point(ctx, bench: str, phase: str, root: Path, x: float, rng: random.Ra
     if size <= 0:
         raise RuntimeError(f"nothing to grep under {root}")
     tr = r.extra["trace"]
+    save_trace(ctx, bench, phase, x, tr.reqs)
+    for k, v in seek_profile(tr.reqs).items():
+        ctx.record(bench, phase, k, v, "B" if k.endswith("bytes") else "", x)
     ctx.record(bench, phase, "data_bytes", size, "B", x)
     ctx.record(bench, phase, "files", files, "", x)
     ctx.record(bench, phase, "s_per_gib", r.elapsed / (size / GiB), "s/GiB", x)

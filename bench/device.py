@@ -103,6 +103,7 @@ class TraceResult:
     contiguous: int = 0
     lost_events: int = 0
     hdd_model_s: float = 0.0
+    reqs: list = field(default_factory=list, repr=False)  # [(rwbs, sector, sectors)] in issue order
 
     @property
     def layout_score(self) -> float:
@@ -247,8 +248,10 @@ class Tracer:
         os.close(self._fd)
         text = b"".join(self._chunks).decode(errors="replace")
         self._chunks = []
-        res = analyze_requests(parse_trace(text, *self._dev), seek_ms, mb_per_s)
+        reqs = parse_trace(text, *self._dev)
+        res = analyze_requests(reqs, seek_ms, mb_per_s)
         res.lost_events = self._overruns() - self._ov0
+        res.reqs = reqs
         return res
 
     def close(self) -> None:

@@ -87,11 +87,13 @@ def table(data, meta, bench: str) -> list[str]:
     sep = " / " if two else ""
     head = "aged / fresh copy: " if two else ""
     out = [f"Every point ({head}grep cost s/GiB, layout score, block read requests, MiB read, modeled hard disk "
-           f"s/GiB, all of the grep; MiB the device read during the remount and the wait for quiet before it; "
-           f"data = bytes of file data grepped):", ""]
+           f"s/GiB, all of the grep; median jump = median distance between a request and the end of the one before "
+           f"it, over requests that do not continue it (raw/<fs>/trace-*.json.gz has every request); MiB read at "
+           f"mount = what the device read during the remount and the wait for quiet before the grep; data = bytes "
+           f"of file data grepped):", ""]
     cols = ["FS", XLABEL.get(bench, "x"), "grep cost (s/GiB)"] + (["aged/unaged time"] if two else []) + \
-        ["layout score", "read requests", "MiB read", "modeled HDD (s/GiB)", "MiB read at mount", "files",
-         "data (MiB)"]
+        ["layout score", "read requests", "MiB read", "median jump (MiB)", "modeled HDD (s/GiB)",
+         "MiB read at mount", "files", "data (MiB)"]
     out += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for view in meta["views"]:
         for fs in meta["fs"]:
@@ -110,7 +112,8 @@ def table(data, meta, bench: str) -> list[str]:
                     a, u = g("aged", "seconds"), g("unaged", "seconds")
                     row.append(_fmt(a / u, 3) if u and not math.isnan(a + u) else "–")
                 row += [cell("layout_score", 2), cell("read_requests"), cell("request_bytes", 3, 1 / (1 << 20)),
-                        cell("hdd_s_per_gib"), cell("mount_read_bytes", 3, 1 / (1 << 20)),
+                        cell("median_jump_bytes", 3, 1 / (1 << 20)), cell("hdd_s_per_gib"),
+                        cell("mount_read_bytes", 3, 1 / (1 << 20)),
                         _fmt(g(phases[0], "files")),
                         _fmt(g(phases[0], "data_bytes") / (1 << 20), 3)]
                 out.append("| " + " | ".join(row) + " |")

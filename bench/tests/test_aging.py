@@ -7,7 +7,7 @@ import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from bench.aging import tree_size, wait_quiet
+from bench.aging import seek_profile, tree_size, wait_quiet
 from bench.benchmarks.aging_interfile import creation_order, write_tree
 from bench.benchmarks.aging_intrafile import rounds, write_files
 from bench.gitsource import apply_release, select_versions
@@ -15,6 +15,17 @@ from bench.report import Data
 from bench.report_aging import table, targets
 from bench.results import Row
 from bench.workloads.mail_aging import message
+
+
+class Traces(unittest.TestCase):
+    def test_seek_profile(self):
+        reqs = [("R", 100, 8), ("R", 108, 8), ("R", 50, 16), ("R", 2000, 8), ("R", 2008, 256)]
+        p = seek_profile(reqs)
+        self.assertEqual(p["jumps"], 2)  # 116 -> 50 (back 66 sectors), 66 -> 2000 (forward 1934)
+        self.assertEqual(p["backward_jumps"], 1)
+        self.assertEqual(p["median_jump_bytes"], 1934 * 512)
+        self.assertEqual(p["median_request_bytes"], 8 * 512)
+        self.assertEqual(seek_profile([])["jumps"], 0)
 
 
 class Interfile(unittest.TestCase):
