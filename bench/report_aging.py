@@ -143,9 +143,10 @@ def targets(data, meta, bench: str) -> list[str]:
     idle = sorted(x for x, v in reqs.items() if v == 0)
     if idle:
         shown = ", ".join(fmt_num(x) for x in idle[:8]) + (" ..." if len(idle) > 8 else "")
-        out.append(f"- at {len(idle)} of {len(reqs)} points (x = {shown}; left out of the targets below) "
+        out.append(f"- at {len(idle)} of {len(reqs)} points (x = {shown}; left out of the request target below) "
                    f"Amaranth's grep issued no block read request: everything came from what the daemon read "
-                   f"while mounting (column 'MiB read at mount'); no layout score there")
+                   f"while mounting (column 'MiB read at mount'); no layout score there, and only the hard-disk "
+                   f"target, which counts the remount's reads, covers them")
     if lay:
         lo = min(lay.values())
         out.append(f"- layout score ≥ 0.9 at every point: **{'met' if lo >= 0.9 else 'missed'}** (lowest "
@@ -158,7 +159,7 @@ def targets(data, meta, bench: str) -> list[str]:
             worst = max(r, key=r.get)
             out.append(f"- aged/unaged grep time ≤ 1.1 everywhere: **{'met' if r[worst] <= 1.1 else 'missed'}** "
                        f"(highest {r[worst]:.2f}, at x = {fmt_num(worst)})")
-    # points where Amaranth's grep read nothing (all loaded at mount) would meet these trivially: left out
+    # points where Amaranth's grep read nothing (all loaded at mount) would meet this trivially: left out
     am = {x: v for x, v in reqs.items() if x not in idle}
     bt = _points(data, bench, "btrfs", ph, "read_requests")
     q = {x: am[x] / bt[x] for x in am if x in bt and bt[x]}
@@ -167,17 +168,24 @@ def targets(data, meta, bench: str) -> list[str]:
         verdict = "met" if q[worst] <= 0.2 else "missed"
         out.append(f"- read requests ≤ 1/5 of Btrfs's for the same grep: **{verdict}** "
                    f"(highest ratio {q[worst]:.2f}, at x = {fmt_num(worst)})")
-    hd = {x: v for x, v in _points(data, bench, "amaranth", ph, "hdd_s_per_gib").items() if x not in idle}
+    # the modeled hard disk counts what each FS read at the remount before the grep too (Amaranth reads whole
+    # nodes of its tree there); runs before that metric existed fall back to the grep alone
+    metric = "hdd_s_per_gib_incl_mount" if _points(data, bench, "amaranth", ph, "hdd_s_per_gib_incl_mount") \
+        else "hdd_s_per_gib"
+    hd = _points(data, bench, "amaranth", ph, metric)
+    if metric == "hdd_s_per_gib":
+        hd = {x: v for x, v in hd.items() if x not in idle}
     fresh = "unaged" if ph == "aged" else ph
     best = {}
     for fs in KERNEL:
-        for x, v in _points(data, bench, fs, fresh, "hdd_s_per_gib").items():
+        for x, v in _points(data, bench, fs, fresh, metric).items():
             best[x] = min(best.get(x, math.inf), v)
     cmp = {x: hd[x] / best[x] for x in hd if x in best and best[x]}
     if cmp:
         worst = max(cmp, key=cmp.get)
         what = "every kernel FS unaged" if ph == "aged" else "every kernel FS"
-        out.append(f"- modeled hard disk, {'aged ' if ph == 'aged' else ''}Amaranth faster than {what}: "
+        incl = " (grep + the remount before it)" if metric.endswith("incl_mount") else ""
+        out.append(f"- modeled hard disk{incl}, {'aged ' if ph == 'aged' else ''}Amaranth faster than {what}: "
                    f"**{'met' if cmp[worst] < 1 else 'missed'}** (Amaranth / best kernel FS highest "
                    f"{cmp[worst]:.2f}, at x = {fmt_num(worst)})")
     out.append("")

@@ -152,6 +152,14 @@ class Report(unittest.TestCase):
         self.assertIn("read requests ≤ 1/5 of Btrfs's for the same grep: **missed** (highest ratio 1.00, at x = 0)",
                       text)
 
+    def test_hdd_target_counts_the_remount_when_recorded(self):
+        rows = _rows("amaranth", 0, 1.0, 1.0, 0.95, 0, 0.0) + _rows("ext4", 0, 1.0, 1.0, 0.5, 100, 5.0)
+        mk = lambda fs, ph, v: Row("aging-git", fs, ph, 1, "hdd_s_per_gib_incl_mount", v, "", "", 0.0, "disk")  # noqa
+        rows += [mk("amaranth", "aged", 6.0), mk("ext4", "unaged", 5.5)]
+        text = "\n".join(targets(Data(rows), self.META, "aging-git"))
+        self.assertIn("modeled hard disk (grep + the remount before it), aged Amaranth faster than every kernel FS "
+                      "unaged: **missed** (Amaranth / best kernel FS highest 1.09", text)
+
     def test_targets_missed_and_table(self):
         rows = []
         for x in (0, 100):
