@@ -169,8 +169,9 @@ class Report(unittest.TestCase):
         rows.append(Row("aging-git", "xfs", "aged", 1, "error", None, "", "boom", None, "disk"))
         data = Data(rows)
         text = "\n".join(targets(data, self.META, "aging-git"))
-        self.assertEqual(text.count("**missed**"), 4, text)
+        self.assertEqual(text.count("**missed**"), 5, text)
         self.assertIn("highest 2.00, at x = 100", text)
+        self.assertIn("the same ratio on the modeled hard disk (grep requests only): **missed** (highest 1.11", text)
         t = "\n".join(table(data, self.META, "aging-git"))
         self.assertIn("| amaranth | 100 | 20 / 10 | 2 |", t)
         self.assertIn("stopped after", t)  # xfs has numbers and a failure: partial
