@@ -145,10 +145,11 @@ class Report(unittest.TestCase):
 
     def test_points_without_requests_are_left_out(self):
         rows = _rows("amaranth", 0, 1.0, 1.0, 0.95, 100, 1.0) + _rows("btrfs", 0, 1.0, 1.0, 0.5, 100, 5.0)
-        rows += [r for r in _rows("amaranth", 50, 1.0, 1.0, 0.95, 0, 0.0) if r.metric != "layout_score"]
+        rows += [r for r in _rows("amaranth", 50, 1.0, 1.0, 0.5, 0, 0.0)]  # a background write: layout 0.5
         rows += _rows("btrfs", 50, 1.0, 1.0, 0.5, 100, 5.0)
         text = "\n".join(targets(Data(rows), self.META, "aging-git"))
         self.assertIn("at 1 of 2 points (x = 50;", text)
+        self.assertIn("layout score ≥ 0.9 at every point: **met** (lowest 0.95, at x = 0)", text)
         self.assertIn("read requests ≤ 1/5 of Btrfs's for the same grep: **missed** (highest ratio 1.00, at x = 0)",
                       text)
 
