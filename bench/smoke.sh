@@ -12,7 +12,8 @@
 # (mounts, loop devices, cgroups, tracing instances; never those of another harness run still in progress).
 # BENCH_SMOKE_TIMEOUT (seconds, default 900) bounds the quick run, BENCH_SMOKE_AGING_TIMEOUT (default 600) the
 # aging one; BENCH_SMOKE_KEEP=1 keeps the results;
-# BENCH_SMOKE_AMARANTH_BIN=PATH uses that binary instead of building one.
+# BENCH_SMOKE_AMARANTH_BIN=PATH uses that binary instead of building one; BENCH_SMOKE_WORKDIR=DIR uses that work dir
+# (images, input cache) instead of the harness's default.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +29,8 @@ if [[ -z "$bin" ]]; then
   bin=target/release/amaranth
 fi
 
+workdir=()
+[[ -n "${BENCH_SMOKE_WORKDIR:-}" ]] && workdir=(--workdir "$BENCH_SMOKE_WORKDIR")
 tmp=$(mktemp -d /var/tmp/amaranth-bench-smoke.XXXXXX)
 harness_pid=""
 finish() {
@@ -37,7 +40,7 @@ finish() {
     for _ in $(seq 60); do kill -0 "$harness_pid" 2>/dev/null || break; sleep 1; done
     kill -KILL "$harness_pid" 2>/dev/null || true
   fi
-  python3 -m bench --cleanup >/dev/null 2>&1 || true
+  python3 -m bench --cleanup "${workdir[@]}" >/dev/null 2>&1 || true
   if [[ "${BENCH_SMOKE_KEEP:-0}" == 1 ]]; then
     echo "bench smoke test: results kept in $tmp"
   else
@@ -56,7 +59,7 @@ run_harness() {
   local name=$1 limit=$2
   shift 2
   timeout --signal=TERM --kill-after=60 "$limit" \
-    python3 -m bench --quick --check --amaranth-bin "$tmp/amaranth" --out "$tmp/$name" "$@" \
+    python3 -m bench --quick --check --amaranth-bin "$tmp/amaranth" --out "$tmp/$name" "${workdir[@]}" "$@" \
     >"$tmp/$name.log" 2>&1 &
   harness_pid=$!
   local rc=0
