@@ -6,7 +6,7 @@ MOUNTPOINT ?= /mnt/amaranth
 SIZE ?= 8G
 BENCH_ARGS ?=
 
-.PHONY: run test deps build lint unit fuse-tests bench bench-quick engine-bench soak crash-soak crash-mount clean
+.PHONY: run test deps build lint unit fuse-tests bench bench-quick aging engine-bench soak crash-soak crash-mount clean
 
 deps:
 	scripts/install-deps.sh
@@ -38,6 +38,17 @@ bench-quick:
 	scripts/install-deps.sh --bench
 	$(CARGO) build --release --workspace
 	python3 -m bench --quick $(BENCH_ARGS)
+
+## make aging: the FAST'17 aging experiments (git pulls, mail server, intrafile, interfile) on all four file
+## systems at full size, one repetition (AGING_REPEAT; many hours; docs/AGING.md). AGING_ARGS e.g. "--quick",
+## "--fs ext4,amaranth", "--set aging_mail_cycles=20", "--set aging_git_gc=1", "--hdd-throttle 150",
+## "--resume bench/results/DIR" (continues an interrupted run with its own options).
+AGING_ARGS ?=
+AGING_REPEAT ?= 1
+aging:
+	scripts/install-deps.sh --bench
+	$(CARGO) build --release -p amaranth-cli
+	python3 -m bench --bench aging --repeat $(AGING_REPEAT) $(AGING_ARGS)
 
 engine-bench:
 	scripts/install-deps.sh --engine-bench

@@ -56,6 +56,9 @@ def parse_args(argv):
     ap.add_argument("--cleanup", action="store_true",
                     help="remove leftovers of an interrupted/crashed run (mounts and loop devices in the work dir, "
                          "amaranth-bench cgroups, tracing instances), then exit")
+    ap.add_argument("--resume", type=Path, metavar="RESULTS_DIR",
+                    help="continue an interrupted run in RESULTS_DIR with its original options: runs (benchmark x "
+                         "FS x view x repetition) that completed are kept, the others are run again")
     ap.add_argument("--report-only", type=Path, metavar="RESULTS_DIR",
                     help="regenerate report.md and figures from an existing results directory")
     return ap.parse_args(argv)
@@ -120,8 +123,29 @@ def do_cleanup(workdir: Path) -> int:
     return 0
 
 
+def completed_runs(csv_path: Path) -> set[tuple]:
+    """(benchmark, fs, view, repetition) of the runs in a results CSV that finished without a failure (a run
+    records its whole-run rows, phase 'run', only after its last phase)."""
+    from .results import load
+
+    if not csv_path.exists():
+        return set()
+    rows = load(csv_path)
+    key = lambda r: (r.benchmark, r.fs, r.view, r.repetition)  # noqa: E731
+    failed = {key(r) for r in rows if r.error}
+    return {key(r) for r in rows if r.phase == "run" and r.metric == "dev_write_bytes_total"} - failed
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    resume = args.resume.resolve() if args.resume else None
+    before: dict = {}
+    if resume:
+        # the original options, so the resumed part measures exactly what the first part did
+        before = json.loads((resume / "run.json").read_text())
+        argv = shlex.split(before["invocation"])[3:]  # drop "python3 -m bench"
+        args = parse_args(argv)
+        args.out, args.resume = resume, resume
     if args.list:
         print("Benchmarks:")
         for n in benchmarks.ORDER:
@@ -194,7 +218,13 @@ def main(argv=None) -> int:
     PROGRESS.log(f"results -> {out}")
     PROGRESS.log(f"benchmarks: {', '.join(names)}; file systems: {', '.join(fs_list)}; repeat {params.repeat}; "
                  f"memory limit {params.mem_limit >> 20} MiB; image {params.image_size >> 30} GiB")
-    writer = ResultWriter(out / "results.csv")
+    done: set = set()
+    if resume:
+        done = completed_runs(out / "results.csv")
+        meta["started"] = before.get("started")
+        meta["resumed"] = before.get("resumed", []) + [time.strftime("%Y-%m-%d %H:%M:%S %Z")]
+        PROGRESS.log(f"resuming {out}: {len(done)} completed run(s) kept, the rest is run again")
+    writer = ResultWriter(out / "results.csv", keep=lambda r: (r.benchmark, r.fs, r.view, r.repetition) in done)
     rc = 0
     tracer = None
     try:
@@ -231,6 +261,16 @@ def main(argv=None) -> int:
             except Exception as e:  # noqa: BLE001
                 data["git"] = e
                 PROGRESS.log(f"git repository unavailable: {e}")
+        if "git_history" in needs:
+            try:
+                from .gitsource import build_history
+
+                data["git_history"] = build_history(cache, params.aging_git_package, params.aging_git_from,
+                                                    params.aging_git_pulls + 1)
+                meta["git_history"] = data["git_history"].description
+            except Exception as e:  # noqa: BLE001 - aging-git fails with this error
+                data["git_history"] = e
+                PROGRESS.log(f"git history unavailable: {e}")
         if "mail_user" in needs:
             try:
                 data["mail_user"] = datasets.ensure_user("amabench")
@@ -254,6 +294,9 @@ def main(argv=None) -> int:
                         k += 1
                         PROGRESS.log(f"=== run {k}/{total}: {'+'.join(gnames)} on {fs_name}"
                                      f"{' (blkio throttle)' if view == 'throttle' else ''}, repetition {rep}")
+                        if all((n, fs_name, view, rep) in done for n in gnames):
+                            PROGRESS.log("    completed in the interrupted run: kept")
+                            continue
                         run_group(env, Group(module, gnames), fs_name, rep, view)
         meta["status"] = "complete"
     except cleanup.Interrupted as e:

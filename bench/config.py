@@ -69,6 +69,30 @@ class Params:
     space_settle_interval: int = 3
     space_settle_samples: int = 3  # this many equal readings in a row = settled
     space_settle_min_amaranth: int = 65  # Amaranth checkpoints every 60 s: wait at least one period
+    # aging (FAST'17), shared: after each cold remount wait until the device was idle this long (at most max)
+    aging_quiesce_s: float = 5.0
+    aging_quiesce_max_s: float = 90.0
+    # aging-git: history = successive releases of a PyPI package (one commit each), see bench/gitsource.py
+    aging_git_package: str = "awscli"
+    aging_git_from: str = "1.10.0"  # the first awscli release with a wheel
+    aging_git_pulls: int = 1000
+    aging_git_every: int = 100
+    aging_git_gc: int = 0  # 1 = git's automatic gc on (as git's default)
+    # aging-mail
+    aging_mail_users: int = 2
+    aging_mail_boxes: int = 80  # per user
+    aging_mail_msgs: int = 1000  # per mailbox, initially
+    aging_mail_ops: int = 8000  # per cycle
+    aging_mail_cycles: int = 100
+    aging_mail_max_msg: int = 32 * K
+    # aging-intrafile
+    aging_intra_files: int = 10
+    aging_intra_size: int = 400 * K
+    aging_intra_chunk: int = 4 * K
+    aging_intra_step: int = 10  # round-robin chunks added per round
+    # aging-interfile (the Linux tree: tree_subset / tree_exclude)
+    aging_inter_step: int = 10  # percent of the files in random order added per round
+    aging_inter_file_size: int = 4 * K
 
     def cache_size(self) -> int:
         """Amaranth's --cache-size: by default half the memory limit. The daemon shares the memory group
@@ -111,10 +135,21 @@ QUICK = dict(
     space_settle_interval=1,
     space_settle_samples=2,
     space_settle_min_amaranth=0,
+    aging_quiesce_s=1.0,
+    aging_quiesce_max_s=10.0,
+    aging_git_pulls=6,
+    aging_git_every=3,
+    aging_mail_boxes=3,
+    aging_mail_msgs=40,
+    aging_mail_ops=200,
+    aging_mail_cycles=2,
+    aging_intra_step=50,
+    aging_inter_step=50,
 )
 
 SIZE_FIELDS = {"image_size", "mem_limit", "amaranth_cache_size", "fio_size", "large_file", "seq_write_block",
-               "seq_read_block", "rename_min", "rename_max", "clone_file_size", "space_file_size"}
+               "seq_read_block", "rename_min", "rename_max", "clone_file_size", "space_file_size",
+               "aging_mail_max_msg", "aging_intra_size", "aging_intra_chunk", "aging_inter_file_size"}
 
 
 def set_param(p: Params, key: str, value: str) -> Params:

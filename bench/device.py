@@ -103,6 +103,7 @@ class TraceResult:
     contiguous: int = 0
     lost_events: int = 0
     hdd_model_s: float = 0.0
+    reqs: list = field(default_factory=list, repr=False)  # [(rwbs, sector, sectors)] in issue order
 
     @property
     def layout_score(self) -> float:
@@ -159,28 +160,36 @@ class Tracer:
     """block_rq_issue events of one device, recorded in a private tracefs instance."""
 
     def __init__(self, buffer_kb: int = 16384):
-        self._mounted_tok = None
-        if not (TRACEFS / "events").exists():
-            TRACEFS.mkdir(parents=True, exist_ok=True)
-            run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)])
-            self._mounted_tok = cleanup.register(f"umount {TRACEFS}", lambda: run(["umount", str(TRACEFS)]))
         self.inst = TRACEFS / "instances" / f"{TRACE_PREFIX}_{os.getpid()}"
-        self.inst.mkdir()
-        self._tok = cleanup.register(f"remove tracing instance {self.inst}", self.close)
-        write_file(self.inst / "tracing_on", "0")
-        write_file(self.inst / "buffer_size_kb", str(buffer_kb))
         self.event = self.inst / "events/block/block_rq_issue"
-        if not self.event.exists():
-            raise RuntimeError("tracepoint block/block_rq_issue not available")
-        fmt = read_file(self.event / "format")
-        if not re.search(r"field:dev_t dev;", fmt):
-            raise RuntimeError("block_rq_issue has no dev field")
+        self._buffer_kb = buffer_kb
+        self._ensure_instance()
+        self._tok = cleanup.register(f"remove tracing instance {self.inst}", self.close)
         self._thread: threading.Thread | None = None
         self._chunks: list[bytes] = []
         self._stop = threading.Event()
         self._dev = None
 
+    def _ensure_instance(self) -> None:
+        """Mount tracefs if it is not mounted and (re)create this run's instance if it is missing. tracefs is
+        shared by everyone on the machine: it is never unmounted here, and a harness run whose tracefs was
+        unmounted by someone else (which removes every instance) gets its instance back at the next phase."""
+        if not (TRACEFS / "events").exists():
+            TRACEFS.mkdir(parents=True, exist_ok=True)
+            run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)])
+        if self.inst.exists():
+            return
+        self.inst.mkdir()
+        write_file(self.inst / "tracing_on", "0")
+        write_file(self.inst / "buffer_size_kb", str(self._buffer_kb))
+        if not self.event.exists():
+            raise RuntimeError("tracepoint block/block_rq_issue not available")
+        fmt = read_file(self.event / "format")
+        if not re.search(r"field:dev_t dev;", fmt):
+            raise RuntimeError("block_rq_issue has no dev field")
+
     def set_device(self, kdev: int) -> None:
+        self._ensure_instance()
         write_file(self.event / "enable", "0")
         write_file(self.event / "filter", f"dev == {kdev}")
         write_file(self.event / "enable", "1")
@@ -239,8 +248,10 @@ class Tracer:
         os.close(self._fd)
         text = b"".join(self._chunks).decode(errors="replace")
         self._chunks = []
-        res = analyze_requests(parse_trace(text, *self._dev), seek_ms, mb_per_s)
+        reqs = parse_trace(text, *self._dev)
+        res = analyze_requests(reqs, seek_ms, mb_per_s)
         res.lost_events = self._overruns() - self._ov0
+        res.reqs = reqs
         return res
 
     def close(self) -> None:
@@ -266,9 +277,6 @@ class Tracer:
                 except OSError:
                     time.sleep(0.1)
         cleanup.release(self._tok)
-        if self._mounted_tok:
-            cleanup.release(self._mounted_tok, run=True)
-            self._mounted_tok = None
 
 
 def leftover_trace_instances() -> list[Path]:

@@ -6,7 +6,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from . import benchmarks
+from . import benchmarks, report_aging
 from .results import Row, load
 from .stats import fmt_mean_ci, fmt_num, mean_ci, ratio
 from .util import fmt_size
@@ -561,7 +561,8 @@ def write_report(out: Path, meta: dict) -> Path:
             figs.append(f.name)
         for curve in info.curves:
             f = figdir / f"{bench}-{curve}.png"
-            fn = {"tokubench": fig_tokubench, "rename": fig_rename, "clone": fig_clone}[curve]
+            fn = {"tokubench": fig_tokubench, "rename": fig_rename, "clone": fig_clone,
+                  "aging": lambda d, m, path, b=bench: report_aging.figure(d, m, b, path)}[curve]
             if fn(data, meta, f):
                 figs.append(f.name)
         f = figdir / f"{bench}-hdd.png"
@@ -579,7 +580,7 @@ def write_report(out: Path, meta: dict) -> Path:
                   [(fs, v) for v in meta["views"] for fs in meta["fs"]]}
         L.append("**Status:** " + ", ".join(f"{_fs_label(fs, v, meta)} {s}" for (fs, v), s in status.items()))
         L.append("")
-        L += primary_table(data, meta, bench)
+        L += primary_table(data, meta, bench) if "aging" not in info.curves else report_aging.table(data, meta, bench)
         L.append("")
         for name in figs:
             L.append(f"![{bench} {name}](figures/{name})")
@@ -612,6 +613,8 @@ def write_report(out: Path, meta: dict) -> Path:
     L.append("")
     L.append(f"- Linux tree: {meta.get('tree', 'not used')}")
     L.append(f"- git repository: {meta.get('git', 'not used')}")
+    if meta.get("git_history"):
+        L.append(f"- git history of the aging experiment: {meta['git_history']}")
     L.append(f"- Amaranth binary: `{meta.get('amaranth_bin')}`"
              + (f" ({meta['amaranth_build']})" if meta.get("amaranth_build") else ""))
     L.append("")

@@ -40,11 +40,15 @@ def _fmt(v):
 class ResultWriter:
     """Appends rows to results.csv as they are produced (so an interrupted run keeps its data)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, keep=None):
+        """keep: when given, the rows of an existing CSV that it accepts are kept (a resumed run)."""
         self.path = path
-        self.rows: list[Row] = []
+        self.rows: list[Row] = [r for r in load(path) if keep(r)] if keep and path.exists() else []
         with open(path, "w", newline="") as f:
             csv.writer(f).writerow(FIELDS)
+        old, self.rows = self.rows, []
+        for r in old:
+            self.add(r)
 
     def add(self, row: Row) -> None:
         self.rows.append(row)

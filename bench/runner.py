@@ -134,6 +134,7 @@ class RunContext:
             self.warm(warm)
         amaranth = self.is_amaranth
         tracer = self.env.tracer
+        tracer.set_device(self.loop.kdev)  # a run may have a second FS (aging: the fresh copy)
         with PROGRESS.step(f"{bench}: {label or phase}") as info:
             dcpu0 = self.m.driver.daemon_cpu_now() if amaranth else 0.0
             st0 = self.loop.stat()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Amaranth needs to build, run and test, if it is missing. Idempotent.
 #   scripts/install-deps.sh            build + run + test dependencies
-#   scripts/install-deps.sh --bench    also the benchmark suite's (fio, xfsprogs, btrfs-progs, dovecot, ...)
+#   scripts/install-deps.sh --bench    also the benchmark suite's (fio, xfsprogs, btrfs-progs, dovecot, pip, ...)
 #   scripts/install-deps.sh --engine-bench
 #                                      also bench/engine-bench's (clang/libclang for RocksDB's bindgen, fio)
 set -euo pipefail
@@ -37,4 +37,9 @@ fi
 
 if (( want_bench )); then
   python3 -c 'import matplotlib' 2>/dev/null || python3 -m pip install -q -r bench/requirements.txt
+  # the aging experiment downloads its git history (successive releases of a PyPI project) with pip
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+  fi
 fi

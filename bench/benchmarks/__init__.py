@@ -28,16 +28,20 @@ class Info:
     secondary: list[Metric] = field(default_factory=list)  # more rows for the table (not charted)
 
 
-from . import (dirclone, dirrename, git, largefile, linuxtree, mailserver, nanobench,  # noqa: E402
-               rename, rsync, space, tar, tokubench)
+from . import (aging_git, aging_interfile, aging_intrafile, aging_mail, dirclone, dirrename, git,  # noqa: E402
+               largefile, linuxtree, mailserver, nanobench, rename, rsync, space, tar, tokubench)
 
 MODULES = [largefile, tokubench, rename, dirrename, linuxtree, dirclone, git, tar, rsync, mailserver, nanobench,
            space]
-ORDER: list[str] = [n for m in MODULES for n in m.NAMES]
-BY_NAME = {n: m for m in MODULES for n in m.NAMES}
-INFO: dict[str, Info] = {n: m.INFO[n] for m in MODULES for n in m.NAMES}
+# the FAST'17 aging experiments (hours at full size): selected by name or `aging`, not part of `all`
+AGING_MODULES = [aging_git, aging_mail, aging_intrafile, aging_interfile]
+ORDER: list[str] = [n for m in MODULES + AGING_MODULES for n in m.NAMES]
+BY_NAME = {n: m for m in MODULES + AGING_MODULES for n in m.NAMES}
+INFO: dict[str, Info] = {n: m.INFO[n] for m in MODULES + AGING_MODULES for n in m.NAMES}
 ALIASES = {"rename-by-size": "rename", "grep": "linuxtree", "largefile": "seqwrite,seqread,randwrite",
-           "all": ",".join(ORDER), "imap": "mailserver", "clone": "dirclone", "nano": "nanobench"}
+           "all": ",".join(n for m in MODULES for n in m.NAMES), "imap": "mailserver", "clone": "dirclone",
+           "nano": "nanobench", "aging": ",".join(n for m in AGING_MODULES for n in m.NAMES),
+           "aging-micro": "aging-intrafile,aging-interfile"}
 
 
 def expand(spec: str) -> list[str]:
@@ -58,7 +62,7 @@ def expand(spec: str) -> list[str]:
 def groups(names: list[str]):
     """[(module, [names])] in canonical order: one fresh FS per module per repetition."""
     out = []
-    for m in MODULES:
+    for m in MODULES + AGING_MODULES:
         sel = [n for n in m.NAMES if n in names]
         if sel:
             out.append((m, sel))

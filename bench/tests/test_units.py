@@ -72,7 +72,10 @@ class Config(unittest.TestCase):
     def test_benchmark_names(self):
         self.assertEqual(benchmarks.expand("randwrite,seqwrite"), ["seqwrite", "randwrite"])
         self.assertEqual(benchmarks.expand("largefile"), ["seqwrite", "seqread", "randwrite"])
-        self.assertEqual(len(benchmarks.expand("all")), len(benchmarks.ORDER))
+        aging = benchmarks.expand("aging")
+        self.assertEqual(aging, ["aging-git", "aging-mail", "aging-intrafile", "aging-interfile"])
+        self.assertEqual(len(benchmarks.expand("all")) + len(aging), len(benchmarks.ORDER))
+        self.assertFalse(set(aging) & set(benchmarks.expand("all")))  # hours long: only when asked for
         with self.assertRaises(ValueError):
             benchmarks.expand("nope")
         groups = benchmarks.groups(["seqread", "tokubench"])
@@ -88,6 +91,25 @@ class Csv(unittest.TestCase):
             w.add(Row("rename", "xfs", "rename", 2, "renames_per_s", 300.0, "renames/s", x=4096.0))
             rows = load(Path(d) / "r.csv")
             self.assertEqual(rows, w.rows)
+
+    def test_resume_keeps_completed_runs_only(self):
+        from bench.cli import completed_runs
+
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "r.csv"
+            w = ResultWriter(path)
+            done = [Row("aging-git", "ext4", "aged", 1, "seconds", 1.0, "s", x=0.0),
+                    Row("aging-git", "ext4", "run", 1, "dev_write_bytes_total", 5.0, "B")]
+            for r in done:
+                w.add(r)
+            w.add(Row("aging-git", "xfs", "aged", 1, "seconds", 2.0, "s", x=0.0))  # interrupted: no 'run' rows
+            w.add(Row("aging-git", "btrfs", "run", 1, "dev_write_bytes_total", 5.0, "B"))
+            w.add(Row("aging-git", "btrfs", "aged", 1, "error", None, "", "boom"))  # failed
+            runs = completed_runs(path)
+            self.assertEqual(runs, {("aging-git", "ext4", "disk", 1)})
+            w2 = ResultWriter(path, keep=lambda r: (r.benchmark, r.fs, r.view, r.repetition) in runs)
+            self.assertEqual(load(path), done)
+            self.assertEqual(w2.rows, done)
 
 
 if __name__ == "__main__":
