@@ -18,6 +18,7 @@ pub struct FileDevice {
     len: u64,
     direct: bool,
     block_device: bool,
+    writable: bool,
     counters: IoCounters,
 }
 
@@ -130,6 +131,7 @@ impl FileDevice {
             len,
             direct,
             block_device,
+            writable: access == Access::ReadWrite,
             counters: IoCounters::default(),
         })
     }
@@ -187,6 +189,10 @@ fn block_device_len(file: &File) -> io::Result<u64> {
 impl BlockDevice for FileDevice {
     fn len(&self) -> u64 {
         self.len
+    }
+
+    fn writable(&self) -> bool {
+        self.writable
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {

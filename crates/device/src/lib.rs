@@ -54,6 +54,10 @@ pub trait BlockDevice: Send + Sync {
     fn describe(&self) -> String;
     /// Counters of the I/O this device has done.
     fn io_stats(&self) -> IoStats;
+    /// Whether writes are possible at all (false for a device opened read-only).
+    fn writable(&self) -> bool {
+        true
+    }
 }
 
 /// Counters of device I/O.

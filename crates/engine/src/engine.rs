@@ -1,5 +1,7 @@
 //! The engine: public API, write path, checkpoints, recovery and background threads.
 
+mod mode;
+
 use std::collections::{HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -59,6 +61,9 @@ struct Inner {
     recovery_stop: String,
     /// Log records skipped at open because they could not be applied.
     skipped_records: u64,
+    /// Held shared by every modification from its check to its end, exclusive while the engine
+    /// switches between read-only and writable (see `mode.rs`).
+    mode: parking_lot::RwLock<()>,
 }
 
 #[derive(Default)]
@@ -192,8 +197,8 @@ impl Inner {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
-        if self.options.read_only {
-            return Err(Error::ReadOnly("opened read-only".into()));
+        if self.tree.is_read_only() {
+            return Err(Error::ReadOnly("read-only".into()));
         }
         if let Some(e) = &*self.failed.lock() {
             return Err(Error::ReadOnly(e.to_string()));
@@ -256,6 +261,7 @@ impl Inner {
     }
 
     fn write_ops(&self, ops: Vec<Op>) -> Result<Lsn> {
+        let _mode = self.mode.read();
         self.check_writable()?;
         for op in &ops {
             op.validate(&self.tree.format)?;
@@ -330,7 +336,7 @@ impl Inner {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
-        if self.options.read_only {
+        if self.tree.is_read_only() {
             return Ok(());
         }
         self.counters.syncs.fetch_add(1, Ordering::Relaxed);
@@ -343,9 +349,14 @@ impl Inner {
 
     /// Writes every dirty node copy-on-write, then the table and a superblock that points at them.
     fn checkpoint(&self, clean: bool) -> Result<()> {
-        if self.options.read_only {
+        if self.tree.is_read_only() {
             return Ok(());
         }
+        self.checkpoint_now(clean)
+    }
+
+    /// `checkpoint` whatever the mode (a switch to read-only writes its last checkpoint with this).
+    fn checkpoint_now(&self, clean: bool) -> Result<()> {
         if let Some(e) = &*self.failed.lock() {
             return Err(Error::ReadOnly(e.to_string()));
         }
@@ -638,6 +649,7 @@ impl Engine {
             btt_count: 0,
             created_unix: now_unix(),
             checkpoint_unix: 0,
+            label: String::new(),
         };
         let btt = Btt {
             current: HashMap::new(),
@@ -746,6 +758,8 @@ impl Engine {
             sb.next_msn,
         );
         tree.check_invariants |= options.check_invariants;
+        // A read-only open writes nothing, not even the nodes that replaying the log dirtied.
+        tree.set_read_only(options.read_only);
         let region_start = sb.log_start_block * BLOCK_SIZE as u64;
         let region_len = sb.log_blocks * BLOCK_SIZE as u64;
         let ckpt_lsn = sb.ckpt_lsn;
@@ -834,15 +848,17 @@ impl Engine {
                 recovered_records,
                 recovery_stop: String::new(),
                 skipped_records: 0,
+                mode: parking_lot::RwLock::new(()),
             }),
             threads: Mutex::new(Vec::new()),
         }
     }
 
     fn start_threads(&self) {
-        if !self.inner.options.background_threads || self.inner.options.read_only {
+        if !self.inner.options.background_threads || self.inner.tree.is_read_only() {
             return;
         }
+        self.inner.stop.store(false, Ordering::Release);
         let mut t = self.threads.lock();
         let spawn = |name: &str, f: fn(&Arc<Inner>)| {
             let inner = self.inner.clone();
@@ -1144,6 +1160,23 @@ impl Engine {
         Ok(())
     }
 
+    /// The image's uuid and label (as of the last checkpoint, or as set since).
+    pub fn identity(&self) -> ([u8; 16], String) {
+        let sb = self.inner.sb.lock();
+        (sb.uuid, sb.label.clone())
+    }
+
+    /// Sets the image's uuid and label (`mkfs -U`, `-L`); they are written with the next checkpoint
+    /// (at the latest when the engine is closed).
+    pub fn set_identity(&self, uuid: [u8; 16], label: &str) -> Result<()> {
+        crate::superblock::check_label(label).map_err(Error::InvalidArgument)?;
+        self.inner.check_writable()?;
+        let mut sb = self.inner.sb.lock();
+        sb.uuid = uuid;
+        sb.label = label.to_string();
+        Ok(())
+    }
+
     /// The format parameters of the open image.
     pub fn format(&self) -> &Format {
         &self.inner.tree.format
@@ -1157,7 +1190,7 @@ impl Engine {
     /// Stops the background threads, writes a final checkpoint and marks the image clean.
     pub fn close(self) -> Result<()> {
         self.stop_threads();
-        let r = if self.inner.options.read_only || self.inner.failed.lock().is_some() {
+        let r = if self.inner.tree.is_read_only() || self.inner.failed.lock().is_some() {
             match self.inner.failed.lock().clone() {
                 Some(e) => Err(e),
                 None => Ok(()),
@@ -1216,7 +1249,7 @@ impl Drop for Engine {
             return;
         }
         self.stop_threads();
-        if !self.inner.options.read_only && self.inner.failed.lock().is_none() {
+        if !self.inner.tree.is_read_only() && self.inner.failed.lock().is_none() {
             let _ = self.inner.log.flush(true);
         }
         self.inner.closed.store(true, Ordering::Release);

@@ -57,6 +57,8 @@ pub use engine::{Engine, RangeIter, Stats};
 pub use error::{Error, Result};
 pub use msg::Patch;
 pub use ops::{prefix_end, Batch, Op};
-pub use superblock::{Superblock, FORMAT_VERSION};
+pub use superblock::{
+    check_label, format_uuid, parse_uuid, Superblock, FORMAT_VERSION, LABEL_AT, LABEL_MAX,
+};
 pub use verify::Report;
 pub use wal::{LogStats, Lsn};

@@ -17,6 +17,10 @@ pub const FORMAT_VERSION: u32 = 1;
 /// Superblock flag: log records were skipped at an open; the image wants a check.
 const FLAG_NEEDS_CHECK: u16 = 1;
 const CRC_AT: usize = 12;
+/// Offset of the label in a superblock block (fixed, for blkid-style probes; zeros: no label).
+pub const LABEL_AT: usize = 1024;
+/// Longest label in bytes (UTF-8, no NUL; the rest of the field is zeros).
+pub const LABEL_MAX: usize = 64;
 
 /// An extent of whole blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -96,6 +100,8 @@ pub struct Superblock {
     pub created_unix: u64,
     /// When this checkpoint was written (Unix seconds).
     pub checkpoint_unix: u64,
+    /// The file system's label (`mkfs -L`), at most [`LABEL_MAX`] bytes; empty: none.
+    pub label: String,
 }
 
 impl Superblock {
@@ -168,6 +174,13 @@ impl Superblock {
         e.u64(self.checkpoint_unix);
         let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
         buf[..e.len()].copy_from_slice(&e.buf);
+        assert!(e.len() <= LABEL_AT, "superblock fields reach the label");
+        assert!(
+            check_label(&self.label).is_ok(),
+            "writing a bad label {:?}",
+            self.label
+        );
+        buf[LABEL_AT..LABEL_AT + self.label.len()].copy_from_slice(self.label.as_bytes());
         let c = crc_with_hole(&buf, CRC_AT);
         buf[CRC_AT..CRC_AT + 4].copy_from_slice(&c.to_le_bytes());
         buf
@@ -229,6 +242,7 @@ impl Superblock {
             },
             created_unix: d.u64()?,
             checkpoint_unix: d.u64()?,
+            label: decode_label(&block[LABEL_AT..LABEL_AT + LABEL_MAX])?,
         };
         sb.validate()?;
         Ok(sb)
@@ -261,6 +275,11 @@ impl Superblock {
         let slot = self.generation % 2;
         dev.write_at(slot * BLOCK_SIZE as u64, &self.encode())
             .map_err(|e| Error::io(format!("writing superblock copy {slot}"), e))
+    }
+
+    /// The uuid in the usual text form (`8-4-4-4-12` hexadecimal digits).
+    pub fn uuid_string(&self) -> String {
+        format_uuid(&self.uuid)
     }
 
     /// Reads both copies and returns the newest valid one, or the most telling error.
@@ -328,6 +347,62 @@ impl Superblock {
     }
 }
 
+/// Checks a label for the superblock: at most [`LABEL_MAX`] bytes of UTF-8 without NUL.
+pub fn check_label(label: &str) -> std::result::Result<(), String> {
+    if label.len() > LABEL_MAX {
+        return Err(format!(
+            "a label holds at most {LABEL_MAX} bytes ({} given)",
+            label.len()
+        ));
+    }
+    if label.contains('\0') {
+        return Err("a label cannot hold a NUL byte".into());
+    }
+    Ok(())
+}
+
+fn decode_label(field: &[u8]) -> Result<String> {
+    let end = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+    if field[end..].iter().any(|&b| b != 0) {
+        return Err(Error::Corrupt(
+            "superblock: bytes after the label's end".into(),
+        ));
+    }
+    String::from_utf8(field[..end].to_vec())
+        .map_err(|_| Error::Corrupt("superblock: the label is not UTF-8".into()))
+}
+
+/// Formats a uuid as `8-4-4-4-12` hexadecimal digits.
+pub fn format_uuid(u: &[u8; 16]) -> String {
+    let hex: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
+/// Parses a uuid written as 32 hexadecimal digits, with or without the four dashes.
+pub fn parse_uuid(s: &str) -> std::result::Result<[u8; 16], String> {
+    let bad = || format!("{s:?} is not a UUID (like 0b8f9a3e-4c1d-4f6a-9e2b-7d5c3a1f0e42)");
+    let dashes: Vec<usize> = s.match_indices('-').map(|(i, _)| i).collect();
+    if !dashes.is_empty() && dashes != [8, 13, 18, 23] {
+        return Err(bad());
+    }
+    let hex: String = s.chars().filter(|&c| c != '-').collect();
+    if hex.len() != 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(bad());
+    }
+    let mut u = [0u8; 16];
+    for (i, b) in u.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(u)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -363,6 +438,7 @@ mod tests {
             btt_count: 3,
             created_unix: 1,
             checkpoint_unix: 2,
+            label: "data-é".into(),
         }
     }
 
@@ -377,6 +453,29 @@ mod tests {
         assert_eq!(Superblock::decode(&flagged, 0).unwrap(), sb);
         sb.needs_check = false;
         assert_eq!(Superblock::decode(&plain, 0).unwrap(), sb);
+    }
+
+    #[test]
+    fn label_and_uuid_round_trip() {
+        let sb = sample(3);
+        let buf = sb.encode();
+        assert_eq!(&buf[LABEL_AT..LABEL_AT + 7], "data-é".as_bytes());
+        assert_eq!(Superblock::decode(&buf, 0).unwrap(), sb);
+        assert_eq!(sb.uuid_string(), "07070707-0707-0707-0707-070707070707");
+        let u = parse_uuid("0b8f9a3e-4c1d-4f6a-9e2b-7d5c3a1f0e42").unwrap();
+        assert_eq!(format_uuid(&u), "0b8f9a3e-4c1d-4f6a-9e2b-7d5c3a1f0e42");
+        assert_eq!(parse_uuid("0b8f9a3e4c1d4f6a9e2b7d5c3a1f0e42").unwrap(), u);
+        for bad in [
+            "",
+            "xyz",
+            "0b8f9a3e-4c1d-4f6a-9e2b-7d5c3a1f0e4",
+            "0b8f-9a3e4c1d-4f6a-9e2b-7d5c3a1f0e42",
+        ] {
+            assert!(parse_uuid(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_label(&"x".repeat(LABEL_MAX)).is_ok());
+        assert!(check_label(&"x".repeat(LABEL_MAX + 1)).is_err());
+        assert!(check_label("a\0b").is_err());
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! - No latch is held during a node write; a written image is installed only if the node did not
 //!   change meanwhile (version check).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use amaranth_device::AlignedBuf;
@@ -107,6 +107,9 @@ pub struct Tree {
     ///
     /// [`Options::check_invariants`]: crate::Options::check_invariants
     pub check_invariants: bool,
+    /// Nothing may be written to the device: modifications are refused and eviction keeps dirty
+    /// nodes (a read-only open or remount).
+    read_only: AtomicBool,
 }
 
 impl Tree {
@@ -129,7 +132,18 @@ impl Tree {
             ckpt_queue: Mutex::new(Vec::new()),
             counters: TreeCounters::default(),
             check_invariants: cfg!(debug_assertions),
+            read_only: AtomicBool::new(false),
         }
+    }
+
+    /// Whether nothing may be written to the device.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only.load(Ordering::Acquire)
+    }
+
+    /// Allows or forbids writing to the device (the engine switches modes with writers held off).
+    pub fn set_read_only(&self, read_only: bool) {
+        self.read_only.store(read_only, Ordering::Release);
     }
 
     // ----- node residency -------------------------------------------------------------------

@@ -235,6 +235,18 @@ impl Log {
         self.state.lock().epoch
     }
 
+    /// Writes later chunks with `epoch` (a read-only engine becoming writable: chunks of the
+    /// epoch it recovered from are never replayed once a checkpoint records the new one). Nothing
+    /// may be buffered or being written.
+    pub fn start_epoch(&self, epoch: u64) {
+        let mut s = self.state.lock();
+        assert!(
+            s.buf.is_empty() && s.inflight.is_none(),
+            "a new log epoch with records pending"
+        );
+        s.epoch = epoch;
+    }
+
     /// Releases the space before `voff` (a checkpoint no longer needs it).
     pub fn set_tail(&self, voff: u64) {
         let mut s = self.state.lock();

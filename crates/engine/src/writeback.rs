@@ -51,6 +51,10 @@ impl Tree {
                 }
             }
             if cn.is_dirty() {
+                if self.is_read_only() {
+                    // Nothing is written: a dirty node (replayed from the log) stays in memory.
+                    continue;
+                }
                 self.write_back(cn)?;
                 self.cache
                     .counters
