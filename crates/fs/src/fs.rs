@@ -22,6 +22,7 @@ use crate::keys::{self, BLOCK};
 use crate::table::{Table, ROOT_INO};
 
 mod readdir;
+mod times;
 
 /// Version of the file-system schema stored in `s/format` (2: names carry their hash, so a
 /// directory's children are in hash order; version-1 images are refused).
@@ -129,8 +130,16 @@ pub struct StatFs {
 pub struct FsOptions {
     /// Free space kept back so that checkpoints can always complete (writes get `ENOSPC` below it).
     pub reserve_bytes: u64,
-    /// Update access times on read (relatime rules).
+    /// Update access times on read: by relatime rules, or on every read with `strictatime`
+    /// (false: `noatime`).
     pub relatime: bool,
+    /// Update the access time on every read (`strictatime`; needs `relatime`).
+    pub strictatime: bool,
+    /// Access-time updates stay in memory until the inode is written for another reason, synced,
+    /// forgotten by the kernel, or the file system is unmounted or made read-only (`lazytime`).
+    pub lazytime: bool,
+    /// Every change is durable before the call that made it returns (`sync`, `dirsync`).
+    pub sync: bool,
 }
 
 impl Default for FsOptions {
@@ -138,6 +147,9 @@ impl Default for FsOptions {
         FsOptions {
             reserve_bytes: 64 << 20,
             relatime: true,
+            strictatime: false,
+            lazytime: false,
+            sync: false,
         }
     }
 }
@@ -202,6 +214,8 @@ pub struct Fs {
     last_reclaim: Mutex<(Option<Instant>, u64, u64)>,
     /// Operations that freed space (unlink, rmdir, truncate, punch) so far.
     deletions: AtomicU64,
+    /// Inodes whose access time changed in memory only (`lazytime`).
+    lazy_atimes: Mutex<std::collections::HashSet<u64>>,
     /// Counters.
     pub counters: FsCounters,
 }
@@ -284,13 +298,17 @@ impl Fs {
             next_fh: AtomicU64::new(1),
             last_reclaim: Mutex::new((None, 0, 0)),
             deletions: AtomicU64::new(0),
+            lazy_atimes: Mutex::new(std::collections::HashSet::new()),
             counters: FsCounters::default(),
         };
         let charged = fs.engine.clone();
         fs.table
             .lock()
             .charge_to(charged, crate::memory::TABLE_UNCHARGED);
-        fs.remove_orphans()?;
+        if !fs.engine.is_read_only() {
+            // Read-only: they stay until the file system is writable again.
+            fs.remove_orphans()?;
+        }
         Ok(fs)
     }
 
@@ -347,10 +365,12 @@ impl Fs {
                 .load(Ordering::Relaxed)
                 .saturating_add_signed(delta);
             *value = now.to_le_bytes().to_vec();
-            self.engine.write(b)?;
+            let lsn = self.engine.write(b)?;
             self.inodes_used.store(now, Ordering::Relaxed);
+            self.sync_if_wanted(lsn)?;
         } else {
-            self.engine.write(b)?;
+            let lsn = self.engine.write(b)?;
+            self.sync_if_wanted(lsn)?;
         }
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
         if b.ops
@@ -605,6 +625,7 @@ impl Fs {
         if ino == ROOT_INO {
             return;
         }
+        self.write_lazy_atime(ino);
         self.table.lock().forget(ino, n);
     }
 
@@ -1330,9 +1351,7 @@ impl Fs {
         self.counters
             .bytes_read
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        if self.opts.relatime {
-            self.maybe_touch_atime(ino, &shared, &fk);
-        }
+        self.touch_atime(ino, &shared, &fk);
         Ok(buf)
     }
 
@@ -1358,21 +1377,6 @@ impl Fs {
                 true
             })?;
         Ok(buf)
-    }
-
-    fn maybe_touch_atime(&self, _ino: u64, shared: &Arc<Mutex<Inode>>, fk: &[u8]) {
-        let mut i = shared.lock();
-        let now = Time::now();
-        if i.atime > i.mtime && i.atime > i.ctime && now.sec - i.atime.sec < 24 * 3600 {
-            return;
-        }
-        let mut next = i.clone();
-        next.atime = now;
-        let mut b = Batch::new();
-        b.put(keys::meta_key(fk), next.encode());
-        if self.commit(&mut b).is_ok() {
-            *i = next;
-        }
     }
 
     /// Writes `data` at `offset` (at the end for `O_APPEND` handles). `kill_suidgid`: the writer
@@ -1478,6 +1482,7 @@ impl Fs {
 
     /// Makes everything acknowledged so far durable (the log is global: any fsync syncs all).
     pub fn fsync(&self) -> Result<()> {
+        self.write_lazy_atimes();
         self.engine.sync()?;
         Ok(())
     }

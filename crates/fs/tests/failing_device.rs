@@ -178,6 +178,7 @@ fn a_full_device_gives_enospc_without_corruption_and_space_comes_back() {
             // reserve was not always enough for the copy-on-write space of one write.
             reserve_bytes: 8 << 20,
             relatime: false,
+            ..FsOptions::default()
         },
     )
     .unwrap();

@@ -131,6 +131,7 @@ impl Harness {
             FsOptions {
                 reserve_bytes: 0,
                 relatime: false,
+                ..FsOptions::default()
             },
         )
         .unwrap();
@@ -159,6 +160,7 @@ impl Harness {
             FsOptions {
                 reserve_bytes: 0,
                 relatime: false,
+                ..FsOptions::default()
             },
         )
         .unwrap();

@@ -59,6 +59,7 @@ pub fn fs_options() -> FsOptions {
     FsOptions {
         reserve_bytes: 0,
         relatime: false,
+        ..FsOptions::default()
     }
 }
 

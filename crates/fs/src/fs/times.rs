@@ -1,0 +1,115 @@
+//! Access times (`noatime`, relatime rules, `strictatime`, `lazytime`), `sync` mounts, and
+//! switching between read-only and writable (a remount).
+//!
+//! With `lazytime` an access-time update changes only the cached inode and remembers it; the
+//! change reaches the engine with the next batch that writes the inode anyway, or when the inode
+//! is synced (`fsync`, `syncfs`), forgotten by the kernel, or the file system is unmounted or made
+//! read-only. A read-only file system updates no access times at all.
+
+use std::sync::Arc;
+
+use amaranth_engine::{Batch, Lsn};
+use parking_lot::Mutex;
+
+use super::Fs;
+use crate::error::Result;
+use crate::inode::{Inode, Meta, Time};
+use crate::keys;
+
+impl Fs {
+    /// After a read of `ino` (whose key is `fk`): updates its access time as the options say.
+    pub(super) fn touch_atime(&self, ino: u64, shared: &Arc<Mutex<Inode>>, fk: &[u8]) {
+        if !self.opts.relatime || self.engine.is_read_only() {
+            return;
+        }
+        let mut i = shared.lock();
+        let now = Time::now();
+        let recent = i.atime > i.mtime && i.atime > i.ctime && now.sec - i.atime.sec < 24 * 3600;
+        if recent && !self.opts.strictatime {
+            return;
+        }
+        let mut next = i.clone();
+        next.atime = now;
+        if self.opts.lazytime {
+            *i = next;
+            self.lazy_atimes.lock().insert(ino);
+            return;
+        }
+        let mut b = Batch::new();
+        b.put(keys::meta_key(fk), next.encode());
+        if self.commit(&mut b).is_ok() {
+            *i = next;
+        }
+    }
+
+    /// Writes the access time kept in memory for `ino` (`lazytime`), if any.
+    pub(super) fn write_lazy_atime(&self, ino: u64) {
+        if !self.lazy_atimes.lock().remove(&ino) {
+            return;
+        }
+        let _ns = self.ns.read();
+        let (Some(shared), Some(fk)) = ({
+            let t = self.table.lock();
+            (t.inode(ino), t.file_key(ino))
+        }) else {
+            return;
+        };
+        let i = shared.lock();
+        let key = keys::meta_key(&fk);
+        // Only if the key still holds this inode: an unlinked inode is never written back.
+        let current = self.engine.get(&key).ok().flatten();
+        if !matches!(current.as_deref().map(Meta::decode), Some(Ok(Meta::Inode(c))) if c.ino == ino)
+        {
+            return;
+        }
+        let mut b = Batch::new();
+        b.put(key, i.encode());
+        if let Err(e) = self.commit(&mut b) {
+            log::warn!("amaranth: cannot write the access time of inode {ino}: {e}");
+        }
+    }
+
+    /// Writes every access time kept in memory (`lazytime`).
+    pub fn write_lazy_atimes(&self) {
+        let inos: Vec<u64> = self.lazy_atimes.lock().iter().copied().collect();
+        for ino in inos {
+            self.write_lazy_atime(ino);
+        }
+    }
+
+    /// On a `sync` mount, waits until the batch `lsn` is durable.
+    pub(super) fn sync_if_wanted(&self, lsn: Lsn) -> Result<()> {
+        if self.opts.sync {
+            self.engine.sync_to(lsn)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the file system refuses changes (mounted or remounted read-only).
+    pub fn is_read_only(&self) -> bool {
+        self.engine.is_read_only()
+    }
+
+    /// Makes the file system read-only (access times kept in memory are written first, then a
+    /// clean checkpoint; nothing more is written to the image) or writable again (files unlinked
+    /// while open before an earlier crash are removed then).
+    pub fn set_read_only(&self, read_only: bool) -> Result<()> {
+        if read_only {
+            self.write_lazy_atimes();
+            self.engine.set_read_only(true)?;
+        } else {
+            self.engine.set_read_only(false)?;
+            self.remove_orphans()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Fs {
+    /// Access times kept in memory (`lazytime`) are written before the engine can be closed.
+    fn drop(&mut self) {
+        if !self.engine.is_read_only() {
+            self.write_lazy_atimes();
+        }
+    }
+}
