@@ -1,5 +1,9 @@
-//! `amaranth install-helper`: this binary as `BIN_DIR/amaranth` and the mount helper
-//! `SBIN_DIR/mount.fuse.amaranth` (a link to it), for `mount -t fuse.amaranth` and /etc/fstab.
+//! `amaranth install-helper`: this binary as `BIN_DIR/amaranth` and, as links to it in
+//! `SBIN_DIR`, the helpers that the system's commands run (see `helpers.rs`):
+//! `mount.fuse.TYPE` (`mount -t fuse.amaranth`, fstab, remount), `umount.fuse.TYPE` (`umount`),
+//! `fsck.TYPE` and `fsck.fuse.TYPE` (`fsck -t amaranth`, fstab pass numbers) and `mkfs.TYPE`
+//! (`mkfs -t amaranth`), where TYPE is `amaranth` or, with `--type amaranth-NAME`, that name.
+//! `--remove` removes the helper links of that type (those that are links to an `amaranth`).
 //!
 //! Root runs what it installs (mount(8) runs the helper), so both directories and every directory
 //! above them must be owned by root or by the installing user and not writable by others (unless
@@ -13,8 +17,46 @@ use std::path::Path;
 
 use crate::util::{euid, CliResult, Failure};
 
+/// The helper names for type `subtype` (`amaranth` or `amaranth-NAME`).
+pub fn helper_names(subtype: &str) -> [String; 5] {
+    [
+        format!("mount.fuse.{subtype}"),
+        format!("umount.fuse.{subtype}"),
+        format!("fsck.{subtype}"),
+        format!("fsck.fuse.{subtype}"),
+        format!("mkfs.{subtype}"),
+    ]
+}
+
+fn check_type(subtype: &str) -> CliResult {
+    if amaranth_fuse::is_amaranth_subtype(subtype) {
+        return Ok(());
+    }
+    Err(Failure::new(format!(
+        "bad --type {subtype:?}: amaranth, or amaranth-NAME with NAME of letters, digits, _ - ."
+    )))
+}
+
+/// Runs `install-helper --remove`: removes the helper links of `subtype` from `sbin_dir`.
+pub fn remove(sbin_dir: &Path, subtype: &str) -> CliResult {
+    check_type(subtype)?;
+    for name in helper_names(subtype) {
+        let p = sbin_dir.join(&name);
+        let ours = fs::read_link(&p).is_ok_and(|t| {
+            t.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("amaranth"))
+        });
+        if ours {
+            fs::remove_file(&p)
+                .map_err(|e| Failure::new(format!("cannot remove {}: {e}", p.display())))?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs `install-helper`.
-pub fn run(bin_dir: &Path, sbin_dir: &Path) -> CliResult {
+pub fn run(bin_dir: &Path, sbin_dir: &Path, subtype: &str) -> CliResult {
+    check_type(subtype)?;
     let exe = std::env::current_exe().map_err(|e| Failure::new(format!("current exe: {e}")))?;
     for dir in [bin_dir, sbin_dir] {
         fs::DirBuilder::new()
@@ -30,19 +72,23 @@ pub fn run(bin_dir: &Path, sbin_dir: &Path) -> CliResult {
         copy_into_place(&exe, bin_dir, &bin)
             .map_err(|e| Failure::new(format!("cannot install {}: {e}", bin.display())))?;
     }
-    let helper = sbin_dir.join("mount.fuse.amaranth");
-    // Removes a name (a link itself, never what it points to).
-    let _ = fs::remove_file(&helper);
-    std::os::unix::fs::symlink(&bin, &helper)
-        .map_err(|e| Failure::new(format!("cannot create {}: {e}", helper.display())))?;
+    for name in helper_names(subtype) {
+        let helper = sbin_dir.join(&name);
+        // Removes a name (a link itself, never what it points to).
+        let _ = fs::remove_file(&helper);
+        std::os::unix::fs::symlink(&bin, &helper)
+            .map_err(|e| Failure::new(format!("cannot create {}: {e}", helper.display())))?;
+    }
     say!(
-        "installed {} and {} -> {}",
+        "installed {} and, linked to it in {}: {}",
         bin.display(),
-        helper.display(),
-        bin.display()
+        sbin_dir.display(),
+        helper_names(subtype).join(", ")
     );
-    say!("mount with:   mount -t fuse.amaranth IMAGE DIR [-o cache_size=1G,threads=2]");
-    say!("fstab line:   /path/to/image.img  /mnt/amaranth  fuse.amaranth  defaults,cache_size=1G  0 0");
+    say!("mount with:   mount -t fuse.{subtype} IMAGE DIR [-o ro,noatime,cache_size=1G]");
+    say!("check with:   fsck -t {subtype} IMAGE (-n: no changes, -y: repair)");
+    say!("make with:    mkfs -t {subtype} [-L LABEL] IMAGE SIZE");
+    say!("fstab line:   /path/to/image.img  /mnt/amaranth  fuse.{subtype}  defaults  0 2");
     Ok(())
 }
 

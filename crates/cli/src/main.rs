@@ -1,16 +1,17 @@
 //! `amaranth`: make, mount, unmount, check and inspect Amaranth file systems.
 //!
 //! ```text
-//! amaranth mkfs IMAGE --size 8G          # a new image file (or a block device, without --size)
-//! amaranth mount IMAGE DIR               # daemonizes once the mount is live
-//! amaranth umount DIR                    # returns after the daemon's final checkpoint
-//! amaranth fsck IMAGE [--repair]         # 0 clean, 1 corrected, 4 left, 8 operational error
+//! amaranth mkfs IMAGE --size 8G [-L LABEL] [-U UUID]  # a new image file (or a block device)
+//! amaranth mount IMAGE DIR [-o OPTIONS]  # daemonizes once the mount is live
+//! amaranth umount DIR [-l] [--timeout S] # returns after the daemon's final checkpoint
+//! amaranth fsck IMAGE [-n|-y|-p] [-f]    # 0 clean, 1 corrected, 4 left, 8 operational, 16 usage
 //! amaranth stat IMAGE|DIR [--json]
-//! amaranth install-helper                # /usr/local/bin/amaranth + /sbin/mount.fuse.amaranth
+//! amaranth install-helper                # /usr/local/bin/amaranth + helpers in /sbin
 //! ```
 //!
-//! Installed as `/sbin/mount.fuse.amaranth` (a symlink to this binary), it is the mount helper that
-//! `mount -t fuse.amaranth IMAGE DIR -o OPTS` and fstab lines run.
+//! Installed under the helper names (`mount.fuse.amaranth`, `umount.fuse.amaranth`,
+//! `fsck.amaranth`, `mkfs.amaranth`: links to this binary), it is what `mount(8)`, `umount(8)`,
+//! `fsck(8)` and `mkfs(8)` run for Amaranth (see `helpers.rs`).
 
 #[macro_use]
 mod out;
@@ -18,11 +19,16 @@ mod out;
 mod control;
 mod files;
 mod fsck;
+mod fsck_cmd;
+mod helpers;
 mod install;
 mod memlimit;
 mod mkfs;
 mod mount;
+mod options;
 mod probe;
+mod release;
+mod remount;
 mod rundir;
 mod stat;
 mod umount;
@@ -60,14 +66,20 @@ enum Command {
         compression: String,
         /// Overwrite what the target holds (a file system blkid recognises, an Amaranth one, or
         /// other data), or make an image larger than the host's free space.
-        #[arg(long)]
+        #[arg(short = 'f', long)]
         force: bool,
+        /// Label of the file system (at most 64 bytes), shown by `amaranth stat`.
+        #[arg(short = 'L', long, default_value = "")]
+        label: String,
+        /// UUID of the file system (default: random).
+        #[arg(short = 'U', long, value_parser = mkfs::parse_uuid_arg)]
+        uuid: Option<Option<[u8; 16]>>,
     },
     /// Mount a file system (returns once mounted; the daemon stays in the background).
     Mount {
         /// Image file or block device.
         image: PathBuf,
-        /// Mount point: an existing, empty directory.
+        /// Mount point: an existing directory (what it holds is hidden while mounted).
         dir: PathBuf,
         /// Stay in the foreground and log to stderr.
         #[arg(short, long)]
@@ -89,7 +101,9 @@ enum Command {
         /// Log file of the background daemon (default /var/log/amaranth-<mountpoint>.log).
         #[arg(long)]
         log_file: Option<PathBuf>,
-        /// Mount options: cache_size=, threads=, ro, noatime, noexec, dev, suid, read_ahead_kb=...
+        /// Mount options: ro, rw, dev, nodev, suid, nosuid, exec, noexec, noatime, relatime,
+        /// strictatime, lazytime, sync, dirsync, allow_other, default_permissions, cache_size=,
+        /// threads=, read_ahead_kb=, log=, pid_file=; unknown ones are refused.
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
     },
@@ -98,20 +112,34 @@ enum Command {
     Umount {
         /// Mount point.
         dir: PathBuf,
-        /// Detach even if files are open (the daemon exits when they are closed).
+        /// Detach even if files are open and return at once (the daemon finishes when the last
+        /// of them is closed).
         #[arg(short, long)]
         lazy: bool,
-        /// Give up waiting for the daemon after this many seconds.
+        /// Give up after this many seconds (the unmount and the wait for the daemon).
         #[arg(long)]
         timeout: Option<u64>,
     },
-    /// Check an unmounted file system (exit 0 clean, 1 corrected, 4 errors left, 8 operational).
+    /// Check an unmounted file system (exit 0 clean, 1 corrected, 4 errors left, 8 operational,
+    /// 16 usage), with e2fsck's flags.
     Fsck {
         /// Image file or block device.
         image: PathBuf,
         /// Fix what can be fixed (benign problems: leaks, counters, orphans).
         #[arg(long)]
         repair: bool,
+        /// Repair (as e2fsck -y: a cleanly closed image is not checked without -f).
+        #[arg(short = 'y')]
+        yes: bool,
+        /// Repair automatically (as e2fsck -p, -a).
+        #[arg(short = 'p', short_alias = 'a')]
+        preen: bool,
+        /// Change nothing (the image is opened read-only).
+        #[arg(short = 'n')]
+        no_changes: bool,
+        /// With -n, -y or -p: check even an image that was closed cleanly.
+        #[arg(short = 'f')]
+        force: bool,
         /// Accept the older superblock copy if the newer one is damaged.
         #[arg(long)]
         fallback_superblock: bool,
@@ -124,15 +152,23 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Install this binary as /usr/local/bin/amaranth and the mount helper
-    /// /sbin/mount.fuse.amaranth (for `mount -t fuse.amaranth` and /etc/fstab).
+    /// Install this binary as /usr/local/bin/amaranth and the helpers mount.fuse.amaranth,
+    /// umount.fuse.amaranth, fsck.amaranth, fsck.fuse.amaranth and mkfs.amaranth in /sbin (for
+    /// mount, umount, fsck and mkfs with -t, and /etc/fstab).
     InstallHelper {
         /// Where the binary goes.
         #[arg(long, default_value = "/usr/local/bin")]
         bin_dir: PathBuf,
-        /// Where the mount helper goes.
+        /// Where the helpers go.
         #[arg(long, default_value = "/sbin")]
         sbin_dir: PathBuf,
+        /// The type: amaranth, or amaranth-NAME to install a second build beside the first
+        /// (mounts are then of type fuse.amaranth-NAME).
+        #[arg(long = "type", default_value = "amaranth")]
+        subtype: String,
+        /// Remove the helper links of that type instead.
+        #[arg(long)]
+        remove: bool,
     },
     /// The mount helper: `IMAGE DIR -o OPTIONS` as mount(8) passes them.
     #[command(hide = true)]
@@ -180,8 +216,8 @@ fn main() {
                 .into_owned()
         })
         .unwrap_or_default();
-    if argv0.starts_with("mount.fuse.amaranth") || argv0.starts_with("mount.amaranth") {
-        exit_with(mount::helper(&argv[1..]).map(|()| 0));
+    if let Some(h) = helpers::from_name(&argv0) {
+        exit_with(helpers::run(h, &argv[1..]));
     }
     let cli = Cli::parse();
     let r = match cli.command {
@@ -191,12 +227,16 @@ fn main() {
             node_size,
             compression,
             force,
+            label,
+            uuid,
         } => mkfs::run(mkfs::MkfsArgs {
             image: &image,
             size,
             node_size,
             compression: &compression,
             force,
+            label: &label,
+            uuid: uuid.flatten(),
         })
         .map(|()| 0),
         Command::Mount {
@@ -219,19 +259,44 @@ fn main() {
             pid_file,
             options,
             log_file,
+            ..mount::MountArgs::default()
         })
         .map(|()| 0),
         Command::Umount { dir, lazy, timeout } => umount::run(&dir, lazy, timeout).map(|()| 0),
         Command::Fsck {
             image,
             repair,
+            yes,
+            preen,
+            no_changes,
+            force,
             fallback_superblock,
-        } => fsck::run(&image, repair, fallback_superblock),
-        Command::Stat { target, json } => stat::run(&target, json).map(|()| 0),
-        Command::InstallHelper { bin_dir, sbin_dir } => {
-            install::run(&bin_dir, &sbin_dir).map(|()| 0)
+        } => {
+            let e2fsck_style = yes || preen || no_changes;
+            fsck_cmd::run(&fsck_cmd::FsckRequest {
+                image,
+                repair: repair || yes || preen,
+                no_changes,
+                // Plain `amaranth fsck IMG` (and --repair) always checks in full.
+                force: force || !e2fsck_style,
+                fallback_superblock,
+            })
         }
-        Command::MountHelper { args } => mount::helper(&args).map(|()| 0),
+        Command::Stat { target, json } => stat::run(&target, json).map(|()| 0),
+        Command::InstallHelper {
+            bin_dir,
+            sbin_dir,
+            subtype,
+            remove,
+        } => if remove {
+            install::remove(&sbin_dir, &subtype)
+        } else {
+            install::run(&bin_dir, &sbin_dir, &subtype)
+        }
+        .map(|()| 0),
+        Command::MountHelper { args } => {
+            helpers::run(helpers::Helper::Mount(amaranth_fuse::SUBTYPE.into()), &args)
+        }
     };
     exit_with(r)
 }

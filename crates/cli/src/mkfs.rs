@@ -10,7 +10,7 @@ use amaranth_engine::{Compression, Engine, Format, Options};
 use amaranth_fs::Fs;
 
 use crate::probe;
-use crate::util::{human, CliResult, Failure};
+use crate::util::{human, parse_size, CliResult, Failure};
 
 /// Image files are whole 4 KiB blocks.
 const BLOCK: u64 = 4096;
@@ -26,6 +26,72 @@ pub struct MkfsArgs<'a> {
     pub node_size: Option<u64>,
     pub compression: &'a str,
     pub force: bool,
+    /// `-L`: the label (empty: none).
+    pub label: &'a str,
+    /// `-U`: the uuid (`None`: a random one).
+    pub uuid: Option<[u8; 16]>,
+}
+
+/// Parses a `-U` value: a UUID, or `random`.
+pub fn parse_uuid_arg(s: &str) -> Result<Option<[u8; 16]>, String> {
+    if s == "random" {
+        return Ok(None);
+    }
+    amaranth_engine::parse_uuid(s).map(Some)
+}
+
+/// `mkfs.amaranth [-L LABEL] [-U UUID] [-f|-F] [-q] [-v] [--size SIZE] [-c COMPRESSION] IMAGE
+/// [SIZE]`, as `mkfs -t amaranth` runs it.
+pub fn run_helper(argv: &[std::ffi::OsString]) -> CliResult {
+    let usage = |m: &str| {
+        Failure::new(format!(
+            "{m}; usage: mkfs.amaranth [-L LABEL] [-U UUID] [-f] IMAGE [SIZE]"
+        ))
+    };
+    let mut positional: Vec<&std::ffi::OsString> = Vec::new();
+    let (mut label, mut uuid, mut force, mut size) = (String::new(), None, false, None);
+    let mut compression = "none".to_string();
+    let mut i = 0;
+    while i < argv.len() {
+        let a = argv[i].to_string_lossy().into_owned();
+        let mut value = || {
+            i += 1;
+            argv.get(i)
+                .and_then(|v| v.to_str())
+                .map(str::to_string)
+                .ok_or_else(|| usage(&format!("{a} needs a value")))
+        };
+        match a.as_str() {
+            "-L" => label = value()?,
+            "-U" => uuid = parse_uuid_arg(&value()?).map_err(Failure::new)?,
+            "-c" | "--compression" => compression = value()?,
+            "-s" | "--size" => size = Some(parse_size(&value()?).map_err(Failure::new)?),
+            "-f" | "-F" | "--force" => force = true,
+            "-q" | "-v" | "-V" => {}
+            s if s.starts_with('-') && s.len() > 1 => {
+                return Err(usage(&format!("unknown option {s}")))
+            }
+            _ => positional.push(&argv[i]),
+        }
+        i += 1;
+    }
+    let (image, size) = match positional[..] {
+        [image] => (image, size),
+        [image, s] => (
+            image,
+            Some(parse_size(&s.to_string_lossy()).map_err(Failure::new)?),
+        ),
+        _ => return Err(usage("give one image")),
+    };
+    run(MkfsArgs {
+        image: Path::new(image),
+        size,
+        node_size: None,
+        compression: &compression,
+        force,
+        label: &label,
+        uuid,
+    })
 }
 
 /// The log size for an image of `size` bytes.
@@ -44,6 +110,7 @@ fn progress(msg: &str) {
 
 /// Runs `mkfs`.
 pub fn run(a: MkfsArgs<'_>) -> CliResult {
+    amaranth_engine::check_label(a.label).map_err(|e| Failure::new(format!("bad label: {e}")))?;
     let compression = Compression::from_name(a.compression).ok_or_else(|| {
         Failure::new(format!(
             "unknown compression {:?} (choose none, lz4 or zstd)",
@@ -135,21 +202,32 @@ pub fn run(a: MkfsArgs<'_>) -> CliResult {
             a.image.display()
         ))
     })?;
+    let (random_uuid, _) = engine.identity();
+    engine
+        .set_identity(a.uuid.unwrap_or(random_uuid), a.label)
+        .map_err(|e| Failure::new(format!("cannot set the label and uuid: {e}")))?;
     // SAFETY: getuid/getgid have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     progress("creating the root directory");
     Fs::mkfs(&engine, uid, gid)
         .map_err(|e| Failure::new(format!("cannot create the file system: {e}")))?;
     let stats = engine.stats();
+    let (uuid, _) = engine.identity();
     engine
         .close()
         .map_err(|e| Failure::new(format!("cannot close the new image: {e}")))?;
     if let Some(c) = created.as_mut() {
         c.keep();
     }
+    let label = if a.label.is_empty() {
+        String::new()
+    } else {
+        format!(", label {:?}", a.label)
+    };
     say!(
-        "created an Amaranth file system on {}: {} ({} for data), {} log, {} nodes, compression {}, root owned by {uid}:{gid}",
+        "created an Amaranth file system on {}: uuid {}{label}, {} ({} for data), {} log, {} nodes, compression {}, root owned by {uid}:{gid}",
         a.image.display(),
+        amaranth_engine::format_uuid(&uuid),
         human(len),
         human(stats.data_bytes),
         human(format.log_size.unwrap_or(0)),

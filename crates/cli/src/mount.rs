@@ -1,7 +1,6 @@
 //! `amaranth mount`: checks, daemonizes, serves the file system until it is unmounted or the
 //! daemon is signalled, then closes the engine (a final checkpoint).
 
-use std::ffi::OsString;
 use std::io::{self, Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -14,11 +13,13 @@ use amaranth_fs::{Fs, FsOptions};
 use amaranth_fuse::{MountOptions, Transport, Unmounter};
 
 use crate::files::{self, Create};
+use crate::options::{Origin, Parsed};
+use crate::release;
 use crate::rundir::{self, RunDir};
-use crate::util::{self, human, parse_size, CliResult, Failure};
+use crate::util::{self, human, CliResult, Failure};
 
 /// What `mount` was asked for.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct MountArgs {
     /// Image file or block device.
     pub image: PathBuf,
@@ -38,6 +39,31 @@ pub struct MountArgs {
     pub options: Vec<String>,
     /// Log file (background mode).
     pub log_file: Option<PathBuf>,
+    /// Who asked (decides the defaults of `dev`, `suid`, `exec`).
+    pub origin: Origin,
+    /// Print nothing on success (as `mount(8)` helpers do).
+    pub quiet: bool,
+    /// The type's name after `fuse.` (`amaranth`, or `amaranth-NAME` for helpers installed so).
+    pub subtype: String,
+}
+
+impl Default for MountArgs {
+    fn default() -> MountArgs {
+        MountArgs {
+            image: PathBuf::new(),
+            dir: PathBuf::new(),
+            foreground: false,
+            cache_size: None,
+            threads: None,
+            transport: None,
+            pid_file: None,
+            options: Vec::new(),
+            log_file: None,
+            origin: Origin::Cli,
+            quiet: false,
+            subtype: amaranth_fuse::SUBTYPE.to_string(),
+        }
+    }
 }
 
 /// Everything decided before the daemon starts.
@@ -48,6 +74,7 @@ struct Plan {
     format: Format,
     engine_opts: Options,
     mount_opts: MountOptions,
+    fs_opts: FsOptions,
     pid_file: Option<PathBuf>,
     log_file: PathBuf,
     /// The log file lives in the run directory (opened through it).
@@ -56,75 +83,22 @@ struct Plan {
     foreground: bool,
     /// Why the cache is smaller than asked (logged at startup).
     cache_note: Option<String>,
+    quiet: bool,
 }
 
-/// Applies `-o` options (comma-separated lists, as `mount(8)` passes them).
-fn apply_options(args: &mut MountArgs, m: &mut MountOptions) -> CliResult {
-    let lists = std::mem::take(&mut args.options);
-    for opt in lists.iter().flat_map(|l| l.split(',')) {
-        let opt = opt.trim();
-        if opt.is_empty() {
-            continue;
-        }
-        let (key, val) = match opt.split_once('=') {
-            Some((k, v)) => (k, Some(v)),
-            None => (opt, None),
-        };
-        fn value<'a>(key: &str, v: Option<&'a str>) -> CliResult<&'a str> {
-            v.ok_or_else(|| Failure::new(format!("mount option {key} needs a value ({key}=...)")))
-        }
-        let need = |v| value(key, v);
-        match key {
-            "cache_size" | "cache-size" => {
-                args.cache_size = Some(parse_size(need(val)?).map_err(Failure::new)?)
-            }
-            "threads" => {
-                args.threads = Some(need(val)?.parse().map_err(|_| {
-                    Failure::new(format!("bad threads value {:?}", val.unwrap_or("")))
-                })?)
-            }
-            "transport" => args.transport = Some(need(val)?.to_string()),
-            "log" | "log_file" => args.log_file = Some(PathBuf::from(need(val)?)),
-            "pid_file" | "pidfile" => args.pid_file = Some(PathBuf::from(need(val)?)),
-            "read_ahead_kb" => {
-                m.read_ahead_kb = Some(need(val)?.parse().map_err(|_| {
-                    Failure::new(format!("bad read_ahead_kb value {:?}", val.unwrap_or("")))
-                })?)
-            }
-            "foreground" => args.foreground = true,
-            "ro" => m.read_only = true,
-            "rw" => m.read_only = false,
-            "dev" => m.dev = true,
-            "nodev" => m.dev = false,
-            "suid" => m.suid = true,
-            "nosuid" => m.suid = false,
-            "exec" => m.noexec = false,
-            "noexec" => m.noexec = true,
-            "noatime" => m.noatime = true,
-            "atime" | "relatime" | "strictatime" | "nodiratime" | "diratime" => m.noatime = false,
-            "allow_other" | "allow_root" => m.allow_other = true,
-            "default_permissions" => m.default_permissions = true,
-            // mount(8)/fstab options that are not ours to act on.
-            "defaults" | "auto" | "noauto" | "user" | "users" | "nouser" | "owner" | "group"
-            | "_netdev" | "nofail" | "async" | "sync" | "dirsync" | "fsname" | "subtype"
-            | "comment" | "loop" => {}
-            k if k.starts_with("x-") => {}
-            _ => return Err(Failure::new(format!("unknown mount option {opt:?}"))),
-        }
-    }
-    Ok(())
-}
-
-/// Checks that `dir` can be mounted on: exists, a directory, empty, not a mount point.
+/// Checks that `dir` can be mounted on: exists, a directory, not a mount point of ours already.
+/// A directory that holds files is fine (they are hidden while mounted, as with any file system).
 fn check_mountpoint(dir: &Path) -> CliResult<PathBuf> {
     let mp = util::absolute(dir).map_err(|e| Failure::new(format!("{}: {e}", dir.display())))?;
     if let Some(m) = amaranth_fuse::find_mount(&mp) {
-        return Err(Failure::new(format!(
-            "{} is already a mount point ({} of type {}); unmount it first",
-            mp.display(),
-            m.source,
-            m.fstype
-        )));
+        if amaranth_fuse::is_amaranth_type(&m.fstype) {
+            return Err(Failure::new(format!(
+                "{} is already a mount point ({} of type {}); unmount it first",
+                mp.display(),
+                m.source,
+                m.fstype
+            )));
+        }
     }
     let meta = std::fs::metadata(&mp).map_err(|e| {
         Failure::new(match e.kind() {
@@ -138,54 +112,63 @@ fn check_mountpoint(dir: &Path) -> CliResult<PathBuf> {
             mp.display()
         )));
     }
-    let mut entries = std::fs::read_dir(&mp)
-        .map_err(|e| Failure::new(format!("mount point {}: {e}", mp.display())))?;
-    if entries.next().is_some() {
-        return Err(Failure::new(format!(
-            "mount point {} is not empty",
-            mp.display()
-        )));
-    }
     Ok(mp)
 }
 
-/// Opens and validates the image (before forking, so errors reach the terminal).
+/// Opens the image (before forking, so errors reach the terminal). A read-only mount still opens
+/// a writable image for writing (nothing is written until a `remount,rw`); only an image that
+/// cannot be written is opened read-only.
+fn open_device(abs: &Path, read_only: bool) -> io::Result<FileDevice> {
+    if !read_only {
+        return FileDevice::open(abs);
+    }
+    match FileDevice::open(abs) {
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EACCES | libc::EROFS | libc::EPERM)
+            ) =>
+        {
+            FileDevice::open_read_only(abs)
+        }
+        r => r,
+    }
+}
+
+/// Opens and validates the image; waits (bounded) for a daemon still releasing it.
 fn open_image(image: &Path, read_only: bool) -> CliResult<(PathBuf, FileDevice, Format)> {
     let abs =
         util::absolute(image).map_err(|e| Failure::new(format!("{}: {e}", image.display())))?;
-    let open = if read_only {
-        FileDevice::open_read_only(&abs)
-    } else {
-        FileDevice::open(&abs)
-    };
-    let dev = open.map_err(|e| {
-        Failure::new(match e.kind() {
-            io::ErrorKind::NotFound => format!(
-                "image {} does not exist (create one with `amaranth mkfs {} --size 8G`)",
-                abs.display(),
-                abs.display()
-            ),
-            io::ErrorKind::ResourceBusy => {
-                let src = abs.display().to_string();
-                match amaranth_fuse::mounts()
-                    .into_iter()
-                    .find(|m| m.source == src)
-                {
-                    Some(m) => format!(
-                        "image {} is already mounted at {}",
-                        abs.display(),
-                        m.mountpoint.display()
-                    ),
-                    None => format!("image {} is in use: {e}", abs.display()),
+    let dev = release::wait_while_released(&abs, "mount", || open_device(&abs, read_only))
+        .map_err(|e| {
+            Failure::new(match e.kind() {
+                io::ErrorKind::NotFound => format!(
+                    "image {} does not exist (create one with `amaranth mkfs {} --size 8G`)",
+                    abs.display(),
+                    abs.display()
+                ),
+                io::ErrorKind::ResourceBusy => {
+                    let src = abs.display().to_string();
+                    match amaranth_fuse::mounts()
+                        .into_iter()
+                        .find(|m| m.source == src)
+                    {
+                        Some(m) => format!(
+                            "image {} is already mounted at {}",
+                            abs.display(),
+                            m.mountpoint.display()
+                        ),
+                        None => format!("image {} is in use: {e}", abs.display()),
+                    }
                 }
-            }
-            _ => format!("cannot open image {}: {e}", abs.display()),
-        })
-    })?;
+                _ => format!("cannot open image {}: {e}", abs.display()),
+            })
+        })?;
     let sb = Superblock::read_newest(&dev, false).map_err(|e| {
         Failure::new(match e {
             Error::BadMagic(_) | Error::TooSmall(_) => format!(
-                "{} is not an Amaranth image ({e}); create one with `amaranth mkfs`",
+                "{} is not an Amaranth image (no Amaranth superblock at its start); create one \
+                 with `amaranth mkfs`",
                 abs.display()
             ),
             _ => format!(
@@ -214,27 +197,85 @@ fn default_cache(image_len: u64, format: &Format) -> u64 {
         .max(min)
 }
 
-fn plan(mut args: MountArgs) -> CliResult<Plan> {
-    let mut mount_opts = MountOptions {
-        // Other users may use a mount root made (the kernel checks permissions); for others
-        // fusermount3 would refuse allow_other unless /etc/fuse.conf has user_allow_other.
-        allow_other: util::is_root(),
-        ..MountOptions::default()
-    };
-    apply_options(&mut args, &mut mount_opts)?;
-    let mountpoint = check_mountpoint(&args.dir)?;
-    let (image, dev, format) = open_image(&args.image, mount_opts.read_only)?;
-    let cache = match args.cache_size {
-        Some(c) if c > util::total_memory() => {
-            return Err(Failure::new(format!(
-                "--cache-size {} is more than this machine's memory ({})",
-                human(c),
-                human(util::total_memory())
+/// Checks, before anything else happens, that this user can open `/dev/fuse`: a mount that would
+/// fail there says why and what to do, once.
+fn check_dev_fuse() -> CliResult {
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse");
+    match opened {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(Failure::new(
+            "/dev/fuse does not exist: load the fuse module (`modprobe fuse`) or, in a container, \
+             pass the device in",
+        )),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
+            let meta = std::fs::metadata("/dev/fuse").ok();
+            let (mode, gid) = meta
+                .map(|m| {
+                    use std::os::unix::fs::MetadataExt;
+                    (m.mode() & 0o777, m.gid())
+                })
+                .unwrap_or((0, 0));
+            Err(Failure::new(format!(
+                "cannot open /dev/fuse: {e} (mode {mode:04o}, group id {gid}): this user may not \
+                 use FUSE; as root, make /dev/fuse usable by it (most distributions use mode 0666, \
+                 or add the user to the group that owns it), or mount as root; sharing the mount \
+                 with other users (allow_other) also needs `user_allow_other` in /etc/fuse.conf"
             )))
         }
-        Some(c) => c,
-        None => default_cache(dev.len(), &format),
-    };
+        Err(e) => Err(Failure::new(format!("cannot open /dev/fuse: {e}"))),
+    }
+}
+
+/// A path given relative to the caller's directory, made absolute (the daemon runs in `/`).
+fn from_caller(p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir().unwrap_or_default().join(p)
+    }
+}
+
+fn plan(args: MountArgs) -> CliResult<Plan> {
+    let mut parsed = Parsed::defaults(args.origin, util::is_root());
+    parsed.apply(&args.options)?;
+    if parsed.remount {
+        return Err(Failure::new(
+            "remount is handled by the mount helper (mount -o remount,... DIR)",
+        ));
+    }
+    let Parsed {
+        mount: mut mount_opts,
+        ..
+    } = parsed.clone();
+    let cache_size = parsed.cache_size.or(args.cache_size);
+    let threads = parsed.threads.or(args.threads);
+    let log_file = parsed.log_file.or(args.log_file).map(|p| from_caller(&p));
+    let pid_file = parsed.pid_file.or(args.pid_file).map(|p| from_caller(&p));
+    let foreground = parsed.foreground || args.foreground;
+    let threads = threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+            .clamp(1, 8)
+    });
+    if threads == 0 || threads > 64 {
+        return Err(Failure::new("threads must be between 1 and 64"));
+    }
+    if let Some(c) = cache_size.filter(|&c| c > util::total_memory()) {
+        return Err(Failure::new(format!(
+            "cache_size {} is more than this machine's memory ({})",
+            human(c),
+            human(util::total_memory())
+        )));
+    }
+    let mountpoint = check_mountpoint(&args.dir)?;
+    let run = RunDir::create()?;
+    check_dev_fuse()?;
+    let (image, dev, format) = open_image(&args.image, mount_opts.read_only)?;
+    let cache = cache_size.unwrap_or_else(|| default_cache(dev.len(), &format));
     // Shrink the cache to what the memory cgroup or physical memory allows (said on stderr and,
     // at startup, in the log).
     let (allowed, what) = crate::memlimit::memory_limit();
@@ -250,18 +291,9 @@ fn plan(mut args: MountArgs) -> CliResult<Plan> {
     };
     engine_opts
         .validate(&format)
-        .map_err(|e| Failure::new(format!("bad --cache-size: {e}")))?;
-    let threads = args.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2)
-            .clamp(1, 8)
-    });
-    if threads == 0 || threads > 64 {
-        return Err(Failure::new("--threads must be between 1 and 64"));
-    }
+        .map_err(|e| Failure::new(format!("bad cache size: {e}")))?;
     mount_opts.threads = threads;
-    if let Some(t) = &args.transport {
+    if let Some(t) = parsed.transport.as_ref().or(args.transport.as_ref()) {
         mount_opts.transport = Transport::parse(t).ok_or_else(|| {
             Failure::new(format!(
                 "bad --transport {t:?}: expected uring, dev or auto"
@@ -269,21 +301,22 @@ fn plan(mut args: MountArgs) -> CliResult<Plan> {
         })?;
     }
     mount_opts.fsname = image.display().to_string();
-    let run = RunDir::create()?;
+    mount_opts.subtype = args.subtype.clone();
+    let fs_opts = FsOptions {
+        relatime: !mount_opts.noatime,
+        strictatime: mount_opts.strictatime,
+        lazytime: mount_opts.lazytime,
+        // dirsync: every change is made durable, directory changes among them.
+        sync: mount_opts.sync || mount_opts.dirsync,
+        ..FsOptions::default()
+    };
     let name = rundir::mount_name(&mountpoint);
-    let log_in_run_dir = args.log_file.is_none() && !util::is_root();
-    let log_file = args.log_file.clone().unwrap_or_else(|| {
+    let log_in_run_dir = log_file.is_none() && !util::is_root();
+    let log_file = log_file.unwrap_or_else(|| {
         if util::is_root() {
             PathBuf::from(format!("/var/log/amaranth-{name}.log"))
         } else {
             run.path().join(format!("{name}.log"))
-        }
-    });
-    let pid_file = args.pid_file.as_ref().map(|p| {
-        if p.is_absolute() {
-            p.clone()
-        } else {
-            std::env::current_dir().unwrap_or_default().join(p)
         }
     });
     if let Some(p) = &pid_file {
@@ -297,11 +330,13 @@ fn plan(mut args: MountArgs) -> CliResult<Plan> {
         format,
         engine_opts,
         mount_opts,
+        fs_opts,
         pid_file,
         log_file,
         log_in_run_dir,
         run,
-        foreground: args.foreground,
+        foreground,
+        quiet: args.quiet,
         cache_note,
     })
 }
@@ -351,6 +386,7 @@ pub fn run(args: MountArgs) -> CliResult {
     let mountpoint = plan.mountpoint.clone();
     let image = plan.image.clone();
     let log_file = plan.log_file.clone();
+    let quiet = plan.quiet;
     // SAFETY: the process is single-threaded here (no thread was started yet).
     let pid = unsafe { libc::fork() };
     if pid < 0 {
@@ -361,7 +397,7 @@ pub fn run(args: MountArgs) -> CliResult {
     }
     if pid > 0 {
         drop(wr);
-        return wait_for_child(rd, pid, &image, &mountpoint, &log_file);
+        return wait_for_child(rd, pid, &image, &mountpoint, &log_file, quiet);
     }
     // The daemon.
     drop(rd);
@@ -393,11 +429,15 @@ fn wait_for_child(
     image: &Path,
     mountpoint: &Path,
     log_file: &Path,
+    quiet: bool,
 ) -> CliResult {
     let mut msg = String::new();
     let _ = std::fs::File::from(rd).read_to_string(&mut msg);
     let msg = msg.trim();
     if let Some(transport) = msg.strip_prefix("OK ") {
+        if quiet {
+            return Ok(());
+        }
         say!(
             "mounted {} on {} (daemon pid {pid}, log {}, transport {})",
             image.display(),
@@ -510,6 +550,7 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
         format,
         engine_opts,
         mount_opts,
+        fs_opts,
         pid_file,
         run,
         foreground,
@@ -548,7 +589,7 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
             st.skipped_records
         );
     }
-    let fs = match Fs::new(engine.clone(), FsOptions::default()) {
+    let fs = match Fs::new(engine.clone(), fs_opts) {
         Ok(fs) => Arc::new(fs),
         Err(e) => {
             let _ = close_engine(engine);
@@ -700,58 +741,4 @@ fn spawn_signal_thread(unmounter: Unmounter) {
                 }
             }
         });
-}
-
-/// `mount.fuse.amaranth IMAGE DIR [-o OPTS] [-n] [-s] [-f] [-v] [-t TYPE]`, as `mount(8)` calls
-/// it for `mount -t fuse.amaranth` and fstab lines.
-pub fn helper(argv: &[OsString]) -> CliResult {
-    use std::os::unix::ffi::{OsStrExt, OsStringExt};
-    let utf8 = |a: &OsString| -> CliResult<String> {
-        a.to_str()
-            .map(str::to_string)
-            .ok_or_else(|| Failure::new(format!("mount options must be UTF-8: {a:?}")))
-    };
-    let mut positional: Vec<OsString> = Vec::new();
-    let mut options = Vec::new();
-    let mut fake = false;
-    let mut i = 0;
-    while i < argv.len() {
-        let a = &argv[i];
-        match a.to_str().unwrap_or("") {
-            "-o" => {
-                i += 1;
-                let list = argv
-                    .get(i)
-                    .ok_or_else(|| Failure::new("-o needs an option list"))?;
-                options.push(utf8(list)?);
-            }
-            "-t" | "-N" => i += 1,
-            "-f" => fake = true,
-            "-n" | "-s" | "-v" | "-i" => {}
-            s if s.starts_with("-o") => options.push(s[2..].to_string()),
-            s if s.starts_with('-') && s.len() > 1 => {
-                return Err(Failure::new(format!("mount helper: unknown flag {s}")))
-            }
-            _ if a.as_bytes().starts_with(b"-") && a.len() > 1 => {
-                return Err(Failure::new(format!("mount helper: unknown flag {a:?}")))
-            }
-            _ => positional.push(a.clone()),
-        }
-        i += 1;
-    }
-    let [image, dir] = <[OsString; 2]>::try_from(positional)
-        .map_err(|_| Failure::new("usage: mount.fuse.amaranth IMAGE DIR [-o options]"))?;
-    if fake {
-        return Ok(());
-    }
-    let image = match image.as_bytes().strip_prefix(b"amaranth#") {
-        Some(rest) => OsString::from_vec(rest.to_vec()),
-        None => image,
-    };
-    run(MountArgs {
-        image: PathBuf::from(image),
-        dir: PathBuf::from(dir),
-        options,
-        ..MountArgs::default()
-    })
 }

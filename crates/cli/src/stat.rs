@@ -1,11 +1,9 @@
 //! `amaranth stat`: an image's parameters and tree (offline), or a running daemon's live counters
 //! (asked over its control socket).
 
-use std::io::{self, Read};
-use std::os::unix::net::UnixStream;
+use std::io;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use amaranth_device::{BlockDevice, FileDevice};
 use amaranth_engine::{Engine, Options, Stats, Superblock};
@@ -13,8 +11,7 @@ use amaranth_fs::Fs;
 use amaranth_fuse::{RequestCounts, Transport};
 use serde_json::{json, Value};
 
-use crate::files;
-use crate::rundir::{self, RunDir};
+use crate::rundir;
 use crate::util::{self, human, CliResult, Failure};
 
 /// The engine's counters as JSON (shared by the live and the offline report).
@@ -113,6 +110,8 @@ pub fn live_json(
             "requests_by_opcode": by_op,
         }),
     );
+    o.insert("read_only".into(), json!(fs.is_read_only()));
+    o.insert("options".into(), json!(format!("{:?}", fs.modes())));
     o.insert(
         "fs".into(),
         json!({
@@ -160,8 +159,7 @@ pub fn run(target: &Path, as_json: bool) -> CliResult {
 }
 
 fn live(mp: &Path, as_json: bool) -> CliResult {
-    let ours = amaranth_fuse::find_mount(mp)
-        .filter(|m| m.fstype == format!("fuse.{}", amaranth_fuse::SUBTYPE));
+    let ours = amaranth_fuse::find_mount(mp).filter(|m| amaranth_fuse::is_amaranth_type(&m.fstype));
     if ours.is_none() {
         return Err(Failure::new(format!(
             "{} is not an Amaranth mount point (give a mount point or an image)",
@@ -185,24 +183,9 @@ fn live(mp: &Path, as_json: bool) -> CliResult {
     Ok(())
 }
 
-/// Asks the daemon of `mp` for its live report, through the socket in our run directory; the
-/// daemon must be run by us or by root.
+/// Asks the daemon of `mp` for its live report (see `control::request`).
 pub fn query(mp: &Path) -> io::Result<Value> {
-    let run = RunDir::existing()
-        .map_err(|f| io::Error::new(io::ErrorKind::PermissionDenied, f.message))?
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no run directory"))?;
-    let mut s = UnixStream::connect(run.via_fd(&rundir::socket_name(mp)))?;
-    let peer = files::peer_uid(&s)?;
-    if !files::may_talk(peer, util::euid()) {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("the socket is served by uid {peer}, neither you nor root"),
-        ));
-    }
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    serde_json::from_str(&text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    crate::control::request(mp, &json!({ "op": "stat" }))
 }
 
 fn print_live(v: &Value) {
@@ -296,7 +279,7 @@ fn offline(image: &Path, as_json: bool) -> CliResult {
             let src = abs.display().to_string();
             if let Some(m) = amaranth_fuse::mounts()
                 .into_iter()
-                .find(|m| m.source == src && m.fstype.starts_with("fuse."))
+                .find(|m| m.source == src && amaranth_fuse::is_amaranth_type(&m.fstype))
             {
                 return live(&m.mountpoint, as_json);
             }
@@ -333,11 +316,12 @@ fn offline(image: &Path, as_json: bool) -> CliResult {
         .flatten()
         .and_then(|v| v.try_into().ok().map(u64::from_le_bytes));
     let _ = engine.close();
-    let uuid: String = sb.uuid.iter().map(|b| format!("{b:02x}")).collect();
+    let uuid = sb.uuid_string();
     let mut v = engine_json(&s);
     let o = v.as_object_mut().expect("an object");
     o.insert("image".into(), json!(image.display().to_string()));
     o.insert("uuid".into(), json!(uuid));
+    o.insert("label".into(), json!(sb.label));
     o.insert("clean".into(), json!(sb.clean));
     o.insert("created_unix".into(), json!(sb.created_unix));
     o.insert("checkpoint_unix".into(), json!(sb.checkpoint_unix));
@@ -360,6 +344,7 @@ fn offline(image: &Path, as_json: bool) -> CliResult {
     }
     say!("image:           {} ({})", image.display(), human(len));
     say!("uuid:            {uuid}");
+    say!("label:           {}", sb.label);
     say!(
         "format:          {} nodes, {} partitions, fanout {}, {} log, compression {:?}",
         human(format.node_size as u64),

@@ -1,5 +1,10 @@
-//! `amaranth umount`: unmounts and waits until the daemon has written its final checkpoint and
-//! exited.
+//! `amaranth umount` and the umount helper (`umount.fuse.amaranth`, which `umount(8)` runs for
+//! our mounts): unmounts and waits until the daemon has written its final checkpoint and exited,
+//! so that `umount DIR && mount IMG DIR` and `umount DIR && fsck IMG` always work.
+//!
+//! A lazy unmount (`-l`) detaches the mount and returns at once: the daemon serves the files still
+//! open and finishes (final checkpoint, exit) when the last of them is closed. `--timeout S` bounds
+//! the whole command, waiting for the daemon included.
 
 use std::ffi::CString;
 use std::io;
@@ -10,14 +15,64 @@ use std::time::{Duration, Instant};
 use crate::rundir::{self, RunDir};
 use crate::util::{self, CliResult, Failure};
 
-/// Runs `umount`.
+/// Runs `umount`, within `timeout` seconds if given.
 pub fn run(dir: &Path, lazy: bool, timeout: Option<u64>) -> CliResult {
+    let Some(t) = timeout else {
+        return unmount_and_wait(dir, lazy, None);
+    };
+    let limit = Duration::from_secs(t);
+    let Some(deadline) = Instant::now().checked_add(limit) else {
+        // Longer than this machine can count: no limit.
+        return unmount_and_wait(dir, lazy, None);
+    };
+    let dir = dir.to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // A thread, so that even a system call that hangs (a daemon that stopped answering) cannot
+    // hold the command past its timeout.
+    std::thread::spawn(move || {
+        let _ = tx.send(unmount_and_wait(&dir, lazy, Some(deadline)));
+    });
+    rx.recv_timeout(limit.saturating_add(Duration::from_millis(200)))
+        .unwrap_or_else(|_| {
+            Err(Failure::new(format!(
+                "gave up after {t} s (--timeout): the unmount or the daemon did not finish"
+            )))
+        })
+}
+
+/// `umount.fuse.amaranth DIR [-l] [-f] [-n] [-r] [-v] [-i] [-t TYPE] [-N NS]`, as `umount(8)`
+/// runs it.
+pub fn helper(argv: &[std::ffi::OsString]) -> CliResult {
+    let mut dir = None;
+    let mut lazy = false;
+    let mut i = 0;
+    while i < argv.len() {
+        let a = argv[i].to_string_lossy();
+        match a.as_ref() {
+            "-t" | "-N" => i += 1,
+            "-l" => lazy = true,
+            "-f" | "-n" | "-r" | "-v" | "-i" | "-d" | "-R" => {}
+            s if s.starts_with('-') && s.len() > 1 => {
+                return Err(Failure::new(format!("umount helper: unknown flag {s}")))
+            }
+            _ => {
+                if dir.replace(std::path::PathBuf::from(&argv[i])).is_some() {
+                    return Err(Failure::new("usage: umount.fuse.amaranth DIR [-l]"));
+                }
+            }
+        }
+        i += 1;
+    }
+    let dir = dir.ok_or_else(|| Failure::new("usage: umount.fuse.amaranth DIR [-l]"))?;
+    unmount_and_wait(&dir, lazy, None).map_err(crate::helpers::with_mount_code)
+}
+
+fn unmount_and_wait(dir: &Path, lazy: bool, deadline: Option<Instant>) -> CliResult {
     let mp = util::absolute(dir).map_err(|e| Failure::new(format!("{}: {e}", dir.display())))?;
     let Some(m) = amaranth_fuse::find_mount(&mp) else {
         return Err(Failure::new(format!("{} is not mounted", mp.display())));
     };
-    let ours = format!("fuse.{}", amaranth_fuse::SUBTYPE);
-    if m.fstype != ours {
+    if !amaranth_fuse::is_amaranth_type(&m.fstype) {
         return Err(Failure::new(format!(
             "{} is not an Amaranth mount (it is {} of type {})",
             mp.display(),
@@ -40,6 +95,10 @@ pub fn run(dir: &Path, lazy: bool, timeout: Option<u64>) -> CliResult {
                 .map(|p| p as i32)
         });
     unmount(&mp, lazy)?;
+    if lazy {
+        // The daemon finishes when the last user of the mount leaves; nothing to wait for here.
+        return Ok(());
+    }
     let Some(pid) = pid else {
         note!(
             "umount: unmounted {}, but the daemon's pid is unknown: not waiting for it",
@@ -54,12 +113,11 @@ pub fn run(dir: &Path, lazy: bool, timeout: Option<u64>) -> CliResult {
             note!("umount: waiting for the daemon (pid {pid}) to write its final checkpoint");
             told = true;
         }
-        if let Some(t) = timeout {
-            if start.elapsed() > Duration::from_secs(t) {
-                return Err(Failure::new(format!(
-                    "the daemon (pid {pid}) is still running {t} s after the unmount"
-                )));
-            }
+        if deadline.is_some_and(|d| Instant::now() > d) {
+            return Err(Failure::new(format!(
+                "the daemon (pid {pid}) is still running {:.0} s after the unmount (--timeout)",
+                start.elapsed().as_secs_f64()
+            )));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -77,7 +135,7 @@ fn unmount(mp: &Path, lazy: bool) -> CliResult {
             return Err(Failure::new(match e.raw_os_error() {
                 Some(libc::EBUSY) => format!(
                     "{} is busy (open files, or a process's working directory is inside); close \
-                     them or use --lazy",
+                     them, or unmount lazily (-l)",
                     mp.display()
                 ),
                 _ => format!("cannot unmount {}: {e}", mp.display()),

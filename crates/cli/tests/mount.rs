@@ -495,13 +495,13 @@ fn bad_input_is_refused_with_clear_messages() {
     fs::write(&junk, vec![0x5a; 1 << 20]).unwrap();
     let o = s.run(&["mount", junk.to_str().unwrap(), mp.to_str().unwrap()]);
     assert!(!o.status.success());
-    assert!(stderr_of(&o).contains("not an Amaranth image"));
-    let full = s.path("full");
-    fs::create_dir_all(&full).unwrap();
-    fs::write(full.join("x"), b"x").unwrap();
-    let o = s.run(&["mount", img.to_str().unwrap(), full.to_str().unwrap()]);
-    assert!(!o.status.success());
-    assert!(stderr_of(&o).contains("not empty"));
+    // Said once, not nested in itself (issue 17).
+    assert_eq!(
+        stderr_of(&o).matches("not an Amaranth image").count(),
+        1,
+        "{}",
+        stderr_of(&o)
+    );
     let o = s.run(&["mount", img.to_str().unwrap(), junk.to_str().unwrap()]);
     assert!(!o.status.success());
     assert!(stderr_of(&o).contains("not a directory"));

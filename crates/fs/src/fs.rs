@@ -24,6 +24,8 @@ use crate::table::{Table, ROOT_INO};
 mod readdir;
 mod times;
 
+pub use times::Modes;
+
 /// Version of the file-system schema stored in `s/format` (2: names carry their hash, so a
 /// directory's children are in hash order; version-1 images are refused).
 pub const SCHEMA_VERSION: u32 = 2;
@@ -216,6 +218,8 @@ pub struct Fs {
     deletions: AtomicU64,
     /// Inodes whose access time changed in memory only (`lazytime`).
     lazy_atimes: Mutex<std::collections::HashSet<u64>>,
+    /// Access-time and sync settings (changed by a remount).
+    modes: Mutex<times::Modes>,
     /// Counters.
     pub counters: FsCounters,
 }
@@ -282,6 +286,7 @@ impl Fs {
         };
         let next = u64_value(engine.get(&keys::system_key("next_ino"))?).ok_or(Errno::EIO)?;
         let used = u64_value(engine.get(&keys::system_key("inodes"))?).unwrap_or(1);
+        let modes = Mutex::new(times::Modes::from_options(&opts));
         let fs = Fs {
             engine,
             opts,
@@ -299,6 +304,7 @@ impl Fs {
             last_reclaim: Mutex::new((None, 0, 0)),
             deletions: AtomicU64::new(0),
             lazy_atimes: Mutex::new(std::collections::HashSet::new()),
+            modes,
             counters: FsCounters::default(),
         };
         let charged = fs.engine.clone();

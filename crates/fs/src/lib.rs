@@ -18,7 +18,7 @@ mod table;
 
 pub use error::{Errno, Result};
 pub use fs::{
-    write_ops, zero_ops, Ctx, DirEntry, Fs, FsCounters, FsOptions, SetAttr, SetTime, StatFs,
+    write_ops, zero_ops, Ctx, DirEntry, Fs, FsCounters, FsOptions, Modes, SetAttr, SetTime, StatFs,
     COPY_MAX, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, NAME_MAX,
     RENAME_EXCHANGE, RENAME_NOREPLACE, SCHEMA_VERSION, SYMLINK_MAX, XATTR_VALUE_MAX,
 };

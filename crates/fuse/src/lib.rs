@@ -51,7 +51,8 @@ use amaranth_fs::{Fs, ROOT_INO};
 
 use crate::adapter::Adapter;
 
-/// The file-system type shown in `/proc/mounts` is `fuse.` followed by this.
+/// The file-system type shown in `/proc/mounts` is `fuse.` followed by this (or by this, a dash
+/// and a name: helpers installed under another type, `install-helper --type amaranth-NAME`).
 pub const SUBTYPE: &str = "amaranth";
 
 /// The kernel module parameter that lets FUSE connections use io_uring.
@@ -93,11 +94,34 @@ impl Transport {
     }
 }
 
+/// Whether a type from `/proc/mounts` is one of ours: `fuse.amaranth` or `fuse.amaranth-NAME`.
+pub fn is_amaranth_type(fstype: &str) -> bool {
+    fstype
+        .strip_prefix("fuse.")
+        .is_some_and(is_amaranth_subtype)
+}
+
+/// Whether `subtype` is `amaranth` or `amaranth-NAME` (NAME: letters, digits, `_`, `-`, `.`).
+pub fn is_amaranth_subtype(subtype: &str) -> bool {
+    match subtype.strip_prefix(SUBTYPE) {
+        Some("") => true,
+        Some(rest) => rest.strip_prefix('-').is_some_and(|n| {
+            !n.is_empty()
+                && n.len() <= 64
+                && n.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+        }),
+        None => false,
+    }
+}
+
 /// How to mount.
 #[derive(Clone, Debug)]
 pub struct MountOptions {
     /// Name shown as the mount's source (the image path).
     pub fsname: String,
+    /// Type shown as `fuse.SUBTYPE` (`amaranth`, or `amaranth-NAME`).
+    pub subtype: String,
     /// Threads serving `/dev/fuse` (each with its own descriptor when more than one); with
     /// io_uring, one thread per CPU serves the ring and one thread `/dev/fuse`.
     pub threads: usize,
@@ -119,6 +143,14 @@ pub struct MountOptions {
     pub noexec: bool,
     /// Do not update access times (`noatime`).
     pub noatime: bool,
+    /// Update access times on every access (`strictatime`; default relatime).
+    pub strictatime: bool,
+    /// Access times kept in memory for a while (`lazytime`).
+    pub lazytime: bool,
+    /// Every write synchronous (`sync`).
+    pub sync: bool,
+    /// Directory changes synchronous (`dirsync`).
+    pub dirsync: bool,
     /// Entry and attribute lifetime in the kernel.
     pub ttl: Duration,
     /// Lifetime of cached misses (negative entries); zero turns them off.
@@ -131,6 +163,7 @@ impl Default for MountOptions {
     fn default() -> MountOptions {
         MountOptions {
             fsname: "amaranth".into(),
+            subtype: SUBTYPE.into(),
             threads: 2,
             transport: Transport::Auto,
             ring_depth: 8,
@@ -141,6 +174,10 @@ impl Default for MountOptions {
             suid: false,
             noexec: false,
             noatime: false,
+            strictatime: false,
+            lazytime: false,
+            sync: false,
+            dirsync: false,
             ttl: Duration::from_secs(3600),
             negative_ttl: Duration::from_secs(3600),
             read_ahead_kb: Some(1024),
@@ -345,7 +382,7 @@ fn mount_fusermount(mountpoint: &Path, o: &MountOptions) -> io::Result<OwnedFd> 
     unsafe { libc::fcntl(ours.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
     let mut opts = vec![
         format!("fsname={}", o.fsname.replace(',', "\\,")),
-        format!("subtype={SUBTYPE}"),
+        format!("subtype={}", o.subtype),
         if o.read_only { "ro" } else { "rw" }.to_string(),
     ];
     for (on, name) in [
@@ -355,6 +392,10 @@ fn mount_fusermount(mountpoint: &Path, o: &MountOptions) -> io::Result<OwnedFd> 
         (!o.suid, "nosuid"),
         (o.noexec, "noexec"),
         (o.noatime, "noatime"),
+        (!o.noatime && o.strictatime, "strictatime"),
+        (o.lazytime, "lazytime"),
+        (o.sync, "sync"),
+        (o.dirsync, "dirsync"),
     ] {
         if on {
             opts.push(name.to_string());
@@ -436,18 +477,13 @@ fn mount_direct(mountpoint: &Path, o: &MountOptions, root_mode: u32) -> io::Resu
     if o.noexec {
         flags |= libc::MS_NOEXEC;
     }
-    if o.noatime {
-        flags |= libc::MS_NOATIME;
-    }
-    if o.read_only {
-        flags |= libc::MS_RDONLY;
-    }
+    flags |= mount_flags(o);
     let cstr = |s: &[u8]| {
         CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in a name"))
     };
     let source = cstr(o.fsname.as_bytes())?;
     let target = cstr(mountpoint.as_os_str().as_bytes())?;
-    let fstype = cstr(format!("fuse.{SUBTYPE}").as_bytes())?;
+    let fstype = cstr(format!("fuse.{}", o.subtype).as_bytes())?;
     let cdata = cstr(data.as_bytes())?;
     // SAFETY: all pointers are valid NUL-terminated strings that outlive the call.
     let rc = unsafe {
@@ -467,6 +503,32 @@ fn mount_direct(mountpoint: &Path, o: &MountOptions, root_mode: u32) -> io::Resu
         ));
     }
     Ok(fd)
+}
+
+/// The `mount(2)` flags for the access-time, synchronous and read-only options (the `dev`, `suid`
+/// and `exec` ones are added by the caller).
+pub fn mount_flags(o: &MountOptions) -> libc::c_ulong {
+    let mut flags: libc::c_ulong = 0;
+    if o.noatime {
+        flags |= libc::MS_NOATIME;
+    } else if o.strictatime {
+        flags |= libc::MS_STRICTATIME;
+    } else {
+        flags |= libc::MS_RELATIME;
+    }
+    if o.lazytime {
+        flags |= libc::MS_LAZYTIME;
+    }
+    if o.sync {
+        flags |= libc::MS_SYNCHRONOUS;
+    }
+    if o.dirsync {
+        flags |= libc::MS_DIRSYNC;
+    }
+    if o.read_only {
+        flags |= libc::MS_RDONLY;
+    }
+    flags
 }
 
 fn umount2(mountpoint: &Path, flags: libc::c_int) -> io::Result<()> {

@@ -11,26 +11,65 @@ use std::sync::Arc;
 use amaranth_engine::{Batch, Lsn};
 use parking_lot::Mutex;
 
-use super::Fs;
+use super::{Fs, FsOptions};
 use crate::error::Result;
 use crate::inode::{Inode, Meta, Time};
 use crate::keys;
 
+/// The access-time and sync settings, which a remount can change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Modes {
+    /// Update access times on read (false: `noatime`).
+    pub relatime: bool,
+    /// On every read, not by relatime rules.
+    pub strictatime: bool,
+    /// Keep access-time updates in memory for a while.
+    pub lazytime: bool,
+    /// Every change durable before its call returns.
+    pub sync: bool,
+}
+
+impl Modes {
+    pub(super) fn from_options(o: &FsOptions) -> Modes {
+        Modes {
+            relatime: o.relatime,
+            strictatime: o.strictatime,
+            lazytime: o.lazytime,
+            sync: o.sync,
+        }
+    }
+}
+
 impl Fs {
+    /// The access-time and sync settings in force.
+    pub fn modes(&self) -> Modes {
+        *self.modes.lock()
+    }
+
+    /// Changes the access-time and sync settings (a remount). Access times kept in memory are
+    /// written when `lazytime` is turned off.
+    pub fn set_modes(&self, modes: Modes) {
+        let was_lazy = std::mem::replace(&mut *self.modes.lock(), modes).lazytime;
+        if was_lazy && !modes.lazytime && !self.engine.is_read_only() {
+            self.write_lazy_atimes();
+        }
+    }
+
     /// After a read of `ino` (whose key is `fk`): updates its access time as the options say.
     pub(super) fn touch_atime(&self, ino: u64, shared: &Arc<Mutex<Inode>>, fk: &[u8]) {
-        if !self.opts.relatime || self.engine.is_read_only() {
+        let modes = self.modes();
+        if !modes.relatime || self.engine.is_read_only() {
             return;
         }
         let mut i = shared.lock();
         let now = Time::now();
         let recent = i.atime > i.mtime && i.atime > i.ctime && now.sec - i.atime.sec < 24 * 3600;
-        if recent && !self.opts.strictatime {
+        if recent && !modes.strictatime {
             return;
         }
         let mut next = i.clone();
         next.atime = now;
-        if self.opts.lazytime {
+        if modes.lazytime {
             *i = next;
             self.lazy_atimes.lock().insert(ino);
             return;
@@ -79,7 +118,7 @@ impl Fs {
 
     /// On a `sync` mount, waits until the batch `lsn` is durable.
     pub(super) fn sync_if_wanted(&self, lsn: Lsn) -> Result<()> {
-        if self.opts.sync {
+        if self.modes().sync {
             self.engine.sync_to(lsn)?;
         }
         Ok(())
