@@ -246,6 +246,8 @@ pub fn check(engine: &Engine, repair: bool, mut progress: impl FnMut(&str)) -> C
     };
     match engine.get(&keys::system_key("format")) {
         Ok(Some(v)) if v == crate::fs::SCHEMA_VERSION.to_le_bytes() => {}
+        // Schema 2 (before the inode index) is upgraded at the next writable mount.
+        Ok(Some(v)) if v == 2u32.to_le_bytes() => {}
         Ok(other) => problem(
             &mut r,
             Class::BadSchema,

@@ -21,14 +21,16 @@ use crate::inode::{Inode, Kind, Meta, Time};
 use crate::keys::{self, BLOCK};
 use crate::table::{Table, ROOT_INO};
 
+mod handles;
 mod readdir;
 mod times;
 
 pub use times::Modes;
 
 /// Version of the file-system schema stored in `s/format` (2: names carry their hash, so a
-/// directory's children are in hash order; version-1 images are refused).
-pub const SCHEMA_VERSION: u32 = 2;
+/// directory's children are in hash order; 3: the inode index, see `fs/handles.rs`). Version-1
+/// images are refused; version 2 is upgraded at its first writable mount.
+pub const SCHEMA_VERSION: u32 = 3;
 /// Longest file name.
 pub const NAME_MAX: usize = 255;
 /// Longest symlink target.
@@ -220,6 +222,8 @@ pub struct Fs {
     lazy_atimes: Mutex<std::collections::HashSet<u64>>,
     /// Access-time and sync settings (changed by a remount).
     modes: Mutex<times::Modes>,
+    /// The image's schema (2 until the inode index is built).
+    schema: u32,
     /// Counters.
     pub counters: FsCounters,
 }
@@ -263,8 +267,9 @@ impl Fs {
     /// when the previous session ended.
     pub fn new(engine: Arc<Engine>, opts: FsOptions) -> Result<Fs> {
         let version = engine.get(&keys::system_key("format"))?;
+        let schema = handles::schema_of(version.clone());
         match version.as_deref() {
-            Some(v) if v == SCHEMA_VERSION.to_le_bytes() => {}
+            Some(_) if schema.is_some() => {}
             Some(v) => {
                 log::error!(
                     "amaranth: unsupported file-system schema {v:?} (this version reads schema \
@@ -305,6 +310,7 @@ impl Fs {
             deletions: AtomicU64::new(0),
             lazy_atimes: Mutex::new(std::collections::HashSet::new()),
             modes,
+            schema: schema.expect("checked above"),
             counters: FsCounters::default(),
         };
         let charged = fs.engine.clone();
@@ -314,6 +320,20 @@ impl Fs {
         if !fs.engine.is_read_only() {
             // Read-only: they stay until the file system is writable again.
             fs.remove_orphans()?;
+        }
+        let mut fs = fs;
+        if !fs.has_index() {
+            if fs.engine.is_read_only() {
+                log::warn!(
+                    "amaranth: this image has no inode index yet (schema {}); file handles of \
+                     inodes the kernel forgot are stale until a writable mount builds it",
+                    fs.schema
+                );
+            } else {
+                let n = fs.build_index()?;
+                fs.schema = SCHEMA_VERSION;
+                log::info!("amaranth: built the inode index ({n} names); schema {SCHEMA_VERSION}");
+            }
         }
         Ok(fs)
     }
@@ -343,6 +363,7 @@ impl Fs {
         for i in orphans {
             let mut b = Batch::new();
             self.delete_file_ops(&mut b, &keys::home_key(i.ino));
+            handles::index_drop(&mut b, i.ino);
             self.count_inodes(&mut b, -1);
             self.commit(&mut b)?;
             log::info!(
@@ -594,7 +615,7 @@ impl Fs {
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Inode> {
         let _ns = self.ns.read();
         if name == b"." {
-            return self.lookup_ino(parent);
+            return self.lookup_by_number(parent);
         }
         if name == b".." {
             let p = self
@@ -780,6 +801,7 @@ impl Fs {
         }
         b.put(keys::meta_key(&key), inode.encode());
         b.put(keys::meta_key(&dkey), next_dir.encode());
+        handles::index_at(&mut b, ino, parent, name);
         self.count_inodes(&mut b, 1);
         self.commit(&mut b)?;
         *dir = next_dir;
@@ -915,6 +937,7 @@ impl Fs {
             let home = keys::home_key(ino);
             if after.nlink == 0 && !open {
                 self.delete_file_ops(b, &home);
+                handles::index_drop(b, ino);
                 self.count_inodes(b, -1);
             } else {
                 b.put(keys::meta_key(&home), after.encode());
@@ -925,8 +948,10 @@ impl Fs {
             self.home_ops(b, &found.key, ino);
             b.delete(keys::meta_key(&found.key));
             b.put(keys::meta_key(&keys::home_key(ino)), after.encode());
+            handles::index_home(b, ino);
         } else {
             self.delete_file_ops(b, &found.key);
+            handles::index_drop(b, ino);
             self.count_inodes(b, -1);
         }
         Ok(after)
@@ -974,6 +999,7 @@ impl Fs {
         let now = Time::now();
         let mut b = Batch::new();
         b.delete(keys::meta_key(&found.key));
+        handles::index_drop(&mut b, found.inode.ino);
         let x = keys::xattr_prefix(&found.key);
         b.range_delete(x.clone(), amaranth_engine::prefix_end(&x, self.max_key()));
         let mut next_dir = dir.clone();
@@ -1105,6 +1131,12 @@ impl Fs {
                 redirect: src.redirect,
             };
             self.move_entry_ops(&mut b, &src_at_tmp, &d.key);
+            if !d.redirect {
+                handles::index_at(&mut b, d.inode.ino, parent, name);
+            }
+            if !src.redirect {
+                handles::index_at(&mut b, src.inode.ino, new_parent, new_name);
+            }
             if !same_parent {
                 let (sd, dd) = (src.inode.kind == Kind::Dir, d.inode.kind == Kind::Dir);
                 let dd_ref = ddir.as_mut().expect("two parents");
@@ -1120,6 +1152,7 @@ impl Fs {
             if let Some(d) = &dst {
                 if d.inode.kind == Kind::Dir {
                     b.delete(keys::meta_key(&d.key));
+                    handles::index_drop(&mut b, d.inode.ino);
                     let x = keys::xattr_prefix(&d.key);
                     b.range_delete(x.clone(), amaranth_engine::prefix_end(&x, self.max_key()));
                     self.count_inodes(&mut b, -1);
@@ -1133,6 +1166,9 @@ impl Fs {
                 }
             }
             self.move_entry_ops(&mut b, &src, &dst_key);
+            if !src.redirect {
+                handles::index_at(&mut b, src.inode.ino, new_parent, new_name);
+            }
             if src.inode.kind == Kind::Dir && !same_parent {
                 sdir.nlink -= 1;
                 ddir.as_mut().expect("two parents").nlink += 1;
@@ -1248,6 +1284,7 @@ impl Fs {
             next.homed = true;
             self.home_ops(&mut b, &path, ino);
             b.put(keys::meta_key(&path), Meta::redirect(ino));
+            handles::index_home(&mut b, ino);
         }
         b.put(keys::meta_key(&home), next.encode());
         b.put(keys::meta_key(&new_key), Meta::redirect(ino));
@@ -1332,6 +1369,7 @@ impl Fs {
         if orphan {
             let mut b = Batch::new();
             self.delete_file_ops(&mut b, &keys::home_key(ino));
+            handles::index_drop(&mut b, ino);
             self.count_inodes(&mut b, -1);
             self.commit(&mut b)?;
         }

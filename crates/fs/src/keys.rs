@@ -49,6 +49,8 @@ pub const DATA: u8 = b'd';
 pub const XATTR: u8 = b'x';
 /// File-system records.
 pub const SYSTEM: u8 = b's';
+/// The inode index: where each inode is, by number (schema 3).
+pub const INDEX: u8 = b'i';
 
 /// Size of a data block.
 pub const BLOCK: u64 = 4096;
@@ -189,6 +191,14 @@ pub fn name_of_child(key: &[u8], prefix_len: usize) -> Option<Vec<u8>> {
 /// is shorter than the same key of any path, so parking there never lengthens a key.
 pub fn swap_key() -> Vec<u8> {
     vec![SWAP]
+}
+
+/// The inode-index key of inode `ino`.
+pub fn ino_key(ino: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9);
+    k.push(INDEX);
+    k.extend_from_slice(&ino.to_be_bytes());
+    k
 }
 
 /// The home key of inode `ino`.
