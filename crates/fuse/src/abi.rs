@@ -62,6 +62,7 @@ pub(crate) mod op {
 pub(crate) mod init {
     pub const ASYNC_READ: u64 = 1 << 0;
     pub const ATOMIC_O_TRUNC: u64 = 1 << 3;
+    pub const EXPORT_SUPPORT: u64 = 1 << 4;
     pub const BIG_WRITES: u64 = 1 << 5;
     pub const DO_READDIRPLUS: u64 = 1 << 13;
     pub const READDIRPLUS_AUTO: u64 = 1 << 14;

@@ -26,6 +26,8 @@ pub(crate) struct Adapter {
     pub(crate) dev: Arc<OwnedFd>,
     /// Requests served, by opcode.
     pub(crate) counts: Arc<RequestCounts>,
+    /// The generation of every inode of the image (file handles: see `amaranth_fs` handles).
+    pub(crate) generation: u64,
 }
 
 type R<T> = Result<T, i32>;
@@ -103,7 +105,7 @@ impl Adapter {
     fn entry_out(&self, i: &Inode) -> EntryOut {
         EntryOut {
             nodeid: i.ino,
-            generation: 0,
+            generation: self.generation,
             entry_valid: self.ttl.as_secs(),
             attr_valid: self.ttl.as_secs(),
             entry_valid_nsec: self.ttl.subsec_nanos(),

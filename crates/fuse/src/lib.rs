@@ -273,6 +273,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Resu
         negative_ttl: options.negative_ttl,
         dev: fd.clone(),
         counts: counts.clone(),
+        generation: fs.generation(),
     });
     let mut threads = Vec::new();
     let mut transport = Transport::Dev;
