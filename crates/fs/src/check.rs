@@ -562,6 +562,17 @@ pub fn check(engine: &Engine, repair: bool, mut progress: impl FnMut(&str)) -> C
             r.problems.last_mut().expect("just pushed").repaired = true;
         }
     }
+    // The inode index (schema 3): one entry per inode but the root, saying where it is.
+    if engine
+        .get(&keys::system_key("format"))
+        .ok()
+        .flatten()
+        .is_some_and(|v| v == crate::fs::SCHEMA_VERSION.to_le_bytes())
+    {
+        for detail in crate::fs::index_problems(engine, &seen_inos) {
+            problem(&mut r, Class::BadMetadata, detail);
+        }
+    }
     // Counters.
     let max_ino = seen_inos.keys().copied().max().unwrap_or(ROOT_INO);
     match get_u64("next_ino") {

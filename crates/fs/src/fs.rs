@@ -22,6 +22,8 @@ use crate::keys::{self, BLOCK};
 use crate::table::{Table, ROOT_INO};
 
 mod handles;
+
+pub(crate) use handles::index_problems;
 mod readdir;
 mod times;
 

@@ -118,12 +118,25 @@ fn inodes_are_found_by_number_after_every_kind_of_change() {
     assert_eq!(parent.ino, ROOT_INO);
     assert_eq!(fs.lookup(b, b"moved2").unwrap().ino, moved);
     close(fs);
-    let r = amaranth_fs::check::check(
-        &Engine::open(dev.clone(), engine_options()).unwrap(),
-        false,
-        |_| {},
-    );
+    let engine = Engine::open(dev.clone(), engine_options()).unwrap();
+    let r = amaranth_fs::check::check(&engine, false, |_| {});
     assert!(r.problems.is_empty(), "{:?}", r.problems);
+    // The checker sees a missing and a stale entry.
+    engine.delete(&keys::ino_key(deep)).unwrap();
+    engine.put(&keys::ino_key(gone), &[1, b'H']).unwrap();
+    let r = amaranth_fs::check::check(&engine, false, |_| {});
+    let details: Vec<&str> = r.problems.iter().map(|p| p.detail.as_str()).collect();
+    assert!(
+        details.iter().any(|d| d.contains("have no entry")),
+        "{details:?}"
+    );
+    assert!(
+        details
+            .iter()
+            .any(|d| d.contains(&format!("inode {gone}, which does not exist"))),
+        "{details:?}"
+    );
+    engine.close().unwrap();
 }
 
 #[test]
