@@ -128,16 +128,41 @@ fn mount_helper(subtype: &str, argv: &[OsString]) -> CliResult {
         Some(rest) => OsString::from_vec(rest.to_vec()),
         None => image,
     };
+    let dir = PathBuf::from(dir);
+    let image = PathBuf::from(image);
     mount::run(MountArgs {
-        image: PathBuf::from(image),
-        dir: PathBuf::from(dir),
+        image: image.clone(),
+        dir: dir.clone(),
         options,
         origin: Origin::MountCommand,
         quiet: true,
         subtype: subtype.to_string(),
         ..MountArgs::default()
     })
-    .map_err(with_mount_code)
+    .map_err(with_mount_code)?;
+    record_in_utab(&image, &dir);
+    Ok(())
+}
+
+/// Records the new mount in utab so that a plain `umount DIR` runs our umount helper (see
+/// `utab.rs`); without it (not root, or utab not writable) `umount` still works, and the next
+/// mount or fsck waits for the daemon instead.
+fn record_in_utab(image: &std::path::Path, dir: &std::path::Path) {
+    if !crate::util::is_root() {
+        return;
+    }
+    let (Ok(image), Ok(mp)) = (crate::util::absolute(image), crate::util::absolute(dir)) else {
+        return;
+    };
+    let Some(id) = crate::utab::mount_id(&mp) else {
+        return;
+    };
+    if let Err(e) = crate::utab::add(id, &image, &mp) {
+        note!(
+            "mount: cannot record {} in utab ({e}): `umount` will not wait for the daemon",
+            mp.display()
+        );
+    }
 }
 
 #[cfg(test)]

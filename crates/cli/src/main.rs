@@ -32,6 +32,7 @@ mod remount;
 mod rundir;
 mod stat;
 mod umount;
+mod utab;
 mod util;
 
 use std::ffi::OsString;

@@ -95,6 +95,9 @@ fn unmount_and_wait(dir: &Path, lazy: bool, deadline: Option<Instant>) -> CliRes
                 .map(|p| p as i32)
         });
     unmount(&mp, lazy)?;
+    if util::is_root() {
+        crate::utab::remove(&mp);
+    }
     if lazy {
         // The daemon finishes when the last user of the mount leaves; nothing to wait for here.
         return Ok(());

@@ -11,8 +11,9 @@
 //!   mount point, `fsck -A` by pass number);
 //! - `remount_read_only_and_back`: `mount -o remount,ro` refuses writes with EROFS and writes
 //!   nothing to the image (checksummed), `remount,rw` writes again; a `ro` mount writes nothing;
-//! - `the_image_is_free_right_after_umount`: 64 MiB written, then `umount && mount` and
-//!   `umount && fsck` at once, several times;
+//! - `the_image_is_free_right_after_umount`: 64 MiB written, then `umount` returns with the image
+//!   free (our helper runs: the mount is in utab), and `umount && mount`, `umount && fsck` work at
+//!   once, also after `umount -i` (no helper: mount and fsck wait for the daemon);
 //! - `lazy_umount_returns_at_once_and_timeout_is_honoured`;
 //! - `mount_options_are_honoured_or_refused`: dev/suid/exec and negations, noatime, strictatime,
 //!   relatime, lazytime, sync, unknown and impossible options (one line, exit 32);
@@ -357,12 +358,27 @@ fn the_image_is_free_right_after_umount() {
     assert!(mkfs(&h, &img, "1G", &[]).status.success());
     let mp = s.path("mnt");
     let data = support::pattern(17, 1 << 20);
-    for round in 0..3 {
-        let m = SysMount::mounted(&h, &img, &mp, &log_opt(&s, "mnt.log"));
+    let write_64m = |m: &SysMount, round: usize| {
         for i in 0..64 {
             fs::write(m.p(&format!("f{round}-{i}")), &data).unwrap();
         }
-        m.umount(&h);
+    };
+    for round in 0..4 {
+        let m = SysMount::mounted(&h, &img, &mp, &log_opt(&s, "mnt.log"));
+        write_64m(&m, round);
+        if round < 2 {
+            // umount(8) runs our helper, which returns once the daemon let go of the image.
+            m.umount(&h);
+            assert!(
+                support::wait_unlocked(&img, Duration::ZERO),
+                "umount returned before the image was free"
+            );
+        } else {
+            // umount -i runs no helper: the next mount or fsck waits for the daemon instead.
+            let mut c = h.cmd("umount");
+            c.arg("-i").arg(&m.mp);
+            assert!(run(c).status.success());
+        }
         // At once: the next mount (or fsck) must not fail on "in use".
         if round % 2 == 0 {
             let m = SysMount::mounted(&h, &img, &mp, &log_opt(&s, "mnt.log"));
