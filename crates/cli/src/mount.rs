@@ -264,11 +264,12 @@ fn plan(args: MountArgs) -> CliResult<Plan> {
     if threads == 0 || threads > 64 {
         return Err(Failure::new("threads must be between 1 and 64"));
     }
-    if let Some(c) = cache_size.filter(|&c| c > util::total_memory()) {
+    let (memory, bound) = util::memory_limit();
+    if let Some(c) = cache_size.filter(|&c| c > memory) {
         return Err(Failure::new(format!(
-            "cache_size {} is more than this machine's memory ({})",
+            "cache_size {} is more than the memory this mount may use ({}, {bound})",
             human(c),
-            human(util::total_memory())
+            human(memory)
         )));
     }
     let mountpoint = check_mountpoint(&args.dir)?;
