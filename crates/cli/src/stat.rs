@@ -111,7 +111,15 @@ pub fn live_json(
         }),
     );
     o.insert("read_only".into(), json!(fs.is_read_only()));
-    o.insert("options".into(), json!(format!("{:?}", fs.modes())));
+    let m = fs.modes();
+    o.insert(
+        "options".into(),
+        json!({
+            "atime": if !m.relatime { "noatime" } else if m.strictatime { "strictatime" } else { "relatime" },
+            "lazytime": m.lazytime,
+            "sync": m.sync,
+        }),
+    );
     o.insert(
         "fs".into(),
         json!({
@@ -196,6 +204,26 @@ fn print_live(v: &Value) {
     );
     say!("image:           {}", v["image"].as_str().unwrap_or("?"));
     say!("daemon pid:      {}", g("pid"));
+    let opts = &v["options"];
+    say!(
+        "mode:            {}, {}{}{}",
+        if v["read_only"].as_bool() == Some(true) {
+            "read-only"
+        } else {
+            "read-write"
+        },
+        opts["atime"].as_str().unwrap_or("?"),
+        if opts["lazytime"].as_bool() == Some(true) {
+            ", lazytime"
+        } else {
+            ""
+        },
+        if opts["sync"].as_bool() == Some(true) {
+            ", sync"
+        } else {
+            ""
+        }
+    );
     say!(
         "uptime:          {:.0} s",
         v["uptime_seconds"].as_f64().unwrap_or(0.0)
