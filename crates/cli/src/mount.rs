@@ -264,12 +264,13 @@ fn plan(args: MountArgs) -> CliResult<Plan> {
     if threads == 0 || threads > 64 {
         return Err(Failure::new("threads must be between 1 and 64"));
     }
-    let (memory, bound) = util::memory_limit();
-    if let Some(c) = cache_size.filter(|&c| c > memory) {
+    // A cache larger than the machine is impossible: refused. One that fits the machine but not
+    // the memory cgroup (or with the daemon's overhead) is shrunk below, with a message.
+    if let Some(c) = cache_size.filter(|&c| c > util::total_memory()) {
         return Err(Failure::new(format!(
-            "cache_size {} is more than the memory this mount may use ({}, {bound})",
+            "cache_size {} is more than this machine's memory ({})",
             human(c),
-            human(memory)
+            human(util::total_memory())
         )));
     }
     let mountpoint = check_mountpoint(&args.dir)?;

@@ -114,56 +114,6 @@ pub fn total_memory() -> u64 {
     }
 }
 
-/// The memory this process may use: physical memory, or less if its memory cgroup (v2
-/// `memory.max`, v1 `memory.limit_in_bytes`, the lowest on the way up) is limited; with what bounds
-/// it, for messages.
-pub fn memory_limit() -> (u64, &'static str) {
-    let physical = total_memory();
-    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
-        .ok()
-        .and_then(|t| cgroup_limit(&t, |p| std::fs::read_to_string(p).ok()));
-    match cgroup {
-        Some(c) if c < physical => (c, "the memory cgroup's limit"),
-        _ => (physical, "physical memory"),
-    }
-}
-
-/// The lowest memory limit of the cgroups in `/proc/self/cgroup` text (`read` reads a file).
-fn cgroup_limit(text: &str, read: impl Fn(&str) -> Option<String>) -> Option<u64> {
-    let mut lowest: Option<u64> = None;
-    for line in text.lines() {
-        let mut f = line.splitn(3, ':');
-        let (_, ctrl, path) = (f.next()?, f.next()?, f.next()?);
-        let files: Vec<String> = if ctrl.is_empty() {
-            ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-                .iter()
-                .map(|root| format!("{root}{path}/memory.max"))
-                .collect()
-        } else if ctrl.split(',').any(|c| c == "memory") {
-            vec![format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")]
-        } else {
-            continue;
-        };
-        for file in files {
-            // The limit of this cgroup and of each one above it.
-            let mut dir = std::path::PathBuf::from(&file);
-            let name = dir.file_name().map(|n| n.to_owned());
-            while let (Some(n), true) = (name.as_ref(), dir.pop()) {
-                let Some(v) = read(&dir.join(n).to_string_lossy()) else {
-                    continue;
-                };
-                if let Ok(limit) = v.trim().parse::<u64>() {
-                    lowest = Some(lowest.map_or(limit, |l| l.min(limit)));
-                }
-                if dir.as_os_str().len() <= "/sys/fs/cgroup".len() {
-                    break;
-                }
-            }
-        }
-    }
-    lowest
-}
-
 /// Whether we run as root.
 pub fn is_root() -> bool {
     euid() == 0
@@ -212,22 +162,6 @@ pub fn process_alive(pid: i32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cgroup_limits() {
-        let files = |p: &str| match p {
-            "/sys/fs/cgroup/memory/a/b/memory.limit_in_bytes" => {
-                Some("9223372036854771712\n".into())
-            }
-            "/sys/fs/cgroup/memory/a/memory.limit_in_bytes" => Some("1073741824\n".into()),
-            "/sys/fs/cgroup/x/memory.max" => Some("max\n".into()),
-            "/sys/fs/cgroup/memory.max" => Some("536870912".into()),
-            _ => None,
-        };
-        assert_eq!(cgroup_limit("4:memory:/a/b\n", files), Some(1 << 30));
-        assert_eq!(cgroup_limit("0::/x\n", files), Some(512 << 20));
-        assert_eq!(cgroup_limit("3:cpu:/a\n", files), None);
-    }
 
     #[test]
     fn sizes() {
