@@ -90,6 +90,11 @@ struct Plan {
 /// A directory that holds files is fine (they are hidden while mounted, as with any file system).
 fn check_mountpoint(dir: &Path) -> CliResult<PathBuf> {
     let mp = util::absolute(dir).map_err(|e| Failure::new(format!("{}: {e}", dir.display())))?;
+    if mp == Path::new("/") {
+        return Err(Failure::new(
+            "refusing to mount on /: it would hide the whole system (and the daemon's own files)",
+        ));
+    }
     if let Some(m) = amaranth_fuse::find_mount(&mp) {
         if amaranth_fuse::is_amaranth_type(&m.fstype) {
             return Err(Failure::new(format!(

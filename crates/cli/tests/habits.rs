@@ -626,6 +626,15 @@ fn messages_for_a_user_without_fuse_and_relative_paths() {
         assert_eq!(e.matches("cannot open /dev/fuse").count(), 1, "{e}");
         assert!(e.contains("user_allow_other") && e.contains("group"), "{e}");
     }
+    // A mount point may hold files, but not be / (it would hide the system, the daemon's files
+    // with it, and the daemon would keep its own mount busy).
+    let out = s.run(&[OsStr::new("mount"), img.as_os_str(), "/".as_ref()]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("refusing to mount on /"),
+        "{}",
+        stderr(&out)
+    );
     // Relative --log-file and --pid-file: relative to the caller's directory.
     let work = s.path("work");
     fs::create_dir_all(work.join("mnt")).unwrap();
