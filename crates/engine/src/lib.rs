@@ -34,11 +34,13 @@ mod cache;
 mod codec;
 mod compress;
 mod config;
+mod copies;
 mod engine;
 mod error;
 mod heap;
 #[cfg(test)]
 mod invariant_tests;
+mod load;
 mod msg;
 mod node;
 mod ops;
@@ -53,10 +55,11 @@ mod wal;
 mod writeback;
 
 pub use config::{Compression, Format, Options};
+pub use copies::Located;
 pub use engine::{Engine, RangeIter, Stats};
 pub use error::{Error, Result};
 pub use msg::Patch;
 pub use ops::{prefix_end, Batch, Op};
-pub use superblock::{Superblock, FORMAT_VERSION};
+pub use superblock::{backup_blocks, Superblock, FORMAT_VERSION};
 pub use verify::Report;
 pub use wal::{LogStats, Lsn};
