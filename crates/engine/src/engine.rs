@@ -19,6 +19,7 @@ use crate::msg::Patch;
 use crate::node::{Node, ROOT_ID};
 use crate::ops::{self, Batch, Op};
 use crate::read::Target;
+use crate::salvage::{self, SalvageReport};
 use crate::store::{self, Allocator, Btt, Store, StoreCounters};
 use crate::superblock::{backup_blocks, Extent, Superblock, FORMAT_VERSION};
 use crate::tree::Tree;
@@ -67,6 +68,8 @@ struct Inner {
     damage_detail: Mutex<Option<String>>,
     /// What was wrong with the superblock copies at open (empty when nothing was).
     superblock_notes: Vec<String>,
+    /// What a repair open found and did.
+    salvaged: Option<SalvageReport>,
 }
 
 #[derive(Default)]
@@ -790,7 +793,7 @@ impl Engine {
             tree,
             ..
         } = load_checkpoint(&dev, &options)?;
-        if sb.damaged && !options.read_only {
+        if sb.damaged && !options.read_only && !options.salvage {
             return Err(Error::Damaged(format!(
                 "recorded by checkpoint {} when a read found a damaged node",
                 sb.generation
@@ -802,10 +805,26 @@ impl Engine {
             copies::heal(&*dev, &located)?;
             load::upgrade_v1(&mut sb, &tree.store);
         }
+        let mut salvaged = None;
+        if options.salvage {
+            let mut report = salvage::survey(&tree)?;
+            if !report.damage.is_empty() {
+                log::warn!(
+                    "amaranth engine: {} damaged nodes, partitions or buffers; rebuilding the tree \
+                     from what is intact",
+                    report.damage.len()
+                );
+                report = salvage::rebuild(&tree)?;
+            }
+            report.superblock = located.describe();
+            salvaged = Some(report);
+        }
         let region_start = sb.log_start_block * BLOCK_SIZE as u64;
         let region_len = sb.log_blocks * BLOCK_SIZE as u64;
         let ckpt_lsn = sb.ckpt_lsn;
         let mut skipped = 0u64;
+        // A repair replays what it can: a record whose application hits damage ends the replay.
+        let mut replay_stop: Option<String> = None;
         let recovered = wal::recover(
             &*dev,
             region_start,
@@ -815,10 +834,16 @@ impl Engine {
             sb.log_tail_lsn,
             !sb.clean,
             |lsn, payload| {
-                if lsn < ckpt_lsn {
+                if lsn < ckpt_lsn || replay_stop.is_some() {
                     return Ok(());
                 }
-                apply::replay_record(&tree, lsn, payload, &mut skipped)
+                match apply::replay_record(&tree, lsn, payload, &mut skipped) {
+                    Err(e) if options.salvage && e.is_damage() => {
+                        replay_stop = Some(format!("log record {lsn} could not be replayed: {e}"));
+                        Ok(())
+                    }
+                    r => r,
+                }
             },
         )?;
         if skipped > 0 {
@@ -827,6 +852,15 @@ impl Engine {
             log::error!(
                 "amaranth engine: {skipped} log records could not be applied; run `amaranth fsck`"
             );
+        }
+        if let Some(e) = recovered.damage.clone() {
+            match &mut salvaged {
+                Some(report) => report.log = Some(e.to_string()),
+                None => return Err(e),
+            }
+        }
+        if let (Some(report), Some(stop)) = (&mut salvaged, replay_stop) {
+            report.log = Some(stop);
         }
         let replayed = recovered
             .records
@@ -855,7 +889,8 @@ impl Engine {
             inner.recovery_stop = recovered.stop_reason;
             inner.skipped_records = skipped;
             inner.superblock_notes = located.describe();
-            inner.damage = AtomicBool::new(damaged);
+            inner.damage = AtomicBool::new(damaged && !inner.options.salvage);
+            inner.salvaged = salvaged;
         }
         if !read_only {
             // A checkpoint starts a new log epoch: chunks left from before can never be replayed.
@@ -896,6 +931,7 @@ impl Engine {
                 damage: AtomicBool::new(false),
                 damage_detail: Mutex::new(None),
                 superblock_notes: Vec::new(),
+                salvaged: None,
             }),
             threads: Mutex::new(Vec::new()),
         }
@@ -1274,6 +1310,26 @@ impl Engine {
     #[cfg(test)]
     pub(crate) fn tree(&self) -> &Tree {
         &self.inner.tree
+    }
+
+    /// What a repair open (`Options::salvage`) found and did; `None` for other opens.
+    pub fn salvage_report(&self) -> Option<&SalvageReport> {
+        self.inner.salvaged.as_ref()
+    }
+
+    /// Walks the last checkpoint's tree on `dev` and reports every damaged node, partition and
+    /// buffer, without replaying the log or writing anything (what `fsck` runs first: a normal
+    /// open would stop at the first damaged node).
+    pub fn survey(dev: Arc<dyn BlockDevice>, options: Options) -> Result<SalvageReport> {
+        let options = Options {
+            read_only: true,
+            salvage: false,
+            ..options
+        };
+        let loaded = load_checkpoint(&dev, &options)?;
+        let mut report = salvage::survey(&loaded.tree)?;
+        report.superblock = loaded.located.describe();
+        Ok(report)
     }
 
     /// Where every node of the last checkpoint lies: `(node id, first block, blocks)`, by block.
