@@ -1,0 +1,143 @@
+//! Engine keys and key ranges in file-system terms, for fsck's damage reports: "data of /a/b at
+//! byte 40960", "metadata of /x", and which files a damaged key range touches.
+
+use std::collections::BTreeSet;
+use std::ops::Bound;
+
+use amaranth_engine::{Engine, Result};
+
+use crate::keys::{self, BLOCK, DATA, END, HOME, META, SEP, SYSTEM, XATTR};
+
+/// A path key (or a truncated piece of one, as pivots are) as `/a/b`, lossily.
+pub fn path_of(file_key: &[u8]) -> String {
+    if let Some(ino) = keys::home_ino(file_key) {
+        return format!("<inode {ino}>");
+    }
+    if file_key.first() == Some(&HOME) {
+        return "<an inode>".into();
+    }
+    let mut out = String::new();
+    for comp in file_key.split(|&b| b == SEP).filter(|c| !c.is_empty()) {
+        out.push('/');
+        let name = keys::unescape(comp).unwrap_or_else(|| comp.to_vec());
+        out.push_str(&String::from_utf8_lossy(&name));
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    out
+}
+
+/// The file key in a data or xattr key's remainder (after the tag), and what follows its end.
+fn split(rest: &[u8]) -> (&[u8], Option<&[u8]>) {
+    let end = if rest.first() == Some(&HOME) {
+        9.min(rest.len())
+    } else {
+        rest.iter().position(|&b| b == END).unwrap_or(rest.len())
+    };
+    let tail = (rest.get(end) == Some(&END)).then(|| &rest[end + 1..]);
+    (&rest[..end], tail)
+}
+
+/// One key in words.
+pub fn describe_key(key: &[u8]) -> String {
+    let Some((&tag, rest)) = key.split_first() else {
+        return "the first key".into();
+    };
+    match tag {
+        META => format!("metadata of {}", path_of(rest)),
+        DATA => {
+            let (fk, tail) = split(rest);
+            match tail.and_then(|t| <[u8; 8]>::try_from(t).ok()) {
+                Some(b) => format!(
+                    "data of {} at byte {}",
+                    path_of(fk),
+                    u64::from_be_bytes(b).saturating_mul(BLOCK)
+                ),
+                None => format!("data of {}", path_of(fk)),
+            }
+        }
+        XATTR => {
+            let (fk, tail) = split(rest);
+            match tail {
+                Some(name) if !name.is_empty() => format!(
+                    "extended attribute {} of {}",
+                    String::from_utf8_lossy(name),
+                    path_of(fk)
+                ),
+                _ => format!("extended attributes of {}", path_of(fk)),
+            }
+        }
+        SYSTEM => format!("file-system record {}", String::from_utf8_lossy(rest)),
+        _ => format!("key {key:02x?}"),
+    }
+}
+
+/// A key range `[lo, hi)` in words.
+pub fn describe_range(lo: &[u8], hi: Option<&[u8]>) -> String {
+    match hi {
+        Some(h) => format!("from {} to {}", describe_key(lo), describe_key(h)),
+        None => format!("from {} to the end", describe_key(lo)),
+    }
+}
+
+/// The files (as paths, or `<inode N>` for hard-linked ones) with metadata, data or extended
+/// attributes in any of `ranges` (`[lo, hi)`, `hi` `None` unbounded), as the tree holds them now.
+pub fn files_in_ranges(
+    engine: &Engine,
+    ranges: &[(Vec<u8>, Option<Vec<u8>>)],
+    limit: usize,
+) -> Result<BTreeSet<String>> {
+    let mut out = BTreeSet::new();
+    for (lo, hi) in ranges {
+        let upper = match hi {
+            Some(h) => Bound::Excluded(h.as_slice()),
+            None => Bound::Unbounded,
+        };
+        engine.scan(Bound::Included(lo.as_slice()), upper, |k, _| {
+            let Some((&tag, rest)) = k.split_first() else {
+                return true;
+            };
+            let fk = match tag {
+                META => rest,
+                DATA | XATTR => split(rest).0,
+                _ => return true,
+            };
+            out.insert(path_of(fk));
+            out.len() < limit
+        })?;
+        if out.len() >= limit {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_in_words() {
+        let ab = keys::path_key(&[b"a", b"b c"]);
+        assert_eq!(path_of(&ab), "/a/b c");
+        assert_eq!(path_of(&[]), "/");
+        assert_eq!(describe_key(&keys::meta_key(&ab)), "metadata of /a/b c");
+        assert_eq!(
+            describe_key(&keys::data_key(&ab, 10)),
+            "data of /a/b c at byte 40960"
+        );
+        assert_eq!(
+            describe_key(&keys::xattr_key(&ab, b"user.x")),
+            "extended attribute user.x of /a/b c"
+        );
+        assert_eq!(
+            describe_key(&keys::data_key(&keys::home_key(7), 0)),
+            "data of <inode 7> at byte 0"
+        );
+        // A shortened pivot still reads as something.
+        let k = keys::meta_key(&ab);
+        assert!(describe_key(&k[..4]).starts_with("metadata of /a"));
+        assert_eq!(describe_range(b"", None), "from the first key to the end");
+    }
+}
