@@ -1,11 +1,12 @@
 //! Engine keys and key ranges in file-system terms, for fsck's damage reports: "data of /a/b at
 //! byte 40960", "metadata of /x", and which files a damaged key range touches.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 
 use amaranth_engine::{Engine, Result};
 
+use crate::inode::Meta;
 use crate::keys::{self, BLOCK, DATA, END, HOME, META, SEP, SYSTEM, XATTR};
 
 /// A path key (or a truncated piece of one, as pivots are) as `/a/b`, lossily.
@@ -81,33 +82,94 @@ pub fn describe_range(lo: &[u8], hi: Option<&[u8]>) -> String {
     }
 }
 
-/// The files (as paths, or `<inode N>` for hard-linked ones) with metadata, data or extended
-/// attributes in any of `ranges` (`[lo, hi)`, `hi` `None` unbounded), as the tree holds them now.
+/// The files whose records lie in, or would lie in, any of `ranges` (`[lo, hi)`, `hi` `None`
+/// unbounded), with which records: `"name"` (a name or the inode), `"data"`, `"extended
+/// attributes"`. These are the files a damaged node held something of, even what is lost. Paths
+/// as the tree holds them now (`<inode N>` for a hard-linked inode whose names are not known);
+/// at most `limit` files.
 pub fn files_in_ranges(
     engine: &Engine,
     ranges: &[(Vec<u8>, Option<Vec<u8>>)],
     limit: usize,
-) -> Result<BTreeSet<String>> {
-    let mut out = BTreeSet::new();
-    for (lo, hi) in ranges {
-        let upper = match hi {
-            Some(h) => Bound::Excluded(h.as_slice()),
-            None => Bound::Unbounded,
-        };
-        engine.scan(Bound::Included(lo.as_slice()), upper, |k, _| {
-            let Some((&tag, rest)) = k.split_first() else {
-                return true;
+) -> Result<BTreeMap<String, Vec<&'static str>>> {
+    let hits = |lo: &[u8], hi: &[u8]| {
+        ranges
+            .iter()
+            .any(|(a, b)| a.as_slice() < hi && b.as_ref().is_none_or(|b| lo < b.as_slice()))
+    };
+    let max_key = engine.format().max_key_len;
+    let mut out: BTreeMap<String, Vec<&'static str>> = BTreeMap::new();
+    let mut homes: Vec<(u64, Vec<&'static str>)> = Vec::new();
+    let mut names: HashMap<u64, Vec<String>> = HashMap::new();
+    let mut known: HashSet<Vec<u8>> = HashSet::new();
+    engine.scan(
+        Bound::Included(&[META][..]),
+        Bound::Excluded(&[META + 1][..]),
+        |k, v| {
+            let fk = &k[1..];
+            known.insert(fk.to_vec());
+            let redirect = match Meta::decode(v) {
+                Ok(Meta::Redirect(ino)) => {
+                    names.entry(ino).or_default().push(path_of(fk));
+                    true
+                }
+                _ => false,
             };
-            let fk = match tag {
-                META => rest,
-                DATA | XATTR => split(rest).0,
-                _ => return true,
-            };
-            out.insert(path_of(fk));
+            let mut what = Vec::new();
+            let mut end = k.to_vec();
+            end.push(0);
+            if hits(k, &end) {
+                what.push("name");
+            }
+            if !redirect {
+                let data = keys::data_prefix(fk);
+                if hits(&data, &amaranth_engine::prefix_end(&data, max_key)) {
+                    what.push("data");
+                }
+                let xattr = keys::xattr_prefix(fk);
+                if hits(&xattr, &amaranth_engine::prefix_end(&xattr, max_key)) {
+                    what.push("extended attributes");
+                }
+            }
+            if !what.is_empty() {
+                match keys::home_ino(fk) {
+                    Some(ino) => homes.push((ino, what)),
+                    None => {
+                        out.entry(path_of(fk)).or_default().extend(what);
+                    }
+                }
+            }
             out.len() < limit
-        })?;
-        if out.len() >= limit {
-            break;
+        },
+    )?;
+    // Data or attributes whose inode is gone: the name and inode were in a damaged range.
+    for tag in [DATA, XATTR] {
+        let mut last: Vec<u8> = Vec::new();
+        engine.scan(
+            Bound::Included(&[tag][..]),
+            Bound::Excluded(&[tag + 1][..]),
+            |k, _| {
+                let fk = split(&k[1..]).0;
+                if fk != last.as_slice() {
+                    last = fk.to_vec();
+                    if !known.contains(fk) {
+                        out.entry(path_of(fk)).or_default().push("name");
+                    }
+                }
+                out.len() < limit
+            },
+        )?;
+    }
+    for v in out.values_mut() {
+        v.dedup();
+    }
+    for (ino, what) in homes {
+        let shown = names
+            .get(&ino)
+            .cloned()
+            .unwrap_or_else(|| vec![format!("<inode {ino}>")]);
+        for n in shown {
+            out.entry(n).or_default().extend(what.iter().copied());
         }
     }
     Ok(out)
