@@ -20,13 +20,26 @@ pub fn path_of(file_key: &[u8]) -> String {
     let mut out = String::new();
     for comp in file_key.split(|&b| b == SEP).filter(|c| !c.is_empty()) {
         out.push('/');
-        let name = keys::unescape(comp).unwrap_or_else(|| comp.to_vec());
-        out.push_str(&String::from_utf8_lossy(&name));
+        out.push_str(&component_name(comp));
     }
     if out.is_empty() {
         out.push('/');
     }
     out
+}
+
+/// One encoded component as a name; a truncated one (pivots are shortened keys) shows the part of
+/// the name it holds followed by `…`.
+fn component_name(comp: &[u8]) -> String {
+    if let Some(name) = keys::decode_component(comp) {
+        return String::from_utf8_lossy(&name).into_owned();
+    }
+    let rest = match comp.get(keys::HASH_LEN..) {
+        Some(r) if keys::hash_of(comp).is_some() => r,
+        _ => &[],
+    };
+    let name = keys::unescape(rest).unwrap_or_else(|| rest.to_vec());
+    format!("{}…", String::from_utf8_lossy(&name))
 }
 
 /// The file key in a data or xattr key's remainder (after the tag), and what follows its end.
@@ -199,7 +212,8 @@ mod tests {
         );
         // A shortened pivot still reads as something.
         let k = keys::meta_key(&ab);
-        assert!(describe_key(&k[..4]).starts_with("metadata of /a"));
+        assert_eq!(describe_key(&k[..4]), "metadata of /…");
+        assert_eq!(describe_key(&k[..k.len() - 2]), "metadata of /a/b…");
         assert_eq!(describe_range(b"", None), "from the first key to the end");
     }
 }
