@@ -18,6 +18,7 @@ mod out;
 mod control;
 mod files;
 mod fsck;
+mod image;
 mod install;
 mod memlimit;
 mod mkfs;
@@ -109,10 +110,12 @@ enum Command {
     Fsck {
         /// Image file or block device.
         image: PathBuf,
-        /// Fix what can be fixed (benign problems: leaks, counters, orphans).
+        /// Fix what can be fixed: rebuild a damaged tree from its intact parts, rewrite damaged
+        /// superblock copies, move entries whose directory is gone to /lost+found, fix counts.
         #[arg(long)]
         repair: bool,
-        /// Accept the older superblock copy if the newer one is damaged.
+        /// Accept an older superblock copy that no backup vouches for when the newer one is
+        /// damaged (operations since that checkpoint may be lost).
         #[arg(long)]
         fallback_superblock: bool,
     },

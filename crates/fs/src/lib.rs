@@ -9,6 +9,8 @@
 
 pub mod acl;
 pub mod check;
+mod check_fix;
+pub mod describe;
 mod error;
 mod fs;
 mod inode;
