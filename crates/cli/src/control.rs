@@ -186,7 +186,8 @@ fn remount(req: &Value, fs: &Fs) -> Result<(), String> {
     };
     // Writable first, so that access times kept in memory are written before read-only.
     if !read_only {
-        fs.set_read_only(false).map_err(|e| e.to_string())?;
+        fs.set_read_only(false)
+            .map_err(|e| format!("{e}; the file system stays read-only"))?;
     }
     fs.set_modes(modes);
     if read_only {

@@ -5,8 +5,11 @@
 //! - `-n`: check only, change nothing (the image is opened read-only and nothing is written);
 //! - `-y`, `-p`, `-a`: repair what can be repaired (`--repair`);
 //! - `-f`: check even an image that was closed cleanly; without it, `-n`, `-y` and `-p` report a
-//!   cleanly closed image as clean at once (as e2fsck does at boot), while plain `amaranth fsck
-//!   IMG` always checks;
+//!   cleanly closed image as clean at once (as e2fsck does at boot) unless its superblock records
+//!   damage, skipped log records or damaged copies, while plain `amaranth fsck IMG` always checks;
+//! - what is checked and repaired is `fsck.rs`'s: `-n` opens the image read-only (the survey of
+//!   every node, then the schema check), `-y`/`-p` run `--repair` (salvage of a damaged tree,
+//!   superblock copies rewritten, the schema repaired with `/lost+found`);
 //! - exit codes 0 clean, 1 errors corrected, 4 errors left, 8 operational error, 16 usage error.
 //!
 //! An image that a daemon is still releasing after its unmount is waited for (bounded).
@@ -34,7 +37,7 @@ pub struct FsckRequest {
     pub no_changes: bool,
     /// Check even a cleanly closed image (`-f`; implied when no e2fsck flag is given).
     pub force: bool,
-    /// Accept the older superblock copy if the newer one is damaged.
+    /// Accept an older superblock copy that no backup vouches for (`--fallback-superblock`).
     pub fallback_superblock: bool,
 }
 
@@ -129,19 +132,35 @@ fn wait_for_release(image: &Path) -> CliResult {
     }
 }
 
-/// Without `-f`: a cleanly closed image is reported clean without a full check.
+/// Without `-f`: a cleanly closed image is reported clean without a full check, unless its
+/// superblock says otherwise (as e2fsck checks a file system whose state is not clean): known
+/// damage, skipped log records, or superblock copies damaged, overwritten or used as a fallback.
 fn clean_at_once(image: &Path) -> Option<i32> {
     let dev = FileDevice::open_read_only(image).ok()?;
-    let sb = Superblock::read_newest(&dev, false).ok()?;
+    let located = Superblock::locate(&dev, false).ok()?;
+    let sb = &located.sb;
     if !sb.clean {
         return None;
     }
-    say!(
-        "{}: clean (closed cleanly at generation {}; use -f to check it anyway)",
-        image.display(),
-        sb.generation
+    let why_check = if sb.damaged {
+        "damage was recorded by a read"
+    } else if sb.needs_check {
+        "log records were skipped at an open"
+    } else if !located.problems.is_empty() || located.fell_back {
+        "superblock copies are damaged or overwritten"
+    } else {
+        say!(
+            "{}: clean (closed cleanly at generation {}; use -f to check it anyway)",
+            image.display(),
+            sb.generation
+        );
+        return Some(CLEAN);
+    };
+    note!(
+        "fsck: {}: closed cleanly, but {why_check}: checking it",
+        image.display()
     );
-    Some(CLEAN)
+    None
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ mod files;
 mod fsck;
 mod fsck_cmd;
 mod helpers;
+mod image;
 mod install;
 mod memlimit;
 mod mkfs;
@@ -126,7 +127,8 @@ enum Command {
     Fsck {
         /// Image file or block device.
         image: PathBuf,
-        /// Fix what can be fixed (benign problems: leaks, counters, orphans).
+        /// Fix what can be fixed: rebuild a damaged tree from its intact parts, rewrite damaged
+        /// superblock copies, move entries whose directory is gone to /lost+found, fix counts.
         #[arg(long)]
         repair: bool,
         /// Repair (as e2fsck -y: a cleanly closed image is not checked without -f).
@@ -141,7 +143,8 @@ enum Command {
         /// With -n, -y or -p: check even an image that was closed cleanly.
         #[arg(short = 'f')]
         force: bool,
-        /// Accept the older superblock copy if the newer one is damaged.
+        /// Accept an older superblock copy that no backup vouches for when the newer one is
+        /// damaged (operations since that checkpoint may be lost).
         #[arg(long)]
         fallback_superblock: bool,
     },

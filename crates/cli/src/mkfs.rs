@@ -99,9 +99,10 @@ pub fn log_size_for(size: u64) -> u64 {
     (size / 16).clamp(LOG_MIN, LOG_MAX)
 }
 
-/// Smallest image for a node size: the superblocks, the log, and room for sixteen nodes.
+/// Smallest image for a node size: the superblocks, the log, and room for sixteen nodes; and
+/// the log must fit in the first quarter (the first backup superblock follows it).
 pub fn min_size(node_size: u64) -> u64 {
-    2 * 4096 + LOG_MIN + 16 * node_size
+    (2 * 4096 + LOG_MIN + 16 * node_size).max(4 * (LOG_MIN + 2 * 4096))
 }
 
 fn progress(msg: &str) {

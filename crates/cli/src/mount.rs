@@ -13,6 +13,7 @@ use amaranth_fs::{Fs, FsOptions};
 use amaranth_fuse::{MountOptions, Transport, Unmounter};
 
 use crate::files::{self, Create};
+use crate::image::superblock_error;
 use crate::options::{Origin, Parsed};
 use crate::release;
 use crate::rundir::{self, RunDir};
@@ -169,20 +170,26 @@ fn open_image(image: &Path, read_only: bool) -> CliResult<(PathBuf, FileDevice, 
                 _ => format!("cannot open image {}: {e}", abs.display()),
             })
         })?;
-    let sb = Superblock::read_newest(&dev, false).map_err(|e| {
-        Failure::new(match e {
-            Error::BadMagic(_) | Error::TooSmall(_) => format!(
-                "{} is not an Amaranth image (no Amaranth superblock at its start); create one \
-                 with `amaranth mkfs`",
-                abs.display()
-            ),
-            _ => format!(
-                "cannot mount {}: {e}; check it with `amaranth fsck {}`",
-                abs.display(),
-                abs.display()
-            ),
-        })
-    })?;
+    let located = Superblock::locate(&dev, false)
+        .map_err(|e| Failure::new(superblock_error(&abs, &dev, &e, "cannot mount")))?;
+    // A fallback to a backup copy, or damaged copies: say so here (the terminal); the daemon says
+    // it again in its log.
+    for line in located.describe() {
+        note!("amaranth: {}: {line}", abs.display());
+    }
+    let sb = located.sb;
+    if sb.damaged && !read_only {
+        let e = Error::Damaged(format!(
+            "recorded by checkpoint {} when a read found a damaged node",
+            sb.generation
+        ));
+        return Err(Failure::new(superblock_error(
+            &abs,
+            &dev,
+            &e,
+            "cannot mount",
+        )));
+    }
     let format = sb.format().map_err(|e| {
         Failure::new(format!(
             "cannot mount {}: {e}; check it with `amaranth fsck {}`",
@@ -575,10 +582,18 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
         human(engine_opts.cache_size as u64),
         mount_opts.threads
     );
-    let engine = Arc::new(
-        Engine::open(Arc::new(dev), engine_opts)
-            .map_err(|e| Failure::new(format!("cannot open {}: {e}", image.display())))?,
-    );
+    let engine = Arc::new(Engine::open(Arc::new(dev), engine_opts).map_err(|e| {
+        Failure::new(match e {
+            Error::Io { .. } | Error::InUse(_) | Error::InvalidConfig(_) => {
+                format!("cannot open {}: {e}", image.display())
+            }
+            _ => format!(
+                "cannot open {}: the image is damaged ({e}); check it with `amaranth fsck {}`",
+                image.display(),
+                image.display()
+            ),
+        })
+    })?);
     let st = engine.stats();
     if st.opened_after_crash {
         log::warn!(
@@ -599,11 +614,20 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
     let fs = match Fs::new(engine.clone(), fs_opts) {
         Ok(fs) => Arc::new(fs),
         Err(e) => {
+            let damage = engine.stats().known_damage;
             let _ = close_engine(engine);
-            return Err(Failure::new(format!(
-                "{} does not hold a usable file system: {e}",
-                image.display()
-            )));
+            return Err(Failure::new(match damage {
+                Some(d) => format!(
+                    "cannot mount {}: the image is damaged ({d}); repair it with \
+                     `amaranth fsck --repair {}`",
+                    image.display(),
+                    image.display()
+                ),
+                None => format!(
+                    "{} does not hold a usable file system: {e}",
+                    image.display()
+                ),
+            }));
         }
     };
     let handle = match amaranth_fuse::mount(fs.clone(), &mountpoint, &mount_opts) {

@@ -19,6 +19,9 @@
 //!   relatime, lazytime, sync, unknown and impossible options (one line, exit 32);
 //! - `fsck_flags_and_exit_codes`: `-n` changes nothing (an image with a log to replay), `-y`,
 //!   `-p`, `-f`, usage errors;
+//! - `known_damage_remount_rw_and_fsck_flags`: an image with recorded damage is refused
+//!   read-write, mounts read-only without writing, `remount,rw` is refused with the reason; `fsck
+//!   -n` checks it although it was closed cleanly (4, nothing written), `-p` repairs it (1);
 //! - `messages_for_a_user_without_fuse_and_relative_paths`: one clear line for `/dev/fuse`
 //!   permissions; relative `--log-file`/`--pid-file` are relative to the caller's directory.
 
@@ -585,6 +588,125 @@ fn fsck_flags_and_exit_codes() {
     }
     fs::write(&img, bytes).unwrap();
     assert_eq!(fsck(&h, &img, &["-f", "-n"]).status.code(), Some(4));
+}
+
+/// Zeroes the last block of one node (not the root) that holds something; records the damage in
+/// the superblock the way a mount does, by reading it with a read-write engine.
+fn damage_and_record(img: &Path) {
+    use amaranth_engine::{Engine, Options};
+    use std::io::{Read, Seek, SeekFrom, Write};
+    use std::sync::Arc;
+    let opts = |read_only| Options {
+        read_only,
+        background_threads: false,
+        cache_size: 64 << 20,
+        ..Options::default()
+    };
+    let dev = amaranth_device::FileDevice::open_read_only(img).unwrap();
+    let nodes = Engine::open(Arc::new(dev), opts(true))
+        .unwrap()
+        .node_extents();
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(img)
+        .unwrap();
+    let (_, b, n) = nodes
+        .into_iter()
+        .filter(|&(id, _, n)| id != 1 && n > 1)
+        .find(|&(_, b, n)| {
+            let mut old = vec![0u8; 4096];
+            f.seek(SeekFrom::Start((b + n - 1) * 4096)).unwrap();
+            f.read_exact(&mut old).unwrap();
+            old.iter().any(|&x| x != 0)
+        })
+        .expect("a node to damage");
+    f.seek(SeekFrom::Start((b + n - 1) * 4096)).unwrap();
+    f.write_all(&[0; 4096]).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let dev = amaranth_device::FileDevice::open(img).unwrap();
+    let e = Engine::open(Arc::new(dev), opts(false)).unwrap();
+    let r = e.scan(
+        std::ops::Bound::Unbounded,
+        std::ops::Bound::Unbounded,
+        |_, _| true,
+    );
+    assert!(r.unwrap_err().is_damage());
+    e.close().unwrap();
+    let dev = amaranth_device::FileDevice::open_read_only(img).unwrap();
+    let sb = amaranth_engine::Superblock::read_newest(&dev, false).unwrap();
+    assert!(sb.damaged && sb.clean, "{sb:?}");
+}
+
+#[test]
+fn known_damage_remount_rw_and_fsck_flags() {
+    if !mount_env_ok() {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new("habits-damage");
+    let h = Helpers::install(&s);
+    let img = s.path("fs.img");
+    let o = s.run(&[
+        OsStr::new("mkfs"),
+        img.as_os_str(),
+        "--size".as_ref(),
+        "128M".as_ref(),
+        "--node-size".as_ref(),
+        "512K".as_ref(),
+    ]);
+    assert!(o.status.success(), "mkfs: {}", stderr(&o));
+    let m = s.mount(&img, "mnt", &support::MountOpts::default());
+    for i in 0..200 {
+        fs::write(m.p(&format!("f{i}")), support::pattern(i, 20_000)).unwrap();
+    }
+    m.umount();
+    damage_and_record(&img);
+    let mp = s.path("mnt");
+    // Read-write: refused, naming the repair.
+    let (m, out) = SysMount::new(&h, &img, &mp, &log_opt(&s, "mnt.log"));
+    assert!(!out.status.success() && !is_mounted(&mp));
+    assert!(stderr(&out).contains("fsck --repair"), "{}", stderr(&out));
+    drop(m);
+    // Read-only: mounts and writes nothing; remount,rw is refused with the reason and the mount
+    // stays read-only.
+    let before = sha(&img);
+    let m = SysMount::mounted(&h, &img, &mp, &format!("ro,{}", log_opt(&s, "mnt.log")));
+    let mut c = h.cmd("mount");
+    c.args(["-o", "remount,rw"]).arg(&mp);
+    let out = run(c);
+    assert!(!out.status.success());
+    let said = stderr(&out);
+    assert!(
+        said.contains("known damage")
+            && said.contains("fsck --repair")
+            && said.contains("stays read-only"),
+        "{said}"
+    );
+    assert!(m.options().contains(&"ro".to_string()));
+    let e = fs::write(m.p("new"), b"no").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "{e}");
+    m.umount(&h);
+    assert!(
+        sha(&img) == before,
+        "a read-only mount of a damaged image wrote"
+    );
+    // fsck -n without -f: the image was closed cleanly but records damage, so it is checked:
+    // 4, and nothing changes.
+    let out = fsck(&h, &img, &["-n"]);
+    assert_eq!(out.status.code(), Some(4), "fsck -n: {}", stderr(&out));
+    assert!(sha(&img) == before, "fsck -n changed the image");
+    // -p repairs what --repair does (salvage, schema): 1; then clean without and with -f.
+    let out = fsck(&h, &img, &["-p"]);
+    assert_eq!(out.status.code(), Some(1), "fsck -p: {}", stderr(&out));
+    let out = fsck(&h, &img, &["-n"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("clean"));
+    assert_eq!(fsck(&h, &img, &["-f", "-n"]).status.code(), Some(0));
+    let m = SysMount::mounted(&h, &img, &mp, &log_opt(&s, "mnt.log"));
+    fs::write(m.p("after-repair"), b"ok").unwrap();
+    m.umount(&h);
 }
 
 #[test]

@@ -165,6 +165,11 @@ pub struct Options {
     /// it changes, panicking on the first broken one. Costs a pass over the node per change:
     /// the tests turn it on; builds with debug assertions always check.
     pub check_invariants: bool,
+    /// Repair (`amaranth fsck --repair`): open an image with known damage, and if a walk of the
+    /// tree finds damage, rebuild the tree from its intact parts (see
+    /// [`crate::Engine::salvage_report`]); replay what the redo log still holds even if later
+    /// records are damaged. The checkpoint that follows clears the damage flag. Read-write only.
+    pub salvage: bool,
 }
 
 impl Default for Options {
@@ -178,6 +183,7 @@ impl Default for Options {
             read_only: false,
             fallback_superblock: false,
             check_invariants: false,
+            salvage: false,
         }
     }
 }
@@ -191,6 +197,11 @@ impl Options {
                 "cache size {} is below the minimum of {} (eight nodes of {} bytes)",
                 self.cache_size, min, format.node_size
             )));
+        }
+        if self.salvage && self.read_only {
+            return Err(Error::InvalidConfig(
+                "a repair (salvage) opens the image read-write".into(),
+            ));
         }
         if !(0.05..=0.95).contains(&self.checkpoint_log_fraction) {
             return Err(Error::InvalidConfig(

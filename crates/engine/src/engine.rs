@@ -14,13 +14,16 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::apply::{self, apply_ops, flush_root, scan_tree};
 use crate::config::{Format, Options};
+use crate::copies;
 use crate::error::{Error, Result};
+use crate::load::{self, load_checkpoint, Loaded};
 use crate::msg::Patch;
 use crate::node::{Node, ROOT_ID};
 use crate::ops::{self, Batch, Op};
 use crate::read::Target;
+use crate::salvage::{self, SalvageReport};
 use crate::store::{self, Allocator, Btt, Store, StoreCounters};
-use crate::superblock::{Extent, Superblock};
+use crate::superblock::{backup_blocks, Extent, Superblock, FORMAT_VERSION};
 use crate::tree::Tree;
 use crate::wal::{self, Log, LogPosition, LogStats, Lsn, Space};
 
@@ -64,6 +67,14 @@ struct Inner {
     /// Held shared by every modification from its check to its end, exclusive while the engine
     /// switches between read-only and writable (see `mode.rs`).
     mode: parking_lot::RwLock<()>,
+    /// Damage is known: a read found it (or the superblock said so at open).
+    damage: AtomicBool,
+    /// What the first damage found was.
+    damage_detail: Mutex<Option<String>>,
+    /// What was wrong with the superblock copies at open (empty when nothing was).
+    superblock_notes: Vec<String>,
+    /// What a repair open found and did.
+    salvaged: Option<SalvageReport>,
 }
 
 #[derive(Default)]
@@ -170,6 +181,12 @@ pub struct Stats {
     pub needs_check: bool,
     /// The error that made the engine read-only, if any.
     pub failure: Option<String>,
+    /// Damage is known (found by a read, or recorded in the superblock): what was found, if this
+    /// session found it.
+    pub known_damage: Option<String>,
+    /// What was wrong with the superblock copies at open (damaged or overwritten copies, a
+    /// fallback to a backup copy); empty when nothing was.
+    pub superblock_notes: Vec<String>,
 }
 
 fn now_unix() -> u64 {
@@ -206,7 +223,62 @@ impl Inner {
         Ok(())
     }
 
+    /// Records that a read found damage: in memory, and (read-write) in the superblock copies of
+    /// the current checkpoint at once, so that the next read-write open is refused until a repair.
+    fn note_damage(&self, e: &Error) {
+        if !e.is_damage() || self.damage.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        log::error!(
+            "amaranth engine: damage found: {e}; the image needs `amaranth fsck --repair` \
+             (until then it mounts read-only only)"
+        );
+        *self.damage_detail.lock() = Some(e.to_string());
+        if self.tree.is_read_only() {
+            return;
+        }
+        // A running checkpoint records it itself (it looks at the flag once its superblock is
+        // written): never wait for it here, the checkpoint may be the reader that found it.
+        if let Some(_c) = self.ckpt_lock.try_lock() {
+            self.persist_damage();
+        }
+    }
+
+    /// Rewrites the current checkpoint's superblock copies with the damage flag set. Call with
+    /// `ckpt_lock` held.
+    fn persist_damage(&self) {
+        let mut sb = self.sb.lock().clone();
+        // Read-only writes nothing (a switch to read-only sets the mode before it takes
+        // `ckpt_lock` for its last checkpoint, which records the flag itself).
+        if sb.damaged || !self.damage.load(Ordering::Acquire) || self.tree.is_read_only() {
+            return;
+        }
+        sb.damaged = true;
+        // Backups first: a torn write of the primary copy still leaves this checkpoint in them.
+        let dev = &*self.dev;
+        let r = sb
+            .write_backups(dev)
+            .and_then(|_| self.tree.store.flush("superblock backups (damage flag)"))
+            .and_then(|_| sb.write(dev))
+            .and_then(|_| self.tree.store.flush("superblock (damage flag)"));
+        match r {
+            Ok(()) => *self.sb.lock() = sb,
+            Err(e) => {
+                log::error!("amaranth engine: cannot record the damage in the superblock: {e}")
+            }
+        }
+    }
+
+    /// Passes `r` through, noting damage it reports.
+    fn seen<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r {
+            self.note_damage(e);
+        }
+        r
+    }
+
     fn fail(&self, e: &Error) {
+        self.note_damage(e);
         if matches!(
             e,
             Error::Io { .. } | Error::Corrupt(_) | Error::Checksum { .. }
@@ -427,8 +499,16 @@ impl Inner {
             sb.btt_crc = store::table_crc(&table[..32 + count as usize * 24]);
             sb.btt_count = count;
             sb.checkpoint_unix = now_unix();
+            sb.damaged = self.damage.load(Ordering::Acquire);
             sb.write(&*self.dev)?;
             tree.store.flush("superblock")?;
+            // The backups follow once the primary copy is durable, and are durable themselves
+            // before the previous checkpoint's extents are freed: a backup always describes a
+            // checkpoint whose blocks are intact.
+            if !sb.backups.is_empty() {
+                sb.write_backups(&*self.dev)?;
+                tree.store.flush("superblock backups")?;
+            }
             Ok(sb)
         })();
         match result {
@@ -436,6 +516,8 @@ impl Inner {
                 tree.store.btt.lock().complete_checkpoint(sb.btt);
                 self.log.set_tail(tail_voff);
                 *self.sb.lock() = sb;
+                // Damage found while this checkpoint ran and not in its superblock: record it.
+                self.persist_damage();
                 self.counters.checkpoints.fetch_add(1, Ordering::Relaxed);
                 self.counters
                     .checkpoint_nanos
@@ -591,9 +673,12 @@ impl Engine {
         options.validate(&format)?;
         let dev_len = dev.len();
         let dev_blocks = dev_len / BLOCK_SIZE as u64;
+        let backups = backup_blocks(dev_blocks);
+        // The log lies before the first backup copy (a quarter of the device).
+        let max_log = backups[0].saturating_sub(2) * BLOCK_SIZE as u64;
         let log_size = format
             .log_size
-            .unwrap_or_else(|| (dev_len / 16).clamp(4 << 20, 256 << 20))
+            .unwrap_or_else(|| (dev_len / 16).clamp(4 << 20, 256 << 20).min(max_log))
             .max(16 * BLOCK_SIZE as u64)
             / BLOCK_SIZE as u64
             * BLOCK_SIZE as u64;
@@ -610,10 +695,22 @@ impl Engine {
                 (data_start + min_data) * BLOCK_SIZE as u64
             )));
         }
-        // Invalidate whatever image was there before.
-        let zero = amaranth_device::AlignedBuf::zeroed(2 * BLOCK_SIZE);
-        dev.write_at(0, &zero)
-            .map_err(|e| Error::io("clearing the superblocks", e))?;
+        if log_size > max_log {
+            return Err(Error::TooSmall(format!(
+                "{} has {} bytes; a {} KiB log must fit in the first quarter of the device (the \
+                 first backup superblock follows it), so the device needs at least {} bytes",
+                dev.describe(),
+                dev_len,
+                log_size >> 10,
+                4 * (log_size + 2 * BLOCK_SIZE as u64)
+            )));
+        }
+        // Invalidate whatever image was there before, backups included.
+        let zero = amaranth_device::AlignedBuf::zeroed(BLOCK_SIZE);
+        for b in [0, 1].iter().chain(&backups) {
+            dev.write_at(b * BLOCK_SIZE as u64, &zero)
+                .map_err(|e| Error::io("clearing the superblocks", e))?;
+        }
         dev.flush()
             .map_err(|e| Error::io("clearing the superblocks", e))?;
         let mut uuid = [0u8; 16];
@@ -621,6 +718,7 @@ impl Engine {
         uuid[8..].copy_from_slice(&random_u64().to_le_bytes());
         let epoch = random_u64() >> 1;
         let sb = Superblock {
+            version: FORMAT_VERSION,
             generation: 0,
             uuid,
             device_blocks: dev_blocks,
@@ -650,13 +748,25 @@ impl Engine {
             created_unix: now_unix(),
             checkpoint_unix: 0,
             label: String::new(),
+            damaged: false,
+            backups: backups.clone(),
         };
+        let mut alloc = Allocator::new(data_start, dev_blocks);
+        for &b in &backups {
+            assert!(
+                alloc.claim(Extent {
+                    block: b,
+                    blocks: 1
+                }),
+                "backup block {b} outside the free data area"
+            );
+        }
         let btt = Btt {
             current: HashMap::new(),
             checkpointed: HashMap::new(),
             in_progress: None,
             checkpointed_table: None,
-            alloc: Allocator::new(data_start, dev_blocks),
+            alloc,
         };
         let store = Arc::new(Store {
             dev: dev.clone(),
@@ -691,79 +801,44 @@ impl Engine {
     /// in the log, counted in [`Stats::skipped_records`], and the image is flagged for a check
     /// ([`Stats::needs_check`], kept in the superblock).
     pub fn open(dev: Arc<dyn BlockDevice>, options: Options) -> Result<Engine> {
-        let mut sb = Superblock::read_newest(&*dev, options.fallback_superblock)?;
-        let format = sb.format()?;
-        options.validate(&format)?;
-        let data_start = sb.data_start_block();
-        let store_probe = Store {
-            dev: dev.clone(),
-            btt: Mutex::new(empty_btt()),
-            counters: StoreCounters::default(),
-        };
-        let raw = store_probe.read(sb.btt.offset(), sb.btt.len(), "block translation table")?;
-        let table_len = 32 + sb.btt_count as usize * 24;
-        if table_len > raw.len() || store::table_crc(&raw[..table_len]) != sb.btt_crc {
-            return Err(Error::Checksum {
-                what: "block translation table".into(),
-                offset: sb.btt.offset(),
-            });
+        let Loaded {
+            located,
+            mut sb,
+            tree,
+            ..
+        } = load_checkpoint(&dev, &options)?;
+        if sb.damaged && !options.read_only && !options.salvage {
+            return Err(Error::Damaged(format!(
+                "recorded by checkpoint {} when a read found a damaged node",
+                sb.generation
+            )));
         }
-        let table = store::decode_btt(
-            &raw,
-            sb.btt_count,
-            data_start,
-            sb.device_blocks,
-            sb.btt.offset(),
-        )?;
-        if !table.contains_key(&sb.root_id) {
-            return Err(Error::Corrupt(
-                "the block translation table has no root".into(),
-            ));
+        if !options.read_only {
+            // Before anything is written: the backups must describe this checkpoint before the
+            // allocator hands out blocks an older one still uses.
+            copies::heal(&*dev, &located)?;
+            load::upgrade_v1(&mut sb, &tree.store);
         }
-        let mut alloc = Allocator::new(data_start, sb.device_blocks);
-        let mut claimed: Vec<(u64, Extent)> = table.iter().map(|(id, e)| (*id, *e)).collect();
-        claimed.sort_by_key(|(_, e)| e.block);
-        for (id, e) in claimed.iter().copied().chain(std::iter::once((0, sb.btt))) {
-            if id >= sb.next_node_id {
-                return Err(Error::Corrupt(format!(
-                    "node id {id} is not below the next id {}",
-                    sb.next_node_id
-                )));
+        let mut salvaged = None;
+        if options.salvage {
+            let mut report = salvage::survey(&tree)?;
+            if !report.damage.is_empty() {
+                log::warn!(
+                    "amaranth engine: {} damaged nodes, partitions or buffers; rebuilding the tree \
+                     from what is intact",
+                    report.damage.len()
+                );
+                report = salvage::rebuild(&tree)?;
             }
-            if !alloc.claim(e) {
-                return Err(Error::Corrupt(format!(
-                    "extent of node {id} (blocks {}..{}) overlaps another",
-                    e.block,
-                    e.block + e.blocks
-                )));
-            }
+            report.superblock = located.describe();
+            salvaged = Some(report);
         }
-        let btt = Btt {
-            current: table.clone(),
-            checkpointed: table,
-            in_progress: None,
-            checkpointed_table: Some(sb.btt),
-            alloc,
-        };
-        let store = Arc::new(Store {
-            dev: dev.clone(),
-            btt: Mutex::new(btt),
-            counters: StoreCounters::default(),
-        });
-        let mut tree = Tree::new(
-            format.clone(),
-            store,
-            options.cache_size,
-            sb.next_node_id,
-            sb.next_msn,
-        );
-        tree.check_invariants |= options.check_invariants;
-        // A read-only open writes nothing, not even the nodes that replaying the log dirtied.
-        tree.set_read_only(options.read_only);
         let region_start = sb.log_start_block * BLOCK_SIZE as u64;
         let region_len = sb.log_blocks * BLOCK_SIZE as u64;
         let ckpt_lsn = sb.ckpt_lsn;
         let mut skipped = 0u64;
+        // A repair replays what it can: a record whose application hits damage ends the replay.
+        let mut replay_stop: Option<String> = None;
         let recovered = wal::recover(
             &*dev,
             region_start,
@@ -773,10 +848,16 @@ impl Engine {
             sb.log_tail_lsn,
             !sb.clean,
             |lsn, payload| {
-                if lsn < ckpt_lsn {
+                if lsn < ckpt_lsn || replay_stop.is_some() {
                     return Ok(());
                 }
-                apply::replay_record(&tree, lsn, payload, &mut skipped)
+                match apply::replay_record(&tree, lsn, payload, &mut skipped) {
+                    Err(e) if options.salvage && e.is_damage() => {
+                        replay_stop = Some(format!("log record {lsn} could not be replayed: {e}"));
+                        Ok(())
+                    }
+                    r => r,
+                }
             },
         )?;
         if skipped > 0 {
@@ -785,6 +866,15 @@ impl Engine {
             log::error!(
                 "amaranth engine: {skipped} log records could not be applied; run `amaranth fsck`"
             );
+        }
+        if let Some(e) = recovered.damage.clone() {
+            match &mut salvaged {
+                Some(report) => report.log = Some(e.to_string()),
+                None => return Err(e),
+            }
+        }
+        if let (Some(report), Some(stop)) = (&mut salvaged, replay_stop) {
+            report.log = Some(stop);
         }
         let replayed = recovered
             .records
@@ -807,10 +897,14 @@ impl Engine {
         );
         let after_crash = !sb.clean;
         let read_only = options.read_only;
+        let damaged = sb.damaged;
         let mut engine = Engine::assemble(dev, tree, log, options, sb, after_crash, replayed);
         if let Some(inner) = Arc::get_mut(&mut engine.inner) {
             inner.recovery_stop = recovered.stop_reason;
             inner.skipped_records = skipped;
+            inner.superblock_notes = located.describe();
+            inner.damage = AtomicBool::new(damaged && !inner.options.salvage);
+            inner.salvaged = salvaged;
         }
         if !read_only {
             // A checkpoint starts a new log epoch: chunks left from before can never be replayed.
@@ -849,6 +943,10 @@ impl Engine {
                 recovery_stop: String::new(),
                 skipped_records: 0,
                 mode: parking_lot::RwLock::new(()),
+                damage: AtomicBool::new(false),
+                damage_detail: Mutex::new(None),
+                superblock_notes: Vec::new(),
+                salvaged: None,
             }),
             threads: Mutex::new(Vec::new()),
         }
@@ -942,7 +1040,7 @@ impl Engine {
                 max: self.inner.tree.format.max_key_len,
             });
         }
-        let r = self.inner.tree.get(key);
+        let r = self.inner.seen(self.inner.tree.get(key));
         let _ = self.inner.tree.make_room();
         r
     }
@@ -960,7 +1058,8 @@ impl Engine {
         }
         let (lo, hi) = normalize(lo, hi);
         let Some(lo) = lo else { return Ok(()) };
-        scan_tree(&self.inner.tree, &lo, hi.as_deref(), &mut f)?;
+        self.inner
+            .seen(scan_tree(&self.inner.tree, &lo, hi.as_deref(), &mut f))?;
         self.inner.tree.make_room()
     }
 
@@ -1003,9 +1102,9 @@ impl Engine {
         while n < max_steps {
             let did = {
                 let _w = self.inner.tree.writers.read();
-                self.inner.tree.flush_step(threshold)?
+                self.inner.seen(self.inner.tree.flush_step(threshold))?
             };
-            self.inner.tree.make_room()?;
+            self.inner.seen(self.inner.tree.make_room())?;
             if !did {
                 break;
             }
@@ -1140,6 +1239,16 @@ impl Engine {
             skipped_records: i.skipped_records,
             needs_check,
             failure: i.failed.lock().as_ref().map(|e| e.to_string()),
+            known_damage: if i.damage.load(Ordering::Acquire) {
+                Some(
+                    i.damage_detail.lock().clone().unwrap_or_else(|| {
+                        "recorded in the superblock by an earlier session".into()
+                    }),
+                )
+            } else {
+                None
+            },
+            superblock_notes: i.superblock_notes.clone(),
         }
     }
 
@@ -1236,10 +1345,43 @@ impl Engine {
         &self.inner.tree
     }
 
+    /// What a repair open (`Options::salvage`) found and did; `None` for other opens.
+    pub fn salvage_report(&self) -> Option<&SalvageReport> {
+        self.inner.salvaged.as_ref()
+    }
+
+    /// Walks the last checkpoint's tree on `dev` and reports every damaged node, partition and
+    /// buffer, without replaying the log or writing anything (what `fsck` runs first: a normal
+    /// open would stop at the first damaged node).
+    pub fn survey(dev: Arc<dyn BlockDevice>, options: Options) -> Result<SalvageReport> {
+        let options = Options {
+            read_only: true,
+            salvage: false,
+            ..options
+        };
+        let loaded = load_checkpoint(&dev, &options)?;
+        let mut report = salvage::survey(&loaded.tree)?;
+        report.superblock = loaded.located.describe();
+        Ok(report)
+    }
+
+    /// Where every node of the last checkpoint lies: `(node id, first block, blocks)`, by block.
+    /// For checkers and tests (which blocks belong to which node).
+    pub fn node_extents(&self) -> Vec<(u64, u64, u64)> {
+        let btt = self.inner.tree.store.btt.lock();
+        let mut v: Vec<(u64, u64, u64)> = btt
+            .checkpointed
+            .iter()
+            .map(|(id, e)| (*id, e.block, e.blocks))
+            .collect();
+        v.sort_by_key(|&(_, b, _)| b);
+        v
+    }
+
     /// Checks every invariant of the tree on disk and in memory: node checksums, pivot order, message
     /// placement, heights, entry counts and the table. Returns the number of nodes and entries seen.
     pub fn verify(&self) -> Result<crate::verify::Report> {
-        crate::verify::verify(&self.inner.tree)
+        self.inner.seen(crate::verify::verify(&self.inner.tree))
     }
 }
 
@@ -1253,16 +1395,6 @@ impl Drop for Engine {
             let _ = self.inner.log.flush(true);
         }
         self.inner.closed.store(true, Ordering::Release);
-    }
-}
-
-fn empty_btt() -> Btt {
-    Btt {
-        current: HashMap::new(),
-        checkpointed: HashMap::new(),
-        in_progress: None,
-        checkpointed_table: None,
-        alloc: Allocator::default(),
     }
 }
 
@@ -1359,6 +1491,7 @@ impl Iterator for RangeIter<'_> {
     fn next(&mut self) -> Option<Self::Item> {
         if self.buf.is_empty() {
             if let Err(e) = self.refill() {
+                self.engine.inner.note_damage(&e);
                 self.cursor = None;
                 return Some(Err(e));
             }

@@ -59,6 +59,13 @@ pub enum Error {
     /// A structure is internally inconsistent (checksummed correctly but impossible).
     #[error("corrupt image: {0}")]
     Corrupt(String),
+    /// The image has known damage (a read found it, and no repair has run since): read-write opens
+    /// are refused so that nothing is built on top of it.
+    #[error(
+        "the image has known damage ({0}); it can be opened read-only, or repaired with \
+         `amaranth fsck --repair`"
+    )]
+    Damaged(String),
     /// The device is smaller than the image needs.
     #[error("device too small: {0}")]
     TooSmall(String),
@@ -106,6 +113,7 @@ impl Error {
             | Error::UnsupportedVersion { .. }
             | Error::Checksum { .. }
             | Error::Corrupt(_)
+            | Error::Damaged(_)
             | Error::TooSmall(_) => libc::EIO,
         }
     }
@@ -114,8 +122,14 @@ impl Error {
     pub fn is_corruption(&self) -> bool {
         matches!(
             self,
-            Error::Checksum { .. } | Error::Corrupt(_) | Error::BadMagic(_)
+            Error::Checksum { .. } | Error::Corrupt(_) | Error::BadMagic(_) | Error::Damaged(_)
         )
+    }
+
+    /// Whether a read of the tree found this damage (a checksum mismatch or an impossible node):
+    /// what makes the engine record known damage in the superblock.
+    pub fn is_damage(&self) -> bool {
+        matches!(self, Error::Checksum { .. } | Error::Corrupt(_))
     }
 }
 
@@ -149,6 +163,7 @@ impl Clone for Error {
                 offset: *offset,
             },
             Error::Corrupt(s) => Error::Corrupt(s.clone()),
+            Error::Damaged(s) => Error::Damaged(s.clone()),
             Error::TooSmall(s) => Error::TooSmall(s.clone()),
             Error::NoSpace(s) => Error::NoSpace(s.clone()),
             Error::InvalidConfig(s) => Error::InvalidConfig(s.clone()),

@@ -34,17 +34,21 @@ mod cache;
 mod codec;
 mod compress;
 mod config;
+mod copies;
 mod engine;
 mod error;
 mod heap;
 #[cfg(test)]
 mod invariant_tests;
+mod load;
 mod msg;
 mod node;
 mod ops;
 mod partition;
 mod prefix;
 mod read;
+mod rebuild;
+mod salvage;
 mod store;
 mod superblock;
 mod tree;
@@ -53,12 +57,15 @@ mod wal;
 mod writeback;
 
 pub use config::{Compression, Format, Options};
+pub use copies::Located;
 pub use engine::{Engine, RangeIter, Stats};
 pub use error::{Error, Result};
 pub use msg::Patch;
 pub use ops::{prefix_end, Batch, Op};
+pub use salvage::{Damage, DamagedPart, SalvageReport};
 pub use superblock::{
-    check_label, format_uuid, parse_uuid, Superblock, FORMAT_VERSION, LABEL_AT, LABEL_MAX,
+    backup_blocks, check_label, format_uuid, parse_uuid, Superblock, FORMAT_VERSION, LABEL_AT,
+    LABEL_MAX,
 };
 pub use verify::Report;
 pub use wal::{LogStats, Lsn};

@@ -1,26 +1,47 @@
-//! The two superblocks at the start of the image.
+//! The superblock: its layout, encoding and where its copies live.
 //!
-//! Block 0 and block 1 each hold a copy; a checkpoint writes the one its generation selects
-//! (`generation % 2`), so a torn superblock write leaves the other intact. On open, the valid copy
-//! with the highest generation wins.
+//! Block 0 and block 1 each hold a primary copy; a checkpoint writes the one its generation selects
+//! (`generation % 2`), so a torn superblock write leaves the other intact. From format version 2,
+//! three backup copies sit at a quarter, half and three quarters of the device (reserved in the
+//! allocator), so that damage to the start of the image loses nothing: a checkpoint writes them
+//! after its primary copy is durable. Which copy to use is decided in [`crate::copies`].
 
 use amaranth_device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
 
 use crate::codec::{crc_with_hole, Dec, Enc};
 use crate::config::{Compression, Format};
+use crate::copies::Located;
 use crate::error::{Error, Result};
 
 /// Magic bytes at the start of each superblock.
 pub const SUPER_MAGIC: [u8; 8] = *b"AMARANTH";
-/// The on-disk format version this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The on-disk format version this build writes for new images (it also reads and writes version 1).
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format version this build reads.
+pub const OLDEST_VERSION: u32 = 1;
 /// Superblock flag: log records were skipped at an open; the image wants a check.
 const FLAG_NEEDS_CHECK: u16 = 1;
+/// Superblock flag: a read found a damaged node; read-write opens are refused until a repair.
+const FLAG_DAMAGED: u16 = 2;
 const CRC_AT: usize = 12;
+/// Offset of the backup list in a version-2 superblock.
+const BACKUPS_AT: usize = 192;
+/// Most backup copies a superblock can list.
+const MAX_BACKUPS: usize = 8;
+
+/// Blocks of the backup superblock copies of a device of `device_blocks` blocks (format version 2):
+/// a quarter, half and three quarters of the way, far from the start that a stray write of a
+/// partition table or another file system's superblock would hit.
+pub fn backup_blocks(device_blocks: u64) -> Vec<u64> {
+    (1..=3).map(|k| device_blocks / 4 * k).collect()
+}
 /// Offset of the label in a superblock block (fixed, for blkid-style probes; zeros: no label).
 pub const LABEL_AT: usize = 1024;
 /// Longest label in bytes (UTF-8, no NUL; the rest of the field is zeros).
 pub const LABEL_MAX: usize = 64;
+// The backup list (version 2) ends before the label, and the label inside the block.
+const _: () = assert!(BACKUPS_AT + 8 + 8 * MAX_BACKUPS <= LABEL_AT);
+const _: () = assert!(LABEL_AT + LABEL_MAX <= BLOCK_SIZE);
 
 /// An extent of whole blocks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -49,6 +70,8 @@ impl Extent {
 /// Everything the engine needs to find its state after a restart.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
+    /// Format version of this image (1 or 2; version 1 has no backup copies).
+    pub version: u32,
     /// Checkpoint number; the higher valid copy wins.
     pub generation: u64,
     /// Identity of the image.
@@ -72,6 +95,9 @@ pub struct Superblock {
     /// Log records that could not be applied were skipped at an open: the image wants a check
     /// (kept until a check clears it).
     pub needs_check: bool,
+    /// A read found damage (a checksum error or an inconsistent node) since the last repair:
+    /// read-write opens are refused until `amaranth fsck --repair` clears it.
+    pub damaged: bool,
     /// First block of the log region.
     pub log_start_block: u64,
     /// Blocks in the log region.
@@ -100,6 +126,8 @@ pub struct Superblock {
     pub created_unix: u64,
     /// When this checkpoint was written (Unix seconds).
     pub checkpoint_unix: u64,
+    /// Blocks of the backup copies (empty in version 1).
+    pub backups: Vec<u64>,
     /// The file system's label (`mkfs -L`), at most [`LABEL_MAX`] bytes; empty: none.
     pub label: String,
 }
@@ -138,8 +166,14 @@ impl Superblock {
             panic!("a superblock about to be written fails its own checks: {err}");
         }
         let mut e = Enc::with_capacity(BLOCK_SIZE);
+        assert!(
+            (OLDEST_VERSION..=FORMAT_VERSION).contains(&self.version),
+            "writing a superblock of unknown version {}",
+            self.version
+        );
+        assert!(self.backups.len() <= MAX_BACKUPS, "too many backup copies");
         e.raw(&SUPER_MAGIC);
-        e.u32(FORMAT_VERSION);
+        e.u32(self.version);
         e.u32(0);
         e.u64(self.generation);
         e.raw(&self.uuid);
@@ -151,11 +185,13 @@ impl Superblock {
         e.u32(self.max_value_len);
         e.u8(self.compression);
         e.u8(self.clean as u8);
-        e.u16(if self.needs_check {
-            FLAG_NEEDS_CHECK
-        } else {
-            0
-        });
+        e.u16(
+            if self.needs_check {
+                FLAG_NEEDS_CHECK
+            } else {
+                0
+            } | if self.damaged { FLAG_DAMAGED } else { 0 },
+        );
         e.u64(self.log_start_block);
         e.u64(self.log_blocks);
         e.u64(self.log_epoch);
@@ -172,6 +208,16 @@ impl Superblock {
         e.u64(self.btt_count);
         e.u64(self.created_unix);
         e.u64(self.checkpoint_unix);
+        assert_eq!(e.len(), BACKUPS_AT, "superblock layout");
+        if self.version >= 2 {
+            e.u32(self.backups.len() as u32);
+            e.u32(0);
+            for b in &self.backups {
+                e.u64(*b);
+            }
+        } else {
+            assert!(self.backups.is_empty(), "a version-1 image has no backups");
+        }
         let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
         buf[..e.len()].copy_from_slice(&e.buf);
         assert!(e.len() <= LABEL_AT, "superblock fields reach the label");
@@ -202,7 +248,7 @@ impl Superblock {
                 offset,
             });
         }
-        if version != FORMAT_VERSION {
+        if !(OLDEST_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(Error::UnsupportedVersion {
                 found: version,
                 supported: FORMAT_VERSION,
@@ -210,7 +256,9 @@ impl Superblock {
         }
         let generation = d.u64()?;
         let uuid: [u8; 16] = d.raw(16)?.try_into().expect("16 bytes");
-        let sb = Superblock {
+        let flags: u16;
+        let mut sb = Superblock {
+            version,
             generation,
             uuid,
             device_blocks: d.u64()?,
@@ -221,7 +269,11 @@ impl Superblock {
             max_value_len: d.u32()?,
             compression: d.u8()?,
             clean: d.u8()? != 0,
-            needs_check: d.u16()? & FLAG_NEEDS_CHECK != 0,
+            needs_check: {
+                flags = d.u16()?;
+                flags & FLAG_NEEDS_CHECK != 0
+            },
+            damaged: flags & FLAG_DAMAGED != 0,
             log_start_block: d.u64()?,
             log_blocks: d.u64()?,
             log_epoch: d.u64()?,
@@ -243,7 +295,18 @@ impl Superblock {
             created_unix: d.u64()?,
             checkpoint_unix: d.u64()?,
             label: decode_label(&block[LABEL_AT..LABEL_AT + LABEL_MAX])?,
+            backups: Vec::new(),
         };
+        if version >= 2 {
+            let n = d.u32()? as usize;
+            d.u32()?;
+            if n > MAX_BACKUPS {
+                return Err(Error::Corrupt(format!("superblock: {n} backup copies")));
+            }
+            for _ in 0..n {
+                sb.backups.push(d.u64()?);
+            }
+        }
         sb.validate()?;
         Ok(sb)
     }
@@ -267,14 +330,29 @@ impl Superblock {
         if self.log_tail_lsn > self.ckpt_lsn {
             return bad("log tail after the checkpoint");
         }
+        if let Err(m) = check_label(&self.label) {
+            return bad(&m);
+        }
+        if self.version >= 2 && self.backups != backup_blocks(self.device_blocks) {
+            return bad("backup copies out of place");
+        }
+        if self.backups.iter().any(|&b| b < self.data_start_block()) {
+            return bad("a backup copy inside the log");
+        }
+        let ext = self.btt;
+        if self
+            .backups
+            .iter()
+            .any(|&b| b >= ext.block && b < ext.block + ext.blocks)
+        {
+            return bad("the block translation table covers a backup copy");
+        }
         Ok(())
     }
 
-    /// Writes this superblock into its slot (`generation % 2`).
+    /// Writes this superblock into its primary slot (`generation % 2`).
     pub fn write(&self, dev: &dyn BlockDevice) -> Result<()> {
-        let slot = self.generation % 2;
-        dev.write_at(slot * BLOCK_SIZE as u64, &self.encode())
-            .map_err(|e| Error::io(format!("writing superblock copy {slot}"), e))
+        self.write_at(dev, self.generation % 2)
     }
 
     /// The uuid in the usual text form (`8-4-4-4-12` hexadecimal digits).
@@ -282,68 +360,34 @@ impl Superblock {
         format_uuid(&self.uuid)
     }
 
-    /// Reads both copies and returns the newest valid one, or the most telling error.
-    ///
-    /// A copy that was never written (no magic) is ignored. A copy with the magic but a bad
-    /// checksum is damage, not a crash (a superblock is one block, written atomically), so it is an
-    /// error unless `allow_fallback` (the repair path) accepts the other, older copy.
+    /// Writes this superblock into its backup copies (none in version 1).
+    pub fn write_backups(&self, dev: &dyn BlockDevice) -> Result<()> {
+        for &b in &self.backups {
+            self.write_at(dev, b)?;
+        }
+        Ok(())
+    }
+
+    /// Writes this superblock at `block` (a primary slot or a backup location).
+    pub fn write_at(&self, dev: &dyn BlockDevice, block: u64) -> Result<()> {
+        assert!(
+            block < 2 || self.backups.contains(&block),
+            "block {block} is not a superblock location"
+        );
+        dev.write_at(block * BLOCK_SIZE as u64, &self.encode())
+            .map_err(|e| Error::io(format!("writing the superblock copy at block {block}"), e))
+    }
+
+    /// Reads the copies and returns the one to use, or the most telling error (see
+    /// [`crate::copies::locate`]); `allow_fallback` accepts a copy that no backup vouches for
+    /// when the newer one is damaged (the repair path).
     pub fn read_newest(dev: &dyn BlockDevice, allow_fallback: bool) -> Result<Superblock> {
-        if dev.len() < 2 * BLOCK_SIZE as u64 {
-            return Err(Error::TooSmall(format!(
-                "{} holds only {} bytes",
-                dev.describe(),
-                dev.len()
-            )));
-        }
-        let mut buf = AlignedBuf::zeroed(2 * BLOCK_SIZE);
-        dev.read_at(0, &mut buf)
-            .map_err(|e| Error::io("reading the superblocks", e))?;
-        let a = Superblock::decode(&buf[..BLOCK_SIZE], 0);
-        let b = Superblock::decode(&buf[BLOCK_SIZE..], BLOCK_SIZE as u64);
-        let sb = match (a, b) {
-            (Ok(a), Ok(b)) => {
-                if a.generation >= b.generation {
-                    a
-                } else {
-                    b
-                }
-            }
-            (Ok(good), Err(bad)) | (Err(bad), Ok(good)) => {
-                if !allow_fallback && !matches!(bad, Error::BadMagic(_)) {
-                    return Err(Error::Checksum {
-                        what: format!(
-                            "superblock (the other copy, generation {}, is intact but may be older; \
-                             `amaranth fsck --repair` can fall back to it): {bad}",
-                            good.generation
-                        ),
-                        offset: if matches!(bad, Error::Checksum { offset: 0, .. }) { 0 } else { BLOCK_SIZE as u64 },
-                    });
-                }
-                good
-            }
-            (Err(ea), Err(eb)) => {
-                // Prefer the error that says the most: a wrong version, then a checksum, then magic.
-                return Err(match (&ea, &eb) {
-                    (Error::UnsupportedVersion { .. }, _) => ea,
-                    (_, Error::UnsupportedVersion { .. }) => eb,
-                    (Error::BadMagic(_), Error::BadMagic(_)) => Error::BadMagic(format!(
-                        "{} does not hold an Amaranth image (no superblock)",
-                        dev.describe()
-                    )),
-                    (Error::BadMagic(_), _) => eb,
-                    _ => ea,
-                });
-            }
-        };
-        if dev.len() < sb.device_blocks * BLOCK_SIZE as u64 {
-            return Err(Error::TooSmall(format!(
-                "{} has {} bytes but the image was created with {} (truncated?)",
-                dev.describe(),
-                dev.len(),
-                sb.device_blocks * BLOCK_SIZE as u64
-            )));
-        }
-        Ok(sb)
+        Superblock::locate(dev, allow_fallback).map(|l| l.sb)
+    }
+
+    /// Reads every copy, picks the one to use and says what is wrong with the others.
+    pub fn locate(dev: &dyn BlockDevice, allow_fallback: bool) -> Result<Located> {
+        crate::copies::locate(dev, allow_fallback)
     }
 }
 
@@ -404,12 +448,14 @@ pub fn parse_uuid(s: &str) -> std::result::Result<[u8; 16], String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use amaranth_device::MemDevice;
 
-    fn sample(generation: u64) -> Superblock {
+    /// A superblock of generation `generation` for a device of 1000 blocks.
+    pub(crate) fn sample(generation: u64) -> Superblock {
         Superblock {
+            version: FORMAT_VERSION,
             generation,
             uuid: [7; 16],
             device_blocks: 1000,
@@ -421,6 +467,7 @@ mod tests {
             compression: 0,
             clean: true,
             needs_check: false,
+            damaged: false,
             log_start_block: 2,
             log_blocks: 100,
             log_epoch: 3,
@@ -439,6 +486,7 @@ mod tests {
             created_unix: 1,
             checkpoint_unix: 2,
             label: "data-é".into(),
+            backups: backup_blocks(1000),
         }
     }
 
@@ -451,8 +499,22 @@ mod tests {
         let flagged = sb.encode();
         assert_eq!(&flagged[70..72], &[1, 0]);
         assert_eq!(Superblock::decode(&flagged, 0).unwrap(), sb);
+        sb.damaged = true;
+        assert_eq!(&sb.encode()[70..72], &[3, 0]);
+        assert_eq!(Superblock::decode(&sb.encode(), 0).unwrap(), sb);
         sb.needs_check = false;
+        sb.damaged = false;
         assert_eq!(Superblock::decode(&plain, 0).unwrap(), sb);
+    }
+
+    /// `sb` encoded, then `f` applied to the bytes and the checksum fixed (for what `encode`
+    /// refuses to write).
+    fn forged(sb: &Superblock, f: impl FnOnce(&mut [u8])) -> Vec<u8> {
+        let mut b = sb.encode().to_vec();
+        f(&mut b);
+        let c = crc_with_hole(&b, CRC_AT);
+        b[CRC_AT..CRC_AT + 4].copy_from_slice(&c.to_le_bytes());
+        b
     }
 
     #[test]
@@ -479,39 +541,81 @@ mod tests {
     }
 
     #[test]
-    fn newest_valid_copy_wins() {
-        let dev = MemDevice::new(1000 * 4096);
-        sample(4).write(&dev).unwrap();
-        sample(5).write(&dev).unwrap();
-        assert_eq!(Superblock::read_newest(&dev, false).unwrap().generation, 5);
-        // Damage the newest copy: an error, unless the repair path accepts the older one.
-        dev.with_bytes_mut(|b| b[4096 + 40] ^= 1);
-        assert!(matches!(
-            Superblock::read_newest(&dev, false),
-            Err(Error::Checksum { .. })
-        ));
-        assert_eq!(Superblock::read_newest(&dev, true).unwrap().generation, 4);
-        dev.with_bytes_mut(|b| b[40] ^= 1);
-        assert!(matches!(
-            Superblock::read_newest(&dev, true),
-            Err(Error::Checksum { .. })
-        ));
-        let blank = MemDevice::new(1000 * 4096);
-        assert!(matches!(
-            Superblock::read_newest(&blank, false),
-            Err(Error::BadMagic(_))
-        ));
-        let short = MemDevice::new(4096);
-        assert!(matches!(
-            Superblock::read_newest(&short, false),
-            Err(Error::TooSmall(_))
-        ));
-        // A copy never written is not damage: the other one is used.
-        let fresh = MemDevice::new(1000 * 4096);
-        sample(1).write(&fresh).unwrap();
+    fn the_label_and_the_backup_list_live_together_and_the_checksum_covers_both() {
+        let sb = sample(4);
+        let buf = sb.encode();
         assert_eq!(
-            Superblock::read_newest(&fresh, false).unwrap().generation,
-            1
+            u32::from_le_bytes(buf[BACKUPS_AT..BACKUPS_AT + 4].try_into().unwrap()),
+            3
         );
+        assert_eq!(&buf[LABEL_AT..LABEL_AT + 7], "data-é".as_bytes());
+        // A flipped bit in the label is a checksum error, as one in the backup list.
+        for at in [LABEL_AT + 2, LABEL_AT + LABEL_MAX - 1, BACKUPS_AT + 9] {
+            let mut b = buf.to_vec();
+            b[at] ^= 1;
+            assert!(
+                matches!(Superblock::decode(&b, 0), Err(Error::Checksum { .. })),
+                "byte {at}"
+            );
+        }
+        // Bytes after the label's NUL, or a label that is not UTF-8: damage even with a good crc.
+        let tail = forged(&sb, |b| b[LABEL_AT + LABEL_MAX - 1] = b'x');
+        assert!(matches!(
+            Superblock::decode(&tail, 0),
+            Err(Error::Corrupt(_))
+        ));
+        let not_utf8 = forged(&sb, |b| b[LABEL_AT] = 0xff);
+        assert!(matches!(
+            Superblock::decode(&not_utf8, 0),
+            Err(Error::Corrupt(_))
+        ));
+        // A version-1 superblock reads its label at the same place (zeros there: no label).
+        let mut v1 = sample(4);
+        v1.version = 1;
+        v1.backups.clear();
+        assert_eq!(Superblock::decode(&v1.encode(), 0).unwrap().label, "data-é");
+        v1.label.clear();
+        assert!(v1.encode()[BACKUPS_AT..].iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn encoding_round_trips_both_versions() {
+        let mut sb = sample(4);
+        sb.damaged = true;
+        let back = Superblock::decode(&sb.encode(), 0).unwrap();
+        assert_eq!(back, sb);
+        let mut v1 = sample(4);
+        v1.version = 1;
+        v1.backups.clear();
+        assert_eq!(Superblock::decode(&v1.encode(), 0).unwrap(), v1);
+        // Backups must be where the device size puts them.
+        let moved = forged(&sample(4), |b| b[BACKUPS_AT + 16] ^= 1);
+        let err = Superblock::decode(&moved, 0).unwrap_err();
+        assert!(err.to_string().contains("backup"), "{err}");
+        let future = forged(&sample(4), |b| {
+            b[8..12].copy_from_slice(&3u32.to_le_bytes())
+        });
+        assert!(matches!(
+            Superblock::decode(&future, 0),
+            Err(Error::UnsupportedVersion {
+                found: 3,
+                supported: 2
+            })
+        ));
+    }
+
+    #[test]
+    fn writes_go_to_the_slot_and_the_backups() {
+        let dev = MemDevice::new(1000 * 4096);
+        let sb = sample(5);
+        sb.write(&dev).unwrap();
+        sb.write_backups(&dev).unwrap();
+        for b in [1u64, 250, 500, 750] {
+            let got = dev.with_bytes_mut(|d| {
+                Superblock::decode(&d[b as usize * 4096..(b as usize + 1) * 4096], 0)
+            });
+            assert_eq!(got.unwrap(), sb, "copy at block {b}");
+        }
+        assert!(dev.with_bytes_mut(|d| d[..4096].iter().all(|&x| x == 0)));
     }
 }

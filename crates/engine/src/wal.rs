@@ -458,6 +458,9 @@ pub struct Recovered {
     pub records: u64,
     /// Why the scan stopped.
     pub stop_reason: String,
+    /// Durable records that could not be read (a later chunk proves they were written): damage,
+    /// which an open refuses and a repair reports. The records before them were replayed.
+    pub damage: Option<Error>,
 }
 
 /// A parsed, verified chunk header.
@@ -608,6 +611,7 @@ pub fn recover(
         }
         voff = resume;
     };
+    let mut damage = None;
     if check_damage && !at_marker {
         // Look for any later chunk of this epoch that was written after record `expect` was durable.
         let limit = tail_voff + region_len;
@@ -623,8 +627,8 @@ pub fn recover(
                 }
                 let here = at + (b * BLOCK_SIZE) as u64;
                 if let Some(h) = parse_chunk_header(blk, here, epoch, region_len) {
-                    if h.durable > expect {
-                        return Err(Error::Corrupt(format!(
+                    if h.durable > expect && damage.is_none() {
+                        damage = Some(Error::Corrupt(format!(
                             "the redo log is damaged: record {expect} was durable (the chunk at log offset {here} \
                              says records below {} were), but it cannot be read ({stop_reason})",
                             h.durable
@@ -640,6 +644,7 @@ pub fn recover(
         next_lsn: expect,
         records,
         stop_reason,
+        damage,
     })
 }
 
@@ -652,11 +657,12 @@ mod tests {
 
     fn replay(dev: &dyn BlockDevice, epoch: u64, tail: u64, lsn: Lsn) -> Vec<(Lsn, Vec<u8>)> {
         let mut out = Vec::new();
-        recover(dev, 4096, REGION, epoch, tail, lsn, true, |l, p| {
+        let r = recover(dev, 4096, REGION, epoch, tail, lsn, true, |l, p| {
             out.push((l, p.to_vec()));
             Ok(())
         })
         .unwrap();
+        assert!(r.damage.is_none(), "{:?}", r.damage);
         out
     }
 

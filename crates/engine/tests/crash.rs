@@ -220,10 +220,21 @@ fn flipped_bytes_give_errors_never_wrong_data() {
     }
     eprintln!("flipped bytes: {errors} detected, {intact} harmless (unused bytes)");
     assert!(errors > 50, "most flips in used blocks must be detected");
-    // Both superblocks damaged: a clear error.
+    // Both primary superblocks damaged: the backups still hold the checkpoint.
     let mut bad = image.clone();
     bad[100] ^= 1;
     bad[4096 + 100] ^= 1;
+    let e = Engine::open(
+        Arc::new(MemDevice::from_bytes(bad.clone())),
+        options.clone(),
+    )
+    .unwrap();
+    assert_eq!(dump(&e), m);
+    e.abandon();
+    // Every copy damaged: a clear error.
+    for b in amaranth_engine::backup_blocks(image.len() as u64 / 4096) {
+        bad[b as usize * 4096 + 100] ^= 1;
+    }
     assert!(matches!(
         Engine::open(Arc::new(MemDevice::from_bytes(bad)), options.clone()),
         Err(Error::Checksum { .. })

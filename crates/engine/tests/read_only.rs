@@ -144,3 +144,151 @@ fn a_read_only_open_becomes_writable_when_the_device_allows_it() {
     }
     e.close().unwrap();
 }
+
+/// An image of 24 MiB holding keys 0..n of round 1, closed cleanly.
+fn closed_image(n: u32) -> Arc<MemDevice> {
+    let mem = Arc::new(MemDevice::new(24 << 20));
+    let e = Engine::create(mem.clone(), small_format(), small_options()).unwrap();
+    write_round(&e, n, 1);
+    e.close().unwrap();
+    mem
+}
+
+fn plain_read_only() -> Options {
+    Options {
+        read_only: true,
+        ..small_options()
+    }
+}
+
+#[test]
+fn read_only_heals_nothing_and_becoming_writable_heals_the_superblock_copies() {
+    let mem = closed_image(800);
+    let dev: Arc<dyn BlockDevice> = mem.clone();
+    // The start of the image overwritten: the backups are used.
+    mem.with_bytes_mut(|b| b[..64 << 10].fill(0));
+    let before = mem.to_bytes();
+    let e = Engine::open(dev.clone(), plain_read_only()).unwrap();
+    check_round(&e, 800, 1);
+    assert!(
+        mem.to_bytes() == before,
+        "a read-only open healed the superblock copies"
+    );
+    e.set_read_only(false).unwrap();
+    let healed = Superblock::locate(&*dev, false).unwrap();
+    assert!(
+        healed.problems.is_empty() && !healed.fell_back,
+        "{healed:?}"
+    );
+    write_round(&e, 100, 2);
+    e.close().unwrap();
+    let e = Engine::open(dev, plain_read_only()).unwrap();
+    assert!(e.stats().superblock_notes.is_empty());
+    check_round(&e, 100, 2);
+}
+
+#[test]
+fn a_format_1_image_read_only_stays_format_1_until_it_becomes_writable() {
+    let mem = closed_image(500);
+    let dev: Arc<dyn BlockDevice> = mem.clone();
+    // As format 1 left it: version 1 in the newest slot, the other slot and the backups blank.
+    let mut sb = Superblock::read_newest(&*dev, false).unwrap();
+    let backups = std::mem::take(&mut sb.backups);
+    sb.version = 1;
+    sb.label.clear();
+    sb.write(&*dev).unwrap();
+    mem.with_bytes_mut(|b| {
+        let other = (1 - sb.generation % 2) as usize;
+        b[other * 4096..(other + 1) * 4096].fill(0);
+        for &blk in &backups {
+            b[blk as usize * 4096..(blk as usize + 1) * 4096].fill(0);
+        }
+    });
+    let before = mem.to_bytes();
+    let e = Engine::open(dev.clone(), plain_read_only()).unwrap();
+    check_round(&e, 500, 1);
+    assert!(mem.to_bytes() == before, "a read-only open upgraded");
+    e.set_read_only(false).unwrap();
+    let sb = Superblock::read_newest(&*dev, false).unwrap();
+    assert_eq!((sb.version, &sb.backups), (2, &backups));
+    e.set_identity(sb.uuid, "upgraded").unwrap();
+    e.close().unwrap();
+    // The newest copies, backups included, carry the label.
+    let newest = Superblock::read_newest(&*dev, false).unwrap();
+    assert_eq!(newest.label, "upgraded");
+    for &blk in backups.iter().chain([newest.generation % 2].iter()) {
+        let copy = mem.with_bytes_mut(|b| {
+            Superblock::decode(&b[blk as usize * 4096..(blk as usize + 1) * 4096], 0)
+        });
+        assert_eq!(copy.unwrap(), newest, "copy at block {blk}");
+    }
+    mem.with_bytes_mut(|b| b[..8192].fill(0));
+    let e = Engine::open(dev, plain_read_only()).unwrap();
+    assert_eq!(e.identity().1, "upgraded");
+}
+
+/// Flips a byte in the last block of some non-root node of several blocks.
+fn damage_a_node(mem: &MemDevice) {
+    let probe = Arc::new(MemDevice::from_bytes(mem.to_bytes()));
+    let e = Engine::open(probe, plain_read_only()).unwrap();
+    let (_, block, blocks) = e
+        .node_extents()
+        .into_iter()
+        .find(|&(id, _, blocks)| id != 1 && blocks > 1)
+        .expect("a node of several blocks");
+    let at = ((block + blocks - 1) * 4096 + 100) as usize;
+    mem.with_bytes_mut(|b| b[at] ^= 0xff);
+}
+
+fn scan_all(e: &Engine) -> Result<(), Error> {
+    e.scan(
+        std::ops::Bound::Unbounded,
+        std::ops::Bound::Unbounded,
+        |_, _| true,
+    )
+}
+
+#[test]
+fn damage_found_read_only_is_not_written_and_refuses_becoming_writable() {
+    let mem = closed_image(3000);
+    let dev: Arc<dyn BlockDevice> = mem.clone();
+    damage_a_node(&mem);
+    let before = mem.to_bytes();
+    let e = Engine::open(dev.clone(), plain_read_only()).unwrap();
+    assert!(scan_all(&e).unwrap_err().is_damage());
+    assert!(e.stats().known_damage.is_some());
+    assert!(mem.to_bytes() == before, "read-only recorded the damage");
+    let err = e.set_read_only(false).unwrap_err();
+    assert!(matches!(err, Error::Damaged(_)), "{err}");
+    assert!(e.is_read_only());
+    assert!(matches!(e.put(b"x", b"y"), Err(Error::ReadOnly(_))));
+    drop(e);
+    assert!(mem.to_bytes() == before, "a refused switch wrote");
+    // Damage recorded in the superblock by a read-write open: read-only opens, writable refused.
+    let e = Engine::open(dev.clone(), small_options()).unwrap();
+    assert!(scan_all(&e).is_err());
+    drop(e);
+    assert!(Superblock::read_newest(&*dev, false).unwrap().damaged);
+    let before = mem.to_bytes();
+    let e = Engine::open(dev.clone(), plain_read_only()).unwrap();
+    let err = e.set_read_only(false).unwrap_err();
+    assert!(matches!(err, Error::Damaged(_)), "{err}");
+    assert!(err.to_string().contains("fsck --repair"), "{err}");
+    drop(e);
+    assert!(mem.to_bytes() == before);
+}
+
+#[test]
+fn damage_found_after_a_switch_to_read_only_is_not_written() {
+    let mem = closed_image(3000);
+    let dev: Arc<dyn BlockDevice> = mem.clone();
+    let e = Engine::open(dev.clone(), small_options()).unwrap();
+    e.set_read_only(true).unwrap();
+    damage_a_node(&mem);
+    let before = mem.to_bytes();
+    assert!(scan_all(&e).unwrap_err().is_damage());
+    assert!(mem.to_bytes() == before, "read-only recorded the damage");
+    assert!(matches!(e.set_read_only(false), Err(Error::Damaged(_))));
+    e.close().unwrap();
+    assert!(mem.to_bytes() == before);
+}

@@ -1,15 +1,21 @@
 //! The offline checker behind `amaranth fsck`: engine invariants and checksums, then the schema:
 //! every name's parent is a directory, every redirect has a home, link counts, every data block and
-//! extended attribute has its file, the inode counters.
+//! extended attribute has its file, sizes cover the data, the inode counters, and the inode index
+//! agrees with the names (schema 3, see `check_index.rs`).
 //!
 //! Every problem has a named class and a severity: *benign* problems are leaks or counters that
-//! lose no data (and `--repair` fixes them), *corruption* means data or structure is damaged.
+//! lose no data, *corruption* means data or structure is damaged. With `repair`, every class is
+//! fixed (e2fsck's way): names whose directory is gone move to `/lost+found` (named `#inode`), an
+//! inode whose names are all gone gets one there, undecodable records go, counts and sizes are made
+//! to agree with what is there. Structural repairs come first; counts are then fixed by the next
+//! round ([`repair`] runs rounds until one finds nothing).
 
 use std::collections::HashMap;
 use std::ops::Bound;
 
-use amaranth_engine::{Batch, Engine};
+use amaranth_engine::{Batch, Engine, Op};
 
+use crate::check_fix::{Fixer, Found};
 use crate::inode::{Kind, Meta};
 use crate::keys::{self, BLOCK};
 use crate::table::ROOT_INO;
@@ -34,7 +40,7 @@ pub enum Class {
     BadSchema,
     /// The root directory is missing or not a directory.
     RootMissing,
-    /// A metadata value does not decode.
+    /// A metadata value does not decode, or contradicts its key.
     BadMetadata,
     /// A metadata key is not a valid path or home key.
     BadKey,
@@ -44,6 +50,8 @@ pub enum Class {
     DanglingRedirect,
     /// Two inodes with one number.
     DuplicateInode,
+    /// A hard-linked inode whose every name is gone.
+    NamesLost,
     /// A file unlinked while open, left by a crash (removed at the next mount).
     OrphanInode,
     /// A link count that differs from the names (or subdirectories) found.
@@ -52,7 +60,7 @@ pub enum Class {
     DataWithoutInode,
     /// Data blocks past the end of their file.
     DataBeyondEof,
-    /// A data block longer than a block.
+    /// A data block longer than a block, or a malformed data key.
     BadDataBlock,
     /// Extended attributes of no file.
     XattrWithoutInode,
@@ -60,6 +68,8 @@ pub enum Class {
     InodeCount,
     /// The inode-number counter is not above every inode number in use.
     InodeNumberCounter,
+    /// The inode index (schema 3) misses an inode, says the wrong place, or names no inode.
+    InodeIndex,
 }
 
 impl Class {
@@ -72,9 +82,27 @@ impl Class {
             | Class::DataWithoutInode
             | Class::DataBeyondEof
             | Class::XattrWithoutInode
-            | Class::InodeCount => Severity::Benign,
+            | Class::InodeCount
+            | Class::InodeIndex => Severity::Benign,
             _ => Severity::Corruption,
         }
+    }
+
+    /// Whether the repair of this class changes the tree's structure (names, inodes): counts are
+    /// fixed only in a round without such repairs, once the structure holds still.
+    fn structural(self) -> bool {
+        matches!(
+            self,
+            Class::BadSchema
+                | Class::RootMissing
+                | Class::BadMetadata
+                | Class::BadKey
+                | Class::MissingParent
+                | Class::DanglingRedirect
+                | Class::DuplicateInode
+                | Class::NamesLost
+                | Class::BadDataBlock
+        )
     }
 }
 
@@ -129,16 +157,47 @@ impl CheckReport {
     }
 }
 
-struct Info {
-    ino: u64,
-    kind: Kind,
-    nlink: u32,
-    size: u64,
-    homed: bool,
+/// What the checker knows about one inode.
+#[derive(Clone, Debug)]
+pub(crate) struct Info {
+    pub ino: u64,
+    pub kind: Kind,
+    pub nlink: u32,
+    pub size: u64,
+    /// End of the last data block (bytes), 0 without data.
+    pub data_end: u64,
+}
+
+/// The checker's state: what the scans found, the problems, and the repairs queued.
+pub(crate) struct Checker<'e> {
+    pub engine: &'e Engine,
+    pub repair: bool,
+    pub r: CheckReport,
+    /// Path-keyed inodes by file key.
+    pub paths: HashMap<Vec<u8>, Info>,
+    /// Homed inodes by number.
+    pub homes: HashMap<u64, Info>,
+    /// Names (path keys) redirecting to each home.
+    pub redirects: HashMap<u64, Vec<Vec<u8>>>,
+    /// Meta key of every inode number seen.
+    pub seen_inos: HashMap<u64, Vec<u8>>,
+    /// Meta keys to delete (undecodable or malformed) and fixes of values, found by the scan.
+    pub bad_meta: Vec<(Class, String, Found)>,
+    /// Data keys that are malformed or oversized.
+    pub bad_data: Vec<Vec<u8>>,
+    /// Data and xattr keys with no file.
+    pub orphan_data: Vec<Vec<u8>>,
+    pub orphan_xattrs: Vec<Vec<u8>>,
+    /// Repairs queued, structural first.
+    pub ops: Vec<Op>,
+    /// Whether a structural repair is queued this round.
+    pub structural: bool,
+    /// The file-system schema found (`None`: missing or unknown).
+    pub schema: Option<u32>,
 }
 
 /// Calls `f` for every entry with the given key tag, in order.
-fn scan_tag(
+pub(crate) fn scan_tag(
     engine: &Engine,
     tag: u8,
     mut f: impl FnMut(&[u8], &[u8]),
@@ -154,7 +213,7 @@ fn scan_tag(
 }
 
 /// Splits the part after the tag of a data or xattr key into (file key, rest after the terminator).
-fn split_file_key(rest: &[u8]) -> Option<(&[u8], &[u8])> {
+pub(crate) fn split_file_key(rest: &[u8]) -> Option<(&[u8], &[u8])> {
     let end = if rest.first() == Some(&keys::HOME) {
         // A home key has a fixed length; its inode number may hold zero bytes.
         9
@@ -168,7 +227,7 @@ fn split_file_key(rest: &[u8]) -> Option<(&[u8], &[u8])> {
 }
 
 /// The parent path key of a non-root path key, if well formed.
-fn parent_of(path: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn parent_of(path: &[u8]) -> Option<Vec<u8>> {
     // path = P SEP SEP esc(last) where P = (SEP esc(c))*; the parent's key is the last component of
     // P re-marked as the final one.
     let last = path.iter().rposition(|&b| b == keys::SEP)?;
@@ -209,416 +268,534 @@ fn valid_path_key(path: &[u8]) -> bool {
     comps_ok && keys::decode_component(&path[last + 1..]).is_some()
 }
 
-/// Checks the file system in `engine` (which should be opened read-only unless `repair`).
-pub fn check(engine: &Engine, repair: bool, mut progress: impl FnMut(&str)) -> CheckReport {
-    let mut r = CheckReport::default();
-    let problem = |r: &mut CheckReport, class: Class, detail: String| {
-        r.problems.push(Problem {
+impl<'e> Checker<'e> {
+    fn new(engine: &'e Engine, repair: bool) -> Checker<'e> {
+        Checker {
+            engine,
+            repair,
+            r: CheckReport::default(),
+            paths: HashMap::new(),
+            homes: HashMap::new(),
+            redirects: HashMap::new(),
+            seen_inos: HashMap::new(),
+            bad_meta: Vec::new(),
+            bad_data: Vec::new(),
+            orphan_data: Vec::new(),
+            orphan_xattrs: Vec::new(),
+            ops: Vec::new(),
+            structural: false,
+            schema: None,
+        }
+    }
+
+    /// Records a problem; returns its index.
+    pub fn problem(&mut self, class: Class, detail: String) -> usize {
+        self.r.problems.push(Problem {
             class,
             detail,
             repaired: false,
         });
-    };
-    progress("checking the engine (every node read and checksummed)");
-    match engine.verify() {
-        Ok(rep) => {
-            if !rep.leaked_nodes.is_empty() {
-                problem(
-                    &mut r,
-                    Class::LeakedNodes,
-                    format!("{} unreferenced nodes", rep.leaked_nodes.len()),
-                );
-            }
-            r.tree = Some(rep);
-        }
-        Err(e) => {
-            problem(&mut r, Class::EngineCorruption, e.to_string());
-            return r;
-        }
+        self.r.problems.len() - 1
     }
-    let get_u64 = |k: &str| {
-        engine
+
+    /// Queues the repair `ops` of problem `i` (when repairing, and, for counts, only in a round
+    /// without structural repairs).
+    pub fn fix(&mut self, i: usize, ops: Vec<Op>) {
+        let class = self.r.problems[i].class;
+        if !self.repair || (!class.structural() && self.structural) {
+            return;
+        }
+        self.structural |= class.structural();
+        self.ops.extend(ops);
+        self.r.problems[i].repaired = true;
+    }
+
+    pub fn get_u64(&self, k: &str) -> Option<u64> {
+        self.engine
             .get(&keys::system_key(k))
             .ok()
             .flatten()
             .and_then(|v| v.try_into().ok())
             .map(u64::from_le_bytes)
-    };
-    match engine.get(&keys::system_key("format")) {
-        Ok(Some(v)) if v == crate::fs::SCHEMA_VERSION.to_le_bytes() => {}
-        // Schema 2 (before the inode index) is upgraded at the next writable mount.
-        Ok(Some(v)) if v == 2u32.to_le_bytes() => {}
-        Ok(other) => problem(
-            &mut r,
-            Class::BadSchema,
-            format!("schema record is {other:?}"),
-        ),
-        Err(e) => problem(&mut r, Class::EngineCorruption, e.to_string()),
     }
-    progress("checking metadata");
-    // Pass 1: every metadata key.
-    let mut paths: HashMap<Vec<u8>, Info> = HashMap::new();
-    let mut homes: HashMap<u64, Info> = HashMap::new();
-    let mut redirects: HashMap<u64, u32> = HashMap::new();
-    let mut redirect_keys: Vec<(Vec<u8>, u64)> = Vec::new();
-    let mut seen_inos: HashMap<u64, Vec<u8>> = HashMap::new();
-    let mut bad: Vec<(Class, String, Vec<u8>)> = Vec::new();
-    let scan = scan_tag(engine, keys::META, |k, v| {
+
+    fn engine_pass(&mut self) -> bool {
+        match self.engine.verify() {
+            Ok(rep) => {
+                if !rep.leaked_nodes.is_empty() {
+                    let n = rep.leaked_nodes.len();
+                    self.problem(Class::LeakedNodes, format!("{n} unreferenced nodes"));
+                }
+                self.r.tree = Some(rep);
+                true
+            }
+            Err(e) => {
+                self.problem(Class::EngineCorruption, e.to_string());
+                false
+            }
+        }
+    }
+
+    fn schema(&mut self) {
+        let want = crate::fs::SCHEMA_VERSION.to_le_bytes();
+        match self.engine.get(&keys::system_key("format")) {
+            Ok(Some(v)) if v == want => self.schema = Some(crate::fs::SCHEMA_VERSION),
+            // Schema 2 (before the inode index): a writable mount builds the index.
+            Ok(Some(v)) if v == 2u32.to_le_bytes() => self.schema = Some(2),
+            Ok(other) => {
+                let missing = other.is_none();
+                let i = self.problem(Class::BadSchema, format!("schema record is {other:?}"));
+                if missing {
+                    let ops = vec![Op::Put {
+                        key: keys::system_key("format"),
+                        value: want.to_vec(),
+                    }];
+                    self.fix(i, ops);
+                }
+            }
+            Err(e) => {
+                self.problem(Class::EngineCorruption, e.to_string());
+            }
+        }
+    }
+
+    /// Records that inode `ino` lives at meta key `key`. A second place for one number is a
+    /// duplicate: if one of the two is the inode's home, the name is a stale copy of the inode
+    /// (a hard link whose redirect was lost) and becomes a redirect; otherwise the second path gets
+    /// a new number.
+    fn note_ino(&mut self, ino: u64, key: &[u8], meta: &Meta) {
+        let Some(prev) = self.seen_inos.insert(ino, key.to_vec()) else {
+            return;
+        };
+        let detail = format!(
+            "inode {ino} at {} and {}",
+            crate::describe::describe_key(&prev),
+            crate::describe::describe_key(key)
+        );
+        let is_home = |k: &[u8]| keys::home_ino(&k[1..]).is_some();
+        let stale_path = if is_home(key) {
+            Some(prev.clone())
+        } else if is_home(&prev) {
+            self.seen_inos.insert(ino, prev);
+            Some(key.to_vec())
+        } else {
+            None
+        };
+        let found = match stale_path {
+            Some(path_key) => {
+                let fk = path_key[1..].to_vec();
+                self.paths.remove(&fk);
+                self.redirects.entry(ino).or_default().push(fk);
+                Found {
+                    key: path_key,
+                    meta: Some(Meta::Redirect(ino)),
+                }
+            }
+            None => Found {
+                key: key.to_vec(),
+                meta: Some(meta.clone()),
+            },
+        };
+        self.bad_meta.push((Class::DuplicateInode, detail, found));
+    }
+
+    fn meta_entry(&mut self, k: &[u8], v: &[u8]) {
         let fk = &k[1..];
+        let found = |m: Option<Meta>| Found {
+            key: k.to_vec(),
+            meta: m,
+        };
+        let what = crate::describe::describe_key(k);
         let meta = match Meta::decode(v) {
             Ok(m) => m,
             Err(_) => {
-                bad.push((
-                    Class::BadMetadata,
-                    format!("undecodable value at {fk:?}"),
-                    k.to_vec(),
-                ));
+                let d = format!("undecodable value: {what}");
+                self.bad_meta.push((Class::BadMetadata, d, found(None)));
                 return;
             }
         };
         if let Some(ino) = keys::home_ino(fk) {
-            match meta {
+            match &meta {
                 Meta::Inode(i) if i.ino == ino && i.homed => {
-                    if let Some(prev) = seen_inos.insert(i.ino, k.to_vec()) {
-                        bad.push((
-                            Class::DuplicateInode,
-                            format!("inode {} at {prev:?} and {k:?}", i.ino),
-                            Vec::new(),
-                        ));
-                    }
-                    homes.insert(
+                    let info = Info {
                         ino,
-                        Info {
-                            ino,
-                            kind: i.kind,
-                            nlink: i.nlink,
-                            size: i.size,
-                            homed: true,
-                        },
-                    );
+                        kind: i.kind,
+                        nlink: i.nlink,
+                        size: i.size,
+                        data_end: 0,
+                    };
+                    self.homes.insert(ino, info);
+                    self.note_ino(ino, k, &meta);
                 }
-                _ => bad.push((
-                    Class::BadMetadata,
-                    format!("home of inode {ino} holds something else"),
-                    k.to_vec(),
-                )),
+                _ => {
+                    let d = format!("home of inode {ino} holds something else");
+                    self.bad_meta.push((Class::BadMetadata, d, found(None)));
+                }
             }
             return;
         }
         if !valid_path_key(fk) {
-            bad.push((Class::BadKey, format!("malformed key {fk:?}"), k.to_vec()));
+            let d = format!("malformed key {fk:02x?}");
+            self.bad_meta.push((Class::BadKey, d, found(None)));
             return;
         }
         match meta {
-            Meta::Redirect(ino) => {
-                *redirects.entry(ino).or_default() += 1;
-                redirect_keys.push((fk.to_vec(), ino));
-            }
-            Meta::Inode(i) => {
+            Meta::Redirect(ino) => self.redirects.entry(ino).or_default().push(fk.to_vec()),
+            Meta::Inode(ref i) => {
                 if i.homed {
-                    bad.push((
-                        Class::BadMetadata,
-                        format!("inode {} marked homed at a path", i.ino),
-                        k.to_vec(),
-                    ));
-                }
-                if let Some(prev) = seen_inos.insert(i.ino, k.to_vec()) {
-                    bad.push((
-                        Class::DuplicateInode,
-                        format!("inode {} at {prev:?} and {k:?}", i.ino),
-                        Vec::new(),
-                    ));
+                    let d = format!("inode {} marked homed at a path ({what})", i.ino);
+                    self.bad_meta
+                        .push((Class::BadMetadata, d, found(Some(meta.clone()))));
                 }
                 if i.kind == Kind::Symlink && i.size != i.target.len() as u64 {
-                    bad.push((
-                        Class::BadMetadata,
-                        format!("symlink {} size differs from its target", i.ino),
-                        Vec::new(),
-                    ));
+                    let d = format!("symlink {} size differs from its target ({what})", i.ino);
+                    self.bad_meta
+                        .push((Class::BadMetadata, d, found(Some(meta.clone()))));
                 }
-                paths.insert(
-                    fk.to_vec(),
-                    Info {
-                        ino: i.ino,
-                        kind: i.kind,
-                        nlink: i.nlink,
-                        size: i.size,
-                        homed: false,
-                    },
-                );
+                let info = Info {
+                    ino: i.ino,
+                    kind: i.kind,
+                    nlink: i.nlink,
+                    size: i.size,
+                    data_end: 0,
+                };
+                self.paths.insert(fk.to_vec(), info);
+                self.note_ino(i.ino, k, &meta);
             }
         }
-    });
-    if let Err(e) = scan {
-        problem(&mut r, Class::EngineCorruption, e.to_string());
-        return r;
     }
-    for (c, d, _) in &bad {
-        problem(&mut r, *c, d.clone());
+
+    fn meta_pass(&mut self) -> bool {
+        let mut entries: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let engine = self.engine;
+        let scan = scan_tag(engine, keys::META, |k, v| {
+            entries.push((k.to_vec(), v.to_vec()))
+        });
+        if let Err(e) = scan {
+            self.problem(Class::EngineCorruption, e.to_string());
+            return false;
+        }
+        for (k, v) in entries {
+            self.meta_entry(&k, &v);
+        }
+        self.r.inodes = (self.paths.len() + self.homes.len()) as u64;
+        self.r.directories = self.paths.values().filter(|i| i.kind == Kind::Dir).count() as u64;
+        true
     }
-    match paths.get(&Vec::new()) {
-        Some(root) if root.kind == Kind::Dir && root.ino == ROOT_INO => {}
-        _ => problem(&mut r, Class::RootMissing, "no root directory".into()),
-    }
-    // Parents exist and are directories; count subdirectories.
-    let mut subdirs: HashMap<Vec<u8>, u32> = HashMap::new();
-    let names: Vec<(Vec<u8>, bool)> = paths
-        .iter()
-        .filter(|(k, _)| !k.is_empty())
-        .map(|(k, i)| (k.clone(), i.kind == Kind::Dir))
-        .chain(redirect_keys.iter().map(|(k, ino)| {
-            (
-                k.clone(),
-                homes.get(ino).is_some_and(|h| h.kind == Kind::Dir),
-            )
-        }))
-        .collect();
-    for (k, is_dir) in &names {
-        match parent_of(k) {
-            Some(p) => match paths.get(&p) {
-                Some(pi) if pi.kind == Kind::Dir => {
-                    if *is_dir {
-                        *subdirs.entry(p).or_default() += 1;
-                    }
-                }
-                _ => problem(
-                    &mut r,
-                    Class::MissingParent,
-                    format!("{:?} has no parent directory", k),
-                ),
-            },
-            None => problem(
-                &mut r,
-                Class::BadKey,
-                format!("cannot find the parent of {k:?}"),
-            ),
+
+    fn owner(&mut self, fk: &[u8]) -> Option<&mut Info> {
+        match keys::home_ino(fk) {
+            Some(ino) => self.homes.get_mut(&ino),
+            None => self.paths.get_mut(fk),
         }
     }
-    // Link counts.
-    let mut fixes = Batch::new();
-    for (k, info) in &paths {
-        let expect = if info.kind == Kind::Dir {
-            2 + subdirs.get(k).copied().unwrap_or(0)
-        } else {
-            1
-        };
-        if info.nlink != expect {
-            problem(
-                &mut r,
+
+    fn data_pass(&mut self) {
+        let mut entries: Vec<(Vec<u8>, usize)> = Vec::new();
+        let scan = scan_tag(self.engine, keys::DATA, |k, v| {
+            entries.push((k.to_vec(), v.len()))
+        });
+        if let Err(e) = scan {
+            self.problem(Class::EngineCorruption, e.to_string());
+        }
+        for (k, len) in entries {
+            let parsed = split_file_key(&k[1..]).and_then(|(fk, tail)| {
+                Some((fk.to_vec(), u64::from_be_bytes(tail.try_into().ok()?)))
+            });
+            let Some((fk, blk)) = parsed.filter(|_| len as u64 <= BLOCK) else {
+                self.bad_data.push(k);
+                continue;
+            };
+            self.r.data_blocks += 1;
+            self.r.data_bytes += len as u64;
+            match self.owner(&fk) {
+                Some(i) if i.kind == Kind::File => {
+                    i.data_end = i.data_end.max(blk * BLOCK + len as u64);
+                }
+                _ => self.orphan_data.push(k),
+            }
+        }
+    }
+
+    fn xattr_pass(&mut self) {
+        let mut ks: Vec<Vec<u8>> = Vec::new();
+        let scan = scan_tag(self.engine, keys::XATTR, |k, _| ks.push(k.to_vec()));
+        if let Err(e) = scan {
+            self.problem(Class::EngineCorruption, e.to_string());
+        }
+        for k in ks {
+            self.r.xattrs += 1;
+            let ok = match split_file_key(&k[1..]) {
+                Some((fk, name)) if !name.is_empty() => self.owner(fk).is_some(),
+                _ => false,
+            };
+            if !ok {
+                self.orphan_xattrs.push(k);
+            }
+        }
+    }
+
+    /// Link counts, sizes, data and xattrs without a file, counters.
+    fn counts(&mut self) {
+        let mut subdirs: HashMap<Vec<u8>, u32> = HashMap::new();
+        let names: Vec<(Vec<u8>, bool)> = self
+            .paths
+            .iter()
+            .filter(|(k, _)| !k.is_empty())
+            .map(|(k, i)| (k.clone(), i.kind == Kind::Dir))
+            .chain(self.redirects.iter().flat_map(|(ino, ks)| {
+                let dir = self.homes.get(ino).is_some_and(|h| h.kind == Kind::Dir);
+                ks.iter().map(move |k| (k.clone(), dir))
+            }))
+            .collect();
+        for (k, is_dir) in names {
+            if let Some(p) = parent_of(&k).filter(|p| self.paths.contains_key(p)) {
+                if is_dir {
+                    *subdirs.entry(p).or_default() += 1;
+                }
+            }
+        }
+        let mut wrong: Vec<(Vec<u8>, u32, u32, u64)> = Vec::new();
+        for (k, info) in &self.paths {
+            let expect = if info.kind == Kind::Dir {
+                2 + subdirs.get(k).copied().unwrap_or(0)
+            } else {
+                1
+            };
+            if info.nlink != expect {
+                wrong.push((k.clone(), info.nlink, expect, info.ino));
+            }
+        }
+        for (ino, info) in &self.homes {
+            let names = self.redirects.get(ino).map_or(0, |v| v.len()) as u32;
+            if names > 0 && info.nlink != names {
+                wrong.push((keys::home_key(*ino), info.nlink, names, *ino));
+            }
+        }
+        wrong.sort();
+        for (fk, has, want, ino) in wrong {
+            let i = self.problem(
                 Class::LinkCount,
-                format!(
-                    "inode {} has link count {} but {} links",
-                    info.ino, info.nlink, expect
-                ),
+                format!("inode {ino} has link count {has} but {want} links"),
             );
-            if repair {
-                if let Ok(Some(v)) = engine.get(&keys::meta_key(k)) {
-                    if let Ok(Meta::Inode(mut i)) = Meta::decode(&v) {
-                        i.nlink = expect;
-                        fixes.put(keys::meta_key(k), i.encode());
-                        r.problems.last_mut().expect("just pushed").repaired = true;
-                    }
-                }
+            let ops = self.rewrite_inode(&fk, |inode| inode.nlink = want);
+            self.fix(i, ops);
+        }
+        self.sizes();
+        self.orphans();
+        self.counters();
+    }
+
+    /// Puts the inode at file key `fk` changed by `f` (no ops if it cannot be read).
+    pub fn rewrite_inode(&self, fk: &[u8], f: impl FnOnce(&mut crate::inode::Inode)) -> Vec<Op> {
+        let key = keys::meta_key(fk);
+        match self
+            .engine
+            .get(&key)
+            .ok()
+            .flatten()
+            .map(|v| Meta::decode(&v))
+        {
+            Some(Ok(Meta::Inode(mut i))) => {
+                f(&mut i);
+                vec![Op::Put {
+                    key,
+                    value: i.encode(),
+                }]
             }
+            _ => Vec::new(),
         }
     }
-    for (ino, count) in &redirects {
-        if !homes.contains_key(ino) {
-            problem(
-                &mut r,
-                Class::DanglingRedirect,
-                format!("{count} names redirect to missing inode {ino}"),
+
+    /// Files with data past their size get the size that covers it (as e2fsck does).
+    fn sizes(&mut self) {
+        let mut short: Vec<(Vec<u8>, u64, u64, u64)> = self
+            .paths
+            .iter()
+            .map(|(k, i)| (k.clone(), i))
+            .chain(self.homes.iter().map(|(ino, i)| (keys::home_key(*ino), i)))
+            .filter(|(_, i)| i.kind == Kind::File && i.data_end > i.size.max(1))
+            .map(|(k, i)| (k, i.ino, i.size, i.data_end))
+            .filter(|(_, _, size, end)| (end - 1) / BLOCK * BLOCK >= *size)
+            .collect();
+        short.sort();
+        for (fk, ino, size, end) in short {
+            let i = self.problem(
+                Class::DataBeyondEof,
+                format!("inode {ino} has size {size} but data up to byte {end}"),
             );
+            let ops = self.rewrite_inode(&fk, |inode| inode.size = end);
+            self.fix(i, ops);
         }
     }
-    for (ino, info) in &homes {
-        let names = redirects.get(ino).copied().unwrap_or(0);
-        if info.nlink == 0 && names == 0 {
-            problem(
-                &mut r,
+
+    fn orphans(&mut self) {
+        let max_key = self.engine.format().max_key_len;
+        let mut unlinked: Vec<u64> = self
+            .homes
+            .iter()
+            .filter(|(ino, h)| h.nlink == 0 && !self.redirects.contains_key(*ino))
+            .map(|(ino, _)| *ino)
+            .collect();
+        unlinked.sort_unstable();
+        for ino in unlinked {
+            let i = self.problem(
                 Class::OrphanInode,
                 format!("inode {ino} was unlinked while open"),
             );
-            if repair {
-                let hk = keys::home_key(*ino);
-                fixes.delete(keys::meta_key(&hk));
-                let d = keys::data_prefix(&hk);
-                fixes.range_delete(
-                    d.clone(),
-                    amaranth_engine::prefix_end(&d, engine.format().max_key_len),
-                );
-                let x = keys::xattr_prefix(&hk);
-                fixes.range_delete(
-                    x.clone(),
-                    amaranth_engine::prefix_end(&x, engine.format().max_key_len),
-                );
-                r.problems.last_mut().expect("just pushed").repaired = true;
+            let hk = keys::home_key(ino);
+            let mut ops = vec![
+                Op::Delete {
+                    key: keys::meta_key(&hk),
+                },
+                Op::Delete {
+                    key: keys::ino_key(ino),
+                },
+            ];
+            for p in [keys::data_prefix(&hk), keys::xattr_prefix(&hk)] {
+                let hi = amaranth_engine::prefix_end(&p, max_key);
+                ops.push(Op::RangeDelete { lo: p, hi });
             }
-        } else if info.nlink != names {
-            problem(
-                &mut r,
-                Class::LinkCount,
+            self.fix(i, ops);
+        }
+        for (list, class) in [
+            (
+                std::mem::take(&mut self.orphan_data),
+                Class::DataWithoutInode,
+            ),
+            (
+                std::mem::take(&mut self.orphan_xattrs),
+                Class::XattrWithoutInode,
+            ),
+        ] {
+            if list.is_empty() {
+                continue;
+            }
+            let what = if class == Class::DataWithoutInode {
+                "data blocks"
+            } else {
+                "extended attributes"
+            };
+            let i = self.problem(
+                class,
                 format!(
-                    "inode {ino} has link count {} but {names} names",
-                    info.nlink
+                    "{} {what}, first {}",
+                    list.len(),
+                    crate::describe::describe_key(&list[0])
                 ),
             );
-            if repair {
-                let hk = keys::home_key(*ino);
-                if let Ok(Some(v)) = engine.get(&keys::meta_key(&hk)) {
-                    if let Ok(Meta::Inode(mut i)) = Meta::decode(&v) {
-                        i.nlink = names;
-                        fixes.put(keys::meta_key(&hk), i.encode());
-                        r.problems.last_mut().expect("just pushed").repaired = true;
-                    }
-                }
-            }
+            let ops = list.into_iter().map(|key| Op::Delete { key }).collect();
+            self.fix(i, ops);
         }
     }
-    r.inodes = (paths.len() + homes.len()) as u64;
-    r.directories = paths.values().filter(|i| i.kind == Kind::Dir).count() as u64;
-    progress("checking data blocks");
-    // Pass 2: data blocks belong to a file and lie inside it.
-    let owner = |fk: &[u8]| -> Option<&Info> {
-        match keys::home_ino(fk) {
-            Some(ino) => homes.get(&ino),
-            None => paths.get(fk),
-        }
-    };
-    let mut orphan_data: Vec<Vec<u8>> = Vec::new();
-    let mut beyond: Vec<Vec<u8>> = Vec::new();
-    let mut bad_blocks = 0u64;
-    let scan = scan_tag(engine, keys::DATA, |k, v| {
-        let Some((fk, tail)) = split_file_key(&k[1..]) else {
-            bad_blocks += 1;
-            return;
-        };
-        let Ok(raw) = <[u8; 8]>::try_from(tail) else {
-            bad_blocks += 1;
-            return;
-        };
-        let blk = u64::from_be_bytes(raw);
-        r.data_blocks += 1;
-        r.data_bytes += v.len() as u64;
-        if v.len() as u64 > BLOCK {
-            bad_blocks += 1;
-        }
-        match owner(fk) {
-            Some(i) if i.kind == Kind::File => {
-                if blk * BLOCK >= i.size.max(1) && !(i.size == 0 && v.is_empty()) {
-                    beyond.push(k.to_vec());
-                }
-            }
-            _ => orphan_data.push(k.to_vec()),
-        }
-    });
-    if let Err(e) = scan {
-        problem(&mut r, Class::EngineCorruption, e.to_string());
-    }
-    if bad_blocks > 0 {
-        problem(
-            &mut r,
-            Class::BadDataBlock,
-            format!("{bad_blocks} malformed data keys or oversized blocks"),
-        );
-    }
-    for (list, class) in [
-        (orphan_data, Class::DataWithoutInode),
-        (beyond, Class::DataBeyondEof),
-    ] {
-        if list.is_empty() {
-            continue;
-        }
-        problem(&mut r, class, format!("{} data blocks", list.len()));
-        if repair {
-            for k in list {
-                fixes.delete(k);
-            }
-            r.problems.last_mut().expect("just pushed").repaired = true;
-        }
-    }
-    progress("checking extended attributes");
-    let mut orphan_x = Vec::new();
-    let scan = scan_tag(engine, keys::XATTR, |k, _| {
-        r.xattrs += 1;
-        match split_file_key(&k[1..]) {
-            Some((fk, name)) if !name.is_empty() && owner(fk).is_some() => {}
-            _ => orphan_x.push(k.to_vec()),
-        }
-    });
-    if let Err(e) = scan {
-        problem(&mut r, Class::EngineCorruption, e.to_string());
-    }
-    if !orphan_x.is_empty() {
-        problem(
-            &mut r,
-            Class::XattrWithoutInode,
-            format!("{} extended attributes", orphan_x.len()),
-        );
-        if repair {
-            for k in orphan_x {
-                fixes.delete(k);
-            }
-            r.problems.last_mut().expect("just pushed").repaired = true;
-        }
-    }
-    // The inode index (schema 3): one entry per inode but the root, saying where it is.
-    if engine
-        .get(&keys::system_key("format"))
-        .ok()
-        .flatten()
-        .is_some_and(|v| v == crate::fs::SCHEMA_VERSION.to_le_bytes())
-    {
-        for detail in crate::fs::index_problems(engine, &seen_inos) {
-            problem(&mut r, Class::BadMetadata, detail);
-        }
-    }
-    // Counters.
-    let max_ino = seen_inos.keys().copied().max().unwrap_or(ROOT_INO);
-    match get_u64("next_ino") {
-        Some(n) if n > max_ino => {}
-        other => {
-            problem(
-                &mut r,
+
+    fn counters(&mut self) {
+        let max_ino = self.seen_inos.keys().copied().max().unwrap_or(ROOT_INO);
+        let next = self.get_u64("next_ino");
+        if next.is_none_or(|n| n <= max_ino) {
+            let i = self.problem(
                 Class::InodeNumberCounter,
-                format!("next inode number {other:?}, highest in use {max_ino}"),
+                format!("next inode number {next:?}, highest in use {max_ino}"),
             );
-            if repair {
-                fixes.put(
-                    keys::system_key("next_ino"),
-                    (max_ino + 1024).to_le_bytes().to_vec(),
-                );
-                r.problems.last_mut().expect("just pushed").repaired = true;
+            let ops = vec![Op::Put {
+                key: keys::system_key("next_ino"),
+                value: (max_ino + 1024).to_le_bytes().to_vec(),
+            }];
+            self.fix(i, ops);
+        }
+        let unlinked = self.homes.values().filter(|h| h.nlink == 0).count() as u64;
+        let live = self.r.inodes - unlinked;
+        let counted = self.get_u64("inodes");
+        if counted != Some(live) {
+            let i = self.problem(
+                Class::InodeCount,
+                format!("inode counter {counted:?}, {live} inodes found"),
+            );
+            let ops = vec![Op::Put {
+                key: keys::system_key("inodes"),
+                value: live.to_le_bytes().to_vec(),
+            }];
+            self.fix(i, ops);
+        }
+    }
+
+    /// Writes the queued repairs in batches that fit a log record, in order.
+    fn write(&mut self) {
+        if self.ops.is_empty() {
+            return;
+        }
+        let budget = (self.engine.stats().log.capacity as usize / 16).max(64 << 10);
+        let mut batch = Batch::new();
+        let mut bytes = 0usize;
+        let mut result = Ok(());
+        for op in std::mem::take(&mut self.ops) {
+            let size = op.user_bytes() + 16;
+            if !batch.is_empty() && bytes + size > budget {
+                result = result.and_then(|_| self.engine.write(&batch).map(|_| ()));
+                batch = Batch::new();
+                bytes = 0;
             }
+            bytes += size;
+            batch.ops.push(op);
         }
-    }
-    let live = r.inodes - homes.values().filter(|h| h.nlink == 0).count() as u64;
-    if get_u64("inodes") != Some(live) {
-        problem(
-            &mut r,
-            Class::InodeCount,
-            format!("inode counter {:?}, {live} inodes found", get_u64("inodes")),
-        );
-        if repair {
-            fixes.put(keys::system_key("inodes"), live.to_le_bytes().to_vec());
-            r.problems.last_mut().expect("just pushed").repaired = true;
+        if !batch.is_empty() {
+            result = result.and_then(|_| self.engine.write(&batch).map(|_| ()));
         }
-    }
-    if repair && !fixes.is_empty() {
-        progress("writing repairs");
-        if let Err(e) = engine.write(&fixes).and_then(|_| engine.sync()) {
-            for p in &mut r.problems {
+        if let Err(e) = result.and_then(|_| self.engine.sync()) {
+            for p in &mut self.r.problems {
                 p.repaired = false;
             }
-            problem(
-                &mut r,
+            self.problem(
                 Class::EngineCorruption,
                 format!("repairs could not be written: {e}"),
             );
         }
     }
-    let _ = paths.values().any(|i| i.homed);
-    r
+}
+
+/// Checks the file system in `engine` (which should be opened read-only unless `repair`).
+pub fn check(engine: &Engine, repair: bool, mut progress: impl FnMut(&str)) -> CheckReport {
+    let mut c = Checker::new(engine, repair);
+    progress("checking the engine (every node read and checksummed)");
+    if !c.engine_pass() {
+        return c.r;
+    }
+    c.schema();
+    progress("checking metadata");
+    if !c.meta_pass() {
+        return c.r;
+    }
+    progress("checking data blocks");
+    c.data_pass();
+    progress("checking extended attributes");
+    c.xattr_pass();
+    progress("checking names and links");
+    Fixer::new(&mut c).run();
+    c.counts();
+    progress("checking the inode index");
+    c.index();
+    if repair {
+        progress("writing repairs");
+        c.write();
+    }
+    c.r
+}
+
+/// Checks and repairs in rounds until a round finds nothing to repair (at most 4): structural
+/// repairs first, then the counts that follow from them. Returns every round's report; the last
+/// one is what is left.
+pub fn repair(engine: &Engine, mut progress: impl FnMut(&str)) -> Vec<CheckReport> {
+    let mut rounds: Vec<CheckReport> = Vec::new();
+    for round in 1..=4 {
+        progress(&format!("repair round {round}"));
+        let r = check(engine, true, &mut progress);
+        let done = !r.problems.iter().any(|p| p.repaired);
+        rounds.push(r);
+        if done {
+            break;
+        }
+    }
+    rounds
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use crate::table::{Table, ROOT_INO};
 
 mod handles;
 
-pub(crate) use handles::index_problems;
+pub(crate) use handles::{Place, INDEX_SCHEMA};
 mod readdir;
 mod times;
 

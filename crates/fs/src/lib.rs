@@ -9,6 +9,9 @@
 
 pub mod acl;
 pub mod check;
+mod check_fix;
+mod check_index;
+pub mod describe;
 mod error;
 mod fs;
 mod inode;

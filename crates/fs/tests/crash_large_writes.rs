@@ -14,7 +14,8 @@ use amaranth_fs::{Ctx, Fs, SetAttr, COPY_MAX, ROOT_INO};
 use common::*;
 
 /// The crash format with a 12 MiB log: its largest record (1.5 MiB) holds a 1 MiB request, and
-/// it wraps (with checkpoints) within a few such requests.
+/// it wraps (with checkpoints) within a few such requests. Its images are 52 MiB: the log must
+/// fit in the first quarter of the device (the first backup superblock follows it).
 fn twelve_mib_log() -> Format {
     Format {
         log_size: Some(12 << 20),
@@ -72,7 +73,7 @@ fn requests_up_to_a_mebibyte_are_atomic_across_power_cuts() {
             fill: 16,
         },
     ];
-    let run = record_with(&ops, twelve_mib_log(), 40 << 20);
+    let run = record_with(&ops, twelve_mib_log(), 52 << 20);
     let states = check_run(&run, 0x1a46e, 60, "1 MiB requests, 12 MiB log");
     eprintln!("1 MiB requests: {states} crash states checked");
 }
@@ -108,7 +109,7 @@ fn a_copy_file_range_call_is_atomic_across_power_cuts() {
             size: 5 * MIB as u64,
         },
     ];
-    let run = record_with(&ops, twelve_mib_log(), 40 << 20);
+    let run = record_with(&ops, twelve_mib_log(), 52 << 20);
     let states = check_run(&run, 0xc0b1, 60, "copy_file_range, 12 MiB log");
     eprintln!("copy_file_range: {states} crash states checked");
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use amaranth_device::MemDevice;
 use amaranth_engine::Engine;
+use amaranth_fs::check::Class;
 use amaranth_fs::{keys, Ctx, Errno, Fs, FsOptions, Kind, RENAME_EXCHANGE, ROOT_INO};
 use common::{engine_options, format};
 
@@ -121,22 +122,39 @@ fn inodes_are_found_by_number_after_every_kind_of_change() {
     let engine = Engine::open(dev.clone(), engine_options()).unwrap();
     let r = amaranth_fs::check::check(&engine, false, |_| {});
     assert!(r.problems.is_empty(), "{:?}", r.problems);
-    // The checker sees a missing and a stale entry.
+    // The checker sees a missing entry, an entry of no inode and one at the wrong place (`moved`
+    // said to be in the root under another name), and the repair rewrites them from the names.
     engine.delete(&keys::ino_key(deep)).unwrap();
     engine.put(&keys::ino_key(gone), &[1, b'H']).unwrap();
+    let mut wrong = vec![1, b'P'];
+    wrong.extend_from_slice(&ROOT_INO.to_le_bytes());
+    wrong.extend_from_slice(b"elsewhere");
+    engine.put(&keys::ino_key(moved), &wrong).unwrap();
     let r = amaranth_fs::check::check(&engine, false, |_| {});
     let details: Vec<&str> = r.problems.iter().map(|p| p.detail.as_str()).collect();
     assert!(
-        details.iter().any(|d| d.contains("have no entry")),
+        r.problems.iter().all(|p| p.class == Class::InodeIndex) && r.exit_code() == 4,
         "{details:?}"
     );
-    assert!(
-        details
-            .iter()
-            .any(|d| d.contains(&format!("inode {gone}, which does not exist"))),
-        "{details:?}"
-    );
+    for want in [
+        format!("1 inodes are missing (the first: inode {deep}"),
+        format!("name no inode (the first: inode {gone})"),
+        format!("1 inodes say the wrong place (the first: inode {moved}"),
+    ] {
+        assert!(
+            details.iter().any(|d| d.contains(&want)),
+            "{want} in {details:?}"
+        );
+    }
+    let rounds = amaranth_fs::check::repair(&engine, |_| {});
+    assert_eq!(rounds[0].problems.len(), 3, "{:?}", rounds[0].problems);
+    assert!(rounds[0].problems.iter().all(|p| p.repaired));
+    let r = amaranth_fs::check::check(&engine, false, |_| {});
+    assert!(r.problems.is_empty(), "{:?}", r.problems);
     engine.close().unwrap();
+    assert_eq!(by_number(&dev, deep).unwrap().0, Kind::File);
+    assert_eq!(by_number(&dev, moved).unwrap().0, Kind::File);
+    assert_eq!(by_number(&dev, gone), Err(Errno::ESTALE));
 }
 
 #[test]

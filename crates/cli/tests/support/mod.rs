@@ -519,6 +519,13 @@ impl Scratch {
     }
     /// Mounts `image` on `self/dir` (created); the returned guard always unmounts.
     pub fn mount(&self, image: &Path, dir: &str, o: &MountOpts) -> Mount {
+        match self.try_mount(image, dir, o) {
+            Ok(m) => m,
+            Err(e) => panic!("mount failed: {e}"),
+        }
+    }
+    /// Mounts like [`Scratch::mount`], or returns what `amaranth mount` said when it failed.
+    pub fn try_mount(&self, image: &Path, dir: &str, o: &MountOpts) -> Result<Mount, String> {
         let mp = self.path(dir);
         fs::create_dir_all(&mp).unwrap();
         let pid_file = self.path(&format!("{dir}.pid"));
@@ -562,14 +569,12 @@ impl Scratch {
             log,
             log_from,
         };
-        assert!(
-            out.status.success(),
-            "mount failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
         assert!(is_mounted(&mp), "not mounted after `amaranth mount`");
         assert!(m.pid.is_some(), "no pid in {}", pid_file.display());
-        m
+        Ok(m)
     }
     /// `amaranth fsck IMAGE`: the exit code and stdout.
     pub fn fsck(&self, image: &Path) -> (i32, String) {

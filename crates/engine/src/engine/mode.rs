@@ -3,13 +3,19 @@
 //! Read-only means that nothing at all is written to the device: no log chunk, no node, no
 //! checkpoint, no superblock. Going read-only waits for the modifications in progress, writes one
 //! last checkpoint marked clean (so the image is exactly as after a clean unmount) and stops the
-//! background threads. Going writable needs a device opened for writing; it starts a new log epoch
-//! with a checkpoint (as a read-write open does) and restarts the threads.
+//! background threads. Going writable does what a read-write open does before it writes: it
+//! needs a device opened for writing, refuses an image with known damage (recorded in the
+//! superblock or found by a read while read-only: `amaranth fsck --repair` first), heals the
+//! superblock copies that are damaged, overwritten or lagging, gives a version-1 image its backup
+//! superblocks, then starts a new log epoch with a checkpoint and restarts the threads.
 
 use std::sync::atomic::Ordering;
 
 use super::Engine;
+use crate::copies;
 use crate::error::{Error, Result};
+use crate::load;
+use crate::superblock::Superblock;
 
 impl Engine {
     /// Whether the engine refuses writes and writes nothing to the device.
@@ -19,7 +25,8 @@ impl Engine {
 
     /// Makes the engine read-only or writable while it is open (see the module documentation).
     /// Writable again fails with `ReadOnly` if the device cannot be written or an earlier failure
-    /// made the engine refuse writes.
+    /// made the engine refuse writes, and with `Damaged` if the image has known damage; the
+    /// engine then stays read-only.
     pub fn set_read_only(&self, read_only: bool) -> Result<()> {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
@@ -48,28 +55,73 @@ impl Engine {
     }
 
     fn make_writable(&self) -> Result<()> {
-        if !self.inner.dev.writable() {
+        let inner = &self.inner;
+        if !inner.dev.writable() {
             return Err(Error::ReadOnly(format!(
                 "{} was opened read-only",
-                self.inner.dev.describe()
+                inner.dev.describe()
             )));
         }
-        if let Some(e) = self.inner.failed.lock().clone() {
+        if let Some(e) = inner.failed.lock().clone() {
             return Err(Error::ReadOnly(e.to_string()));
         }
         {
-            let _mode = self.inner.mode.write();
+            let _mode = inner.mode.write();
+            self.refuse_known_damage()?;
+            self.prepare_writes()?;
             // As a read-write open: a new epoch, so that chunks of the recovered one are never
             // replayed once the checkpoint below records the new one.
-            let epoch = self.inner.log.epoch().wrapping_add(1);
-            self.inner.log.start_epoch(epoch);
-            self.inner.tree.set_read_only(false);
-            if let Err(e) = self.inner.checkpoint_now(false) {
-                self.inner.tree.set_read_only(true);
+            let epoch = inner.log.epoch().wrapping_add(1);
+            inner.log.start_epoch(epoch);
+            inner.tree.set_read_only(false);
+            if let Err(e) = inner.checkpoint_now(false) {
+                inner.tree.set_read_only(true);
                 return Err(e);
             }
         }
         self.start_threads();
+        Ok(())
+    }
+
+    /// A damaged image is never written but by a repair (as a read-write open refuses it).
+    fn refuse_known_damage(&self) -> Result<()> {
+        let inner = &self.inner;
+        if inner.sb.lock().damaged {
+            return Err(Error::Damaged(
+                "recorded in the superblock when a read found a damaged node".into(),
+            ));
+        }
+        if inner.damage.load(Ordering::Acquire) {
+            let detail = inner.damage_detail.lock().clone();
+            return Err(Error::Damaged(detail.unwrap_or_else(|| {
+                "a read found a damaged node while read-only".into()
+            })));
+        }
+        Ok(())
+    }
+
+    /// What a read-write open does before its first write: heal the superblock copies (so that
+    /// every backup describes this checkpoint before the allocator reuses an older one's blocks)
+    /// and upgrade a version-1 image. The copies must still hold the checkpoint the engine runs
+    /// on: a read-only engine wrote nothing, so anything else was written by someone else.
+    fn prepare_writes(&self) -> Result<()> {
+        let inner = &self.inner;
+        let located = Superblock::locate(&*inner.dev, inner.options.fallback_superblock)?;
+        let mut sb = inner.sb.lock();
+        if located.sb.generation != sb.generation || located.sb.uuid != sb.uuid {
+            return Err(Error::Corrupt(format!(
+                "the superblock changed while the image was open read-only (checkpoint {} \
+                 expected, {} found): something else wrote to {}",
+                sb.generation,
+                located.sb.generation,
+                inner.dev.describe()
+            )));
+        }
+        for line in located.describe() {
+            log::warn!("amaranth engine: {line}");
+        }
+        copies::heal(&*inner.dev, &located)?;
+        load::upgrade_v1(&mut sb, &inner.tree.store);
         Ok(())
     }
 }

@@ -259,67 +259,6 @@ impl Fs {
     }
 }
 
-/// What is wrong with the inode index, given every inode found and the metadata key holding it
-/// (`inodes`, from the checker): an inode without an entry, an entry of no inode, or an entry
-/// that says "home" for an inode at a path or the reverse.
-pub(crate) fn index_problems(
-    engine: &amaranth_engine::Engine,
-    inodes: &std::collections::HashMap<u64, Vec<u8>>,
-) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut indexed = std::collections::HashSet::new();
-    let scanned = engine.scan(
-        std::ops::Bound::Included(&[keys::INDEX][..]),
-        std::ops::Bound::Excluded(&[keys::INDEX + 1][..]),
-        |k, v| {
-            let Some(ino) = k
-                .get(1..9)
-                .map(|b| u64::from_be_bytes(b.try_into().expect("8")))
-            else {
-                out.push(format!("inode index: a key of {} bytes", k.len()));
-                return true;
-            };
-            indexed.insert(ino);
-            let Some(meta_key) = inodes.get(&ino) else {
-                out.push(format!(
-                    "inode index: an entry for inode {ino}, which does not exist"
-                ));
-                return true;
-            };
-            let at_home = keys::home_ino(&meta_key[1..]).is_some();
-            match Place::decode(v) {
-                Ok(Place::Home) if !at_home => out.push(format!(
-                    "inode index: inode {ino} is at a path, not at its home"
-                )),
-                Ok(Place::At { .. }) if at_home => out.push(format!(
-                    "inode index: inode {ino} is at its home, not at a path"
-                )),
-                Ok(_) => {}
-                Err(_) => out.push(format!(
-                    "inode index: the entry of inode {ino} does not decode"
-                )),
-            }
-            true
-        },
-    );
-    if let Err(e) = scanned {
-        out.push(format!("inode index: {e}"));
-    }
-    let mut missing: Vec<u64> = inodes
-        .keys()
-        .copied()
-        .filter(|ino| *ino != ROOT_INO && !indexed.contains(ino))
-        .collect();
-    missing.sort_unstable();
-    if let Some(first) = missing.first() {
-        out.push(format!(
-            "inode index: {} inodes have no entry (the first: {first})",
-            missing.len()
-        ));
-    }
-    out
-}
-
 /// The schema of an image, if it is one this build reads.
 pub(super) fn schema_of(v: Option<Vec<u8>>) -> Option<u32> {
     let v = u64_value(v.map(|mut b| {

@@ -131,16 +131,21 @@ impl Fs {
 
     /// Makes the file system read-only (access times kept in memory are written first, then a
     /// clean checkpoint; nothing more is written to the image) or writable again (files unlinked
-    /// while open before an earlier crash are removed then).
-    pub fn set_read_only(&self, read_only: bool) -> Result<()> {
+    /// while open before an earlier crash are removed then). Returns the engine's error, which
+    /// says why (a device opened read-only, known damage that needs `amaranth fsck --repair`).
+    pub fn set_read_only(&self, read_only: bool) -> amaranth_engine::Result<()> {
         if read_only {
             self.write_lazy_atimes();
-            self.engine.set_read_only(true)?;
+            self.engine.set_read_only(true)
         } else {
             self.engine.set_read_only(false)?;
-            self.remove_orphans()?;
+            self.remove_orphans().map_err(|e| {
+                amaranth_engine::Error::io(
+                    "removing files unlinked while open",
+                    std::io::Error::from_raw_os_error(e.0),
+                )
+            })
         }
-        Ok(())
     }
 }
 

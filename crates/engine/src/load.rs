@@ -1,0 +1,164 @@
+//! Loading a checkpoint at open: the superblock copies, the block translation table, the allocator
+//! (table extents and backup superblocks reserved) and an empty tree over them (read-only if the
+//! open is). Nothing is written.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use amaranth_device::BlockDevice;
+use parking_lot::Mutex;
+
+use crate::config::Options;
+use crate::copies::Located;
+use crate::error::{Error, Result};
+use crate::node::NodeId;
+use crate::store::{self, Allocator, Btt, Store, StoreCounters};
+use crate::superblock::{backup_blocks, Extent, Superblock};
+use crate::tree::Tree;
+
+/// A checkpoint read from the device.
+pub(crate) struct Loaded {
+    /// What the superblock copies hold.
+    pub located: Located,
+    /// The superblock to continue from (a version-1 image may be upgraded in it, see
+    /// [`upgrade_v1`]).
+    pub sb: Superblock,
+    /// The tree, no node loaded yet.
+    pub tree: Tree,
+}
+
+/// Reads the superblock copies, the table, and builds the allocator and an empty tree.
+pub(crate) fn load_checkpoint(dev: &Arc<dyn BlockDevice>, options: &Options) -> Result<Loaded> {
+    let located = Superblock::locate(&**dev, options.fallback_superblock)?;
+    for line in located.describe() {
+        log::warn!("amaranth engine: {line}");
+    }
+    let sb = located.sb.clone();
+    let format = sb.format()?;
+    options.validate(&format)?;
+    let table = read_table(dev, &sb)?;
+    let alloc = build_allocator(&sb, &table)?;
+    let btt = Btt {
+        current: table.clone(),
+        checkpointed: table,
+        in_progress: None,
+        checkpointed_table: Some(sb.btt),
+        alloc,
+    };
+    let store = Arc::new(Store {
+        dev: dev.clone(),
+        btt: Mutex::new(btt),
+        counters: StoreCounters::default(),
+    });
+    let mut tree = Tree::new(
+        format.clone(),
+        store,
+        options.cache_size,
+        sb.next_node_id,
+        sb.next_msn,
+    );
+    tree.check_invariants |= options.check_invariants;
+    // A read-only open writes nothing, not even the nodes that replaying the log dirtied.
+    tree.set_read_only(options.read_only);
+    Ok(Loaded { located, sb, tree })
+}
+
+fn read_table(dev: &Arc<dyn BlockDevice>, sb: &Superblock) -> Result<HashMap<NodeId, Extent>> {
+    let mut raw = amaranth_device::AlignedBuf::zeroed(sb.btt.len());
+    dev.read_at(sb.btt.offset(), &mut raw)
+        .map_err(|e| Error::io("reading block translation table", e))?;
+    let table_len = 32 + sb.btt_count as usize * 24;
+    if table_len > raw.len() || store::table_crc(&raw[..table_len]) != sb.btt_crc {
+        return Err(Error::Checksum {
+            what: "block translation table".into(),
+            offset: sb.btt.offset(),
+        });
+    }
+    let table = store::decode_btt(
+        &raw,
+        sb.btt_count,
+        sb.data_start_block(),
+        sb.device_blocks,
+        sb.btt.offset(),
+    )?;
+    if !table.contains_key(&sb.root_id) {
+        return Err(Error::Corrupt(
+            "the block translation table has no root".into(),
+        ));
+    }
+    Ok(table)
+}
+
+/// Free space: the data area less the table's extents, the table itself and the backup copies.
+fn build_allocator(sb: &Superblock, table: &HashMap<NodeId, Extent>) -> Result<Allocator> {
+    let mut alloc = Allocator::new(sb.data_start_block(), sb.device_blocks);
+    let mut claimed: Vec<(u64, Extent)> = table.iter().map(|(id, e)| (*id, *e)).collect();
+    claimed.sort_by_key(|(_, e)| e.block);
+    for (id, e) in claimed.iter().copied().chain(std::iter::once((0, sb.btt))) {
+        if id >= sb.next_node_id {
+            return Err(Error::Corrupt(format!(
+                "node id {id} is not below the next id {}",
+                sb.next_node_id
+            )));
+        }
+        if !alloc.claim(e) {
+            return Err(Error::Corrupt(format!(
+                "extent of node {id} (blocks {}..{}) overlaps another",
+                e.block,
+                e.block + e.blocks
+            )));
+        }
+    }
+    for &b in &sb.backups {
+        if !alloc.claim(Extent {
+            block: b,
+            blocks: 1,
+        }) {
+            return Err(Error::Corrupt(format!(
+                "a node or the table overlaps the backup superblock at block {b}"
+            )));
+        }
+    }
+    Ok(alloc)
+}
+
+/// Gives a version-1 image (no backup superblocks) its backups when their blocks are free: the
+/// superblock becomes version 2 and the next checkpoint writes them. Read-write opens only.
+pub(crate) fn upgrade_v1(sb: &mut Superblock, store: &Store) {
+    if sb.version != 1 {
+        return;
+    }
+    let want = backup_blocks(sb.device_blocks);
+    let mut btt = store.btt.lock();
+    let mut got = Vec::new();
+    for &b in &want {
+        if b < sb.data_start_block()
+            || !btt.alloc.claim(Extent {
+                block: b,
+                blocks: 1,
+            })
+        {
+            break;
+        }
+        got.push(b);
+    }
+    if got.len() == want.len() {
+        log::info!(
+            "amaranth engine: upgrading the image to format version 2 (backup superblocks at \
+             blocks {want:?})"
+        );
+        sb.version = 2;
+        sb.backups = want;
+    } else {
+        for b in got {
+            btt.alloc.free(Extent {
+                block: b,
+                blocks: 1,
+            });
+        }
+        log::warn!(
+            "amaranth engine: this format-1 image has no backup superblocks and their places \
+             (blocks {want:?}) are in use; it stays at format 1"
+        );
+    }
+}

@@ -1,0 +1,199 @@
+//! Superblock copies and known damage: overwriting the start of an image loses nothing, backups
+//! stay usable at every crash point, and an image with known damage is only opened read-only.
+
+mod common;
+
+use std::sync::Arc;
+
+use amaranth_device::{CrashPlan, MemDevice};
+use amaranth_engine::{backup_blocks, Batch, Engine, Error, Op, Options, Superblock};
+use common::crashsim::*;
+use common::*;
+
+fn filled(keys: u32) -> (Arc<MemDevice>, Model) {
+    let dev = Arc::new(MemDevice::new(24 << 20));
+    let e = Engine::create(dev.clone(), small_format(), small_options()).unwrap();
+    let mut m = Model::new();
+    let mut g = Gen::new(u64::from(keys), keys, 300);
+    for _ in 0..keys * 3 {
+        let op = g.simple_op();
+        apply_model(&mut m, &op);
+        e.write(&Batch { ops: vec![op] }).unwrap();
+    }
+    e.close().unwrap();
+    (dev, m)
+}
+
+#[test]
+fn overwriting_the_first_64_kib_loses_nothing() {
+    let (dev, m) = filled(500);
+    dev.with_bytes_mut(|b| b[..64 << 10].fill(0));
+    let before = Superblock::locate(&*dev, false).unwrap();
+    assert!(before.fell_back, "{before:?}");
+    assert_eq!(
+        before.block,
+        backup_blocks(dev.to_bytes().len() as u64 / 4096)[0]
+    );
+    // Read-only: the data, and the notes that say what happened.
+    let ro = Options {
+        read_only: true,
+        ..small_options()
+    };
+    let e = Engine::open(dev.clone(), ro.clone()).unwrap();
+    assert_eq!(dump(&e), m);
+    let notes = e.stats().superblock_notes;
+    assert!(notes.iter().any(|n| n.contains("block 0")), "{notes:?}");
+    assert!(notes
+        .last()
+        .unwrap()
+        .contains("using the superblock copy at block"));
+    drop(e);
+    // Read-write: the primaries are rewritten, and the next open finds nothing wrong.
+    let e = Engine::open(dev.clone(), small_options()).unwrap();
+    assert_eq!(dump(&e), m);
+    e.close().unwrap();
+    let after = Superblock::locate(&*dev, false).unwrap();
+    assert!(after.problems.is_empty() && !after.fell_back, "{after:?}");
+    assert!(Engine::open(dev, ro)
+        .unwrap()
+        .stats()
+        .superblock_notes
+        .is_empty());
+}
+
+#[test]
+fn a_backup_is_usable_at_every_crash_point() {
+    // Destroy both primary copies of every crash image: the backups must describe a checkpoint
+    // whose blocks are intact and whose log is still there, so the state is a valid prefix.
+    let mut states = 0;
+    for seed in 0..2u64 {
+        let seed = 0xbac0_0000 + seed;
+        eprintln!("backup crash seed {seed}");
+        let run = workload(seed, 250);
+        for (i, pos) in crash_points(&run, seed, 20).into_iter().enumerate() {
+            for plan in [
+                CrashPlan::DropAll,
+                CrashPlan::Random {
+                    seed: seed + i as u64,
+                    keep: 0.5,
+                    tear: 0.5,
+                },
+            ] {
+                let what = format!("seed {seed} crash at {pos} with {plan:?}, primaries lost");
+                let mut img = run.dev.crash_image(pos, &plan);
+                img[..8192].fill(0);
+                let dev = Arc::new(MemDevice::from_bytes(img));
+                let e = Engine::open(dev, run.options.clone())
+                    .unwrap_or_else(|err| panic!("{what}: {err}"));
+                let report = e.verify().unwrap_or_else(|err| panic!("{what}: {err}"));
+                assert!(report.leaked_nodes.is_empty(), "{what}: leaked nodes");
+                let h = hash_model(&dump(&e));
+                let min = run
+                    .syncs
+                    .iter()
+                    .filter(|(p, _)| *p <= pos)
+                    .map(|(_, k)| *k)
+                    .max()
+                    .unwrap_or(0);
+                assert!(
+                    (min..run.states.len()).any(|k| run.states[k] == h),
+                    "{what}: not a prefix of at least {min} operations"
+                );
+                e.close().unwrap();
+                states += 1;
+            }
+        }
+    }
+    eprintln!("checked {states} crash states without primaries");
+}
+
+/// Flips a byte in the last block of some non-root node: a partition or buffer, not its header.
+fn damage_a_node(dev: &MemDevice) -> u64 {
+    let ro = Options {
+        read_only: true,
+        ..small_options()
+    };
+    let e = Engine::open(Arc::new(MemDevice::from_bytes(dev.to_bytes())), ro).unwrap();
+    let (id, block, blocks) = e
+        .node_extents()
+        .into_iter()
+        .find(|&(id, _, blocks)| id != 1 && blocks > 1)
+        .expect("a node of several blocks");
+    let at = ((block + blocks - 1) * 4096 + 100) as usize;
+    dev.with_bytes_mut(|b| b[at] ^= 0xff);
+    id
+}
+
+#[test]
+fn known_damage_refuses_read_write_opens() {
+    let (dev, m) = filled(800);
+    damage_a_node(&dev);
+    // Not known yet: a read-write open works, and the first read of the damage records it.
+    let e = Engine::open(dev.clone(), small_options()).unwrap();
+    assert!(e.stats().known_damage.is_none());
+    let err = e
+        .scan(
+            std::ops::Bound::Unbounded,
+            std::ops::Bound::Unbounded,
+            |_, _| true,
+        )
+        .unwrap_err();
+    assert!(err.is_damage(), "{err}");
+    assert!(e.stats().known_damage.is_some());
+    drop(e);
+    let err = Engine::open(dev.clone(), small_options())
+        .err()
+        .expect("refused");
+    assert!(matches!(err, Error::Damaged(_)), "{err}");
+    assert!(err.to_string().contains("amaranth fsck --repair"), "{err}");
+    // Read-only still works, for what is intact.
+    let ro = Options {
+        read_only: true,
+        ..small_options()
+    };
+    let e = Engine::open(dev, ro).unwrap();
+    assert!(e.stats().known_damage.is_some());
+    let (k, v) = m.iter().next().unwrap();
+    if let Ok(got) = e.get(k) {
+        assert_eq!(got.as_ref(), Some(v));
+    }
+}
+
+#[test]
+fn a_format_1_image_is_upgraded_at_its_first_read_write_open() {
+    let (dev, m) = filled(300);
+    // Rewrite the image as format 1 would have left it: no backups, version 1 in both slots.
+    let mut sb = Superblock::read_newest(&*dev, false).unwrap();
+    let backups = std::mem::take(&mut sb.backups);
+    sb.version = 1;
+    sb.write(&*dev).unwrap();
+    dev.with_bytes_mut(|b| {
+        let other = (1 - sb.generation % 2) as usize;
+        b[other * 4096..(other + 1) * 4096].fill(0);
+        for &blk in &backups {
+            b[blk as usize * 4096..(blk as usize + 1) * 4096].fill(0);
+        }
+    });
+    let ro = Options {
+        read_only: true,
+        ..small_options()
+    };
+    let e = Engine::open(dev.clone(), ro).unwrap();
+    assert_eq!(dump(&e), m);
+    drop(e);
+    assert_eq!(Superblock::read_newest(&*dev, false).unwrap().version, 1);
+    let e = Engine::open(dev.clone(), small_options()).unwrap();
+    e.write(&Batch {
+        ops: vec![Op::Put {
+            key: b"after".to_vec(),
+            value: b"upgrade".to_vec(),
+        }],
+    })
+    .unwrap();
+    e.close().unwrap();
+    let sb = Superblock::read_newest(&*dev, false).unwrap();
+    assert_eq!((sb.version, &sb.backups), (2, &backups));
+    dev.with_bytes_mut(|b| b[..8192].fill(0));
+    let e = Engine::open(dev, small_options()).unwrap();
+    assert_eq!(e.get(b"after").unwrap().as_deref(), Some(&b"upgrade"[..]));
+}
