@@ -617,9 +617,11 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
             let damage = engine.stats().known_damage;
             let _ = close_engine(engine);
             return Err(Failure::new(match damage {
-                Some(d) => format!(
-                    "cannot mount {}: the image is damaged ({d}); repair it with \
-                     `amaranth fsck --repair {}`",
+                // The damage is in what every mount reads (the root directory, the counters), so
+                // even a read-only mount cannot go on: say what the read found.
+                Some(_) => format!(
+                    "cannot mount {}: the image is damaged where every mount reads ({e}); repair \
+                     it with `amaranth fsck --repair {}`",
                     image.display(),
                     image.display()
                 ),
