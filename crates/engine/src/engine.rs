@@ -672,12 +672,18 @@ impl Inner {
     /// A whole pass (unless `give_up` says stop between rounds; returns whether it completed):
     /// afterwards every range delete applied before it began is in the leaves, whose next images
     /// no longer hold the deleted data; the next checkpoint frees the old images.
+    /// The nodes a pass dirties need new extents before the old ones are freed: when they would
+    /// take more than half the unallocated space, a checkpoint comes between rounds.
     fn push_deletes_down(&self, give_up: impl Fn() -> bool) -> Result<bool> {
         let counted = self.deletes_seen.load(Ordering::Relaxed);
         let mut from = Vec::new();
         while let Some(next) = self.push_deletes_round(&from, 32)? {
             if give_up() {
                 return Ok(false);
+            }
+            let s = self.space_use();
+            if s.dirty_next + s.table > (s.total - s.allocated) / 2 {
+                self.checkpoint(false)?;
             }
             from = next;
         }

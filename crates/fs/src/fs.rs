@@ -457,12 +457,12 @@ impl Fs {
             .max(s.checkpoint_need())
     }
 
-    /// Free and available bytes now (see `statfs`): the engine's free space less the holes
-    /// `fallocate` reserved; available is that less the reserve.
-    fn free_and_available(&self) -> (u64, u64) {
+    /// Free bytes now (see `statfs`: the engine's free space less the holes `fallocate`
+    /// reserved) and the reserve; available is free less the reserve.
+    fn free_and_reserve(&self) -> (u64, u64) {
         let s = self.engine.space_use();
         let free = s.free().saturating_sub(self.reserved_bytes());
-        (free, free.saturating_sub(self.reserve(&s)))
+        (free, self.reserve(&s))
     }
 
     /// Space of the holes `fallocate` reserved.
@@ -472,8 +472,8 @@ impl Fs {
 
     /// Refuses growth when free space runs below the reserve (after trying to reclaim deleted space).
     fn check_space(&self, extra: u64) -> Result<()> {
-        let (free, avail) = self.free_and_available();
-        if avail >= extra {
+        let (free, reserve) = self.free_and_reserve();
+        if free >= reserve + extra {
             return Ok(());
         }
         // Deletes free space only once they reach the leaves and a checkpoint completes: try that
@@ -486,12 +486,13 @@ impl Fs {
             || gained > 0
             || when.is_none_or(|t| t.elapsed() > Duration::from_secs(2))
         {
-            let reserve = free - avail;
-            let _ = self.engine.reclaim_space(2 * reserve + extra);
-            let (after, avail) = self.free_and_available();
+            // The engine's target is unallocated space: what is free plus the reservations.
+            let target = 2 * reserve + extra + self.reserved_bytes();
+            let _ = self.engine.reclaim_space(target);
+            let (after, reserve) = self.free_and_reserve();
             *last = (Some(Instant::now()), deleted, after.saturating_sub(free));
             drop(last);
-            if avail >= extra {
+            if after >= reserve + extra {
                 return Ok(());
             }
         }
@@ -1623,8 +1624,8 @@ impl Fs {
     /// beyond the reserve.
     pub fn statfs(&self) -> StatFs {
         let blocks = self.engine.space_use().total / BLOCK;
-        let (free, avail) = self.free_and_available();
-        let (bfree, bavail) = (free / BLOCK, avail / BLOCK);
+        let (free, reserve) = self.free_and_reserve();
+        let (bfree, bavail) = (free / BLOCK, free.saturating_sub(reserve) / BLOCK);
         let used = self.inodes_used.load(Ordering::Relaxed);
         StatFs {
             blocks,
