@@ -560,8 +560,8 @@ fn schema_2_images_upgrade_and_fsck_recounts() {
 /// Copies, renames, overwrites and deletes in a loop: the space `df` shows used stays within
 /// the bound of docs/DESIGN.md (Space) — twice the most live data there was (a rename copies
 /// before it deletes) plus 16 nodes — and once the loop stops and the file system is remounted,
-/// it is the live data plus a few percent. (Before: 2.59 times the live peak in the loop, and 4
-/// times the live data after the remount.)
+/// it is the live data plus a few percent. (Before: 2.43 times the live peak in the loop, and
+/// 3.6–3.9 times the live data after the remount.)
 #[test]
 fn space_comes_back_under_copies_renames_overwrites_and_deletes() {
     let node = 1usize << 20;
