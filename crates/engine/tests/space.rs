@@ -27,7 +27,7 @@ fn key(i: u64) -> Vec<u8> {
 fn used_follows_writes_and_does_not_jump_at_reopen() {
     let dev = Arc::new(MemDevice::new(384 << 20));
     let format = Format {
-        log_size: Some(96 << 20),
+        log_size: Some(64 << 20),
         ..Format::default()
     };
     let e = Engine::create(dev.clone(), format, options()).unwrap();
@@ -84,7 +84,7 @@ fn mid_format() -> Format {
         partition_size: 32 << 10,
         max_key_len: 1024,
         max_value_len: 8192,
-        log_size: Some(64 << 20),
+        log_size: Some(32 << 20),
         ..Format::default()
     }
 }
