@@ -23,7 +23,7 @@ use crate::ops::{self, Batch, Op};
 use crate::read::Target;
 use crate::salvage::{self, SalvageReport};
 use crate::space::SpaceUse;
-use crate::store::{self, Allocator, Btt, Store, StoreCounters};
+use crate::store::{self, Allocator, Btt, Store};
 use crate::superblock::{backup_blocks, Extent, Superblock, FORMAT_VERSION};
 use crate::tree::Tree;
 use crate::wal::{self, Log, LogPosition, LogStats, Lsn, Space};
@@ -229,7 +229,7 @@ impl Inner {
         if self.tree.is_read_only() {
             return Err(Error::ReadOnly("read-only".into()));
         }
-        if let Some(e) = &*self.failed.lock() {
+        if let Some(e) = self.failure() {
             return Err(Error::ReadOnly(e.to_string()));
         }
         Ok(())
@@ -287,6 +287,18 @@ impl Inner {
             self.note_damage(e);
         }
         r
+    }
+
+    /// The failure that made the engine refuse writes, if any. Node writes happen on read paths
+    /// too (a read making room in the cache writes dirty nodes back), where the error goes to the
+    /// reader only: the store records the first failed write, and it fails the engine here, so
+    /// that every check sees it before the next write.
+    fn failure(&self) -> Option<Error> {
+        let write_failure = self.tree.store.write_failure.lock().clone();
+        if let Some(e) = write_failure {
+            self.fail(&e);
+        }
+        self.failed.lock().clone()
     }
 
     fn fail(&self, e: &Error) {
@@ -450,7 +462,7 @@ impl Inner {
 
     /// `checkpoint` whatever the mode (a switch to read-only writes its last checkpoint with this).
     fn checkpoint_now(&self, clean: bool) -> Result<()> {
-        if let Some(e) = &*self.failed.lock() {
+        if let Some(e) = self.failure() {
             return Err(Error::ReadOnly(e.to_string()));
         }
         let _c = self.ckpt_lock.lock();
@@ -577,7 +589,7 @@ impl Inner {
             if self.stop.load(Ordering::Acquire) {
                 return;
             }
-            if self.failed.lock().is_some() {
+            if self.failure().is_some() {
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
@@ -614,7 +626,7 @@ impl Inner {
                 return;
             }
             let st = self.log.stats();
-            if st.durable_lsn < st.next_lsn && self.failed.lock().is_none() {
+            if st.durable_lsn < st.next_lsn && self.failure().is_none() {
                 let _ = self.sync();
             }
         }
@@ -712,7 +724,7 @@ impl Inner {
             if self.stop.load(Ordering::Acquire) {
                 return;
             }
-            if self.failed.lock().is_some() {
+            if self.failure().is_some() {
                 continue;
             }
             if flush {
@@ -873,11 +885,7 @@ impl Engine {
             checkpointed_table: None,
             alloc,
         };
-        let store = Arc::new(Store {
-            dev: dev.clone(),
-            btt: Mutex::new(btt),
-            counters: StoreCounters::default(),
-        });
+        let store = Arc::new(Store::new(dev.clone(), btt));
         let mut tree = Tree::new(format, store, options.cache_size, ROOT_ID + 1, 1);
         tree.check_invariants |= options.check_invariants;
         tree.cache.insert(ROOT_ID, Node::empty_leaf(), true, 0);
@@ -1376,7 +1384,7 @@ impl Engine {
             recovery_stop: i.recovery_stop.clone(),
             skipped_records: i.skipped_records,
             needs_check,
-            failure: i.failed.lock().as_ref().map(|e| e.to_string()),
+            failure: i.failure().map(|e| e.to_string()),
             known_damage: if i.damage.load(Ordering::Acquire) {
                 Some(
                     i.damage_detail.lock().clone().unwrap_or_else(|| {
@@ -1431,14 +1439,15 @@ impl Engine {
 
     /// Whether the engine stopped accepting writes after a failure (and why).
     pub fn failure(&self) -> Option<Error> {
-        self.inner.failed.lock().clone()
+        self.inner.failure()
     }
 
     /// Stops the background threads, writes a final checkpoint and marks the image clean.
     pub fn close(self) -> Result<()> {
         self.stop_threads();
-        let r = if self.inner.tree.is_read_only() || self.inner.failed.lock().is_some() {
-            match self.inner.failed.lock().clone() {
+        let failure = self.inner.failure();
+        let r = if self.inner.tree.is_read_only() || failure.is_some() {
+            match failure {
                 Some(e) => Err(e),
                 None => Ok(()),
             }
@@ -1537,7 +1546,7 @@ impl Drop for Engine {
             return;
         }
         self.stop_threads();
-        if !self.inner.tree.is_read_only() && self.inner.failed.lock().is_none() {
+        if !self.inner.tree.is_read_only() && self.inner.failure().is_none() {
             let _ = self.inner.log.flush(true);
         }
         self.inner.closed.store(true, Ordering::Release);

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::ops::Bound;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,16 +27,15 @@ mod handles;
 pub(crate) use handles::{Place, INDEX_SCHEMA};
 mod readdir;
 mod times;
+mod upgrade;
 
 pub use times::Modes;
 
 /// Version of the file-system schema stored in `s/format` (2: names carry their hash, so a
 /// directory's children are in hash order; 3: the inode index, see `fs/handles.rs`; 4: inodes
 /// count their blocks and reservations). Version-1 images are refused; versions 2 and 3 are
-/// upgraded at their first writable mount.
+/// upgraded at their first writable mount or remount (`fs/upgrade.rs`).
 pub const SCHEMA_VERSION: u32 = 4;
-/// The first schema whose inodes count their blocks (before, they read as dense files).
-pub const COUNTS_SCHEMA: u32 = 4;
 /// Longest file name.
 pub const NAME_MAX: usize = 255;
 /// Longest symlink target.
@@ -230,8 +229,8 @@ pub struct Fs {
     lazy_atimes: Mutex<std::collections::HashSet<u64>>,
     /// Access-time and sync settings (changed by a remount).
     modes: Mutex<times::Modes>,
-    /// The image's schema (2 until the inode index is built).
-    schema: u32,
+    /// The image's schema (older ones until the first writable mount or remount upgrades it).
+    schema: AtomicU32,
     /// Counters.
     pub counters: FsCounters,
 }
@@ -321,44 +320,25 @@ impl Fs {
             deletions: AtomicU64::new(0),
             lazy_atimes: Mutex::new(std::collections::HashSet::new()),
             modes,
-            schema: schema.expect("checked above"),
+            schema: AtomicU32::new(schema.expect("checked above")),
             counters: FsCounters::default(),
         };
         let charged = fs.engine.clone();
         fs.table
             .lock()
             .charge_to(charged, crate::memory::TABLE_UNCHARGED);
-        if !fs.engine.is_read_only() {
-            // Read-only: they stay until the file system is writable again.
-            fs.remove_orphans()?;
-        }
-        let mut fs = fs;
-        if !fs.has_index() {
-            if fs.engine.is_read_only() {
+        if fs.engine.is_read_only() {
+            // Orphans stay, and the schema, until the file system is writable again.
+            if !fs.has_index() {
                 log::warn!(
                     "amaranth: this image has no inode index yet (schema {}); file handles of \
                      inodes the kernel forgot are stale until a writable mount builds it",
-                    fs.schema
+                    fs.schema()
                 );
-            } else {
-                let n = fs.build_index()?;
-                fs.schema = SCHEMA_VERSION;
-                log::info!("amaranth: built the inode index ({n} names); schema {SCHEMA_VERSION}");
             }
-        } else if fs.schema < COUNTS_SCHEMA && !fs.engine.is_read_only() {
-            // Its inodes (encoding 1) read as dense files (see `Meta::decode`); new ones are
-            // written in encoding 2, which older versions cannot read: say so in the image.
-            let mut b = Batch::new();
-            b.put(
-                keys::system_key("format"),
-                SCHEMA_VERSION.to_le_bytes().to_vec(),
-            );
-            fs.engine.write(&b)?;
-            log::info!(
-                "amaranth: upgraded the schema from version {} to {SCHEMA_VERSION}",
-                fs.schema
-            );
-            fs.schema = SCHEMA_VERSION;
+        } else {
+            let _ns = fs.ns.write();
+            fs.prepare_writes()?;
         }
         Ok(fs)
     }

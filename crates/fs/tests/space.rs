@@ -6,6 +6,7 @@
 //!
 //! Images are sparse files under `$AMARANTH_TEST_DIR` (default /var/tmp), deleted at the end.
 
+use std::ops::Bound;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -71,6 +72,34 @@ impl T {
             .unwrap();
         let engine = Engine::open(self.dev.clone(), self.opts.clone()).unwrap();
         self.fs = Some(Fs::new(Arc::new(engine), FsOptions::default()).unwrap());
+    }
+
+    /// Unmounts and mounts read-only (writable again with `Fs::set_read_only(false)`).
+    fn remount_read_only(&mut self) {
+        let engine = self.fs.take().expect("mounted").engine().clone();
+        Arc::try_unwrap(engine)
+            .ok()
+            .expect("sole engine owner")
+            .close()
+            .unwrap();
+        let opts = Options {
+            read_only: true,
+            ..self.opts.clone()
+        };
+        let engine = Engine::open(self.dev.clone(), opts).unwrap();
+        self.fs = Some(Fs::new(Arc::new(engine), FsOptions::default()).unwrap());
+    }
+
+    /// The schema the image records.
+    fn schema(&self) -> u32 {
+        let v = self.fs().engine().get(&keys::system_key("format")).unwrap();
+        u32::from_le_bytes(v.unwrap().try_into().unwrap())
+    }
+
+    /// The classes of the problems fsck finds.
+    fn fsck_classes(&self) -> Vec<check::Class> {
+        let rep = check::check(self.fs().engine(), false, |_| {});
+        rep.problems.iter().map(|p| p.class).collect()
     }
 
     fn look(&self, path: &str) -> u64 {
@@ -506,16 +535,121 @@ fn reservations_far_apart_stay_apart() {
     t.fsck_clean();
 }
 
-/// An image of schema 2 (inodes without block counts) mounts, is marked schema 3, and its files
+/// Makes the image look as a version of `schema` (2 or 3) left it: every inode and redirect in
+/// encoding 1 (no block count, no reserved ranges: there must be none), no counter of reserved
+/// holes, and for schema 2 no inode index.
+fn downgrade(t: &T, schema: u32) {
+    let engine = t.fs().engine();
+    let mut b = amaranth_engine::Batch::new();
+    let (lo, hi) = ([keys::META], [keys::META + 1]);
+    engine
+        .scan(
+            Bound::Included(&lo[..]),
+            Bound::Excluded(&hi[..]),
+            |k, v| {
+                let mut v = v.to_vec();
+                assert_eq!(v[0], 2, "encoding");
+                if v[1] == b'I' {
+                    // The fixed part ends with `homed` at 89, then `blocks` and `ranges` (encoding 2).
+                    assert_eq!(v[98], 0, "reserved ranges in {k:?}");
+                    v.drain(90..99);
+                }
+                v[0] = 1;
+                b.put(k.to_vec(), v);
+                true
+            },
+        )
+        .unwrap();
+    if schema < 3 {
+        b.range_delete(vec![keys::INDEX], vec![keys::INDEX + 1]);
+    }
+    b.delete(keys::system_key("reserved"));
+    b.put(keys::system_key("format"), schema.to_le_bytes().to_vec());
+    engine.write(&b).unwrap();
+}
+
+/// An image of schema 2 (no inode index, inodes without block counts) gets both at its first
+/// writable mount: the index is built (fsck finds it complete, a hard link's file at its home
+/// included) and schema 4 recorded; its files count every block up to their size until
+/// `fsck --repair` recounts them, and files written since count exactly.
+#[test]
+fn schema_2_images_get_the_index_and_the_block_counts_at_a_writable_mount() {
+    let mut t = T::new("schema2", 256 << 20, Format::default(), options(64 << 20));
+    t.mkdir("d");
+    let dense = t.create("d/dense");
+    t.write_at(dense, 0, &[1u8; 10_000]).unwrap();
+    let sparse = t.create("d/sparse");
+    t.write_at(sparse, MIB, &[2u8; 8192]).unwrap();
+    t.fs().link(dense, ROOT_INO, b"link").unwrap();
+    downgrade(&t, 2);
+    t.remount();
+    assert_eq!(t.schema(), amaranth_fs::SCHEMA_VERSION);
+    assert_eq!(amaranth_fs::SCHEMA_VERSION, 4);
+    for ino in [t.look("d"), dense, sparse] {
+        assert!(
+            t.fs().engine().get(&keys::ino_key(ino)).unwrap().is_some(),
+            "no index entry for inode {ino}"
+        );
+    }
+    assert_eq!(t.du(t.look("d/dense")), 3 * 4096);
+    assert_eq!(
+        t.du(t.look("d/sparse")),
+        MIB + 8192,
+        "an encoding-1 inode counts up to its size"
+    );
+    assert_eq!(t.fsck_classes(), [check::Class::BlockCount]);
+    let f = t.create("d/new");
+    t.write_at(f, MIB, &[3u8; 4096]).unwrap();
+    assert_eq!(t.du(f), 4096);
+    let rep = check::check(t.fs().engine(), true, |_| {});
+    assert!(
+        rep.problems.iter().all(|p| p.repaired),
+        "{:?}",
+        rep.problems
+    );
+    t.remount();
+    t.fsck_clean();
+    assert_eq!(t.du(t.look("d/sparse")), 8192);
+    assert_eq!(t.read_file("link"), vec![1u8; 10_000]);
+}
+
+/// Images of schemas 2 and 3 mounted read-only keep their schema (nothing is written) and are
+/// upgraded when remounted writable, as at a writable mount.
+#[test]
+fn older_schemas_upgrade_when_remounted_writable() {
+    for schema in [2, 3] {
+        let mut t = T::new("schema-ro", 256 << 20, Format::default(), options(64 << 20));
+        let f = t.create("f");
+        t.write_at(f, MIB, &[5u8; 8192]).unwrap();
+        downgrade(&t, schema);
+        t.remount_read_only();
+        assert_eq!(t.schema(), schema);
+        assert_eq!(t.du(t.look("f")), MIB + 8192);
+        t.fs().set_read_only(false).unwrap();
+        assert_eq!(t.schema(), amaranth_fs::SCHEMA_VERSION, "from {schema}");
+        assert_eq!(
+            t.fsck_classes(),
+            [check::Class::BlockCount],
+            "from schema {schema}: the index is complete, only the old count is off"
+        );
+        let g = t.create("g");
+        t.write_at(g, MIB, &[6u8; 4096]).unwrap();
+        assert_eq!(t.du(g), 4096);
+        t.remount();
+        assert_eq!(t.schema(), amaranth_fs::SCHEMA_VERSION);
+    }
+}
+
+/// An image of schema 3 (inodes without block counts) mounts, is marked schema 4, and its files
 /// count every block up to their size (an upper bound) until `fsck --repair` recounts them; fsck
 /// also finds and repairs a wrong reserved-hole counter.
 #[test]
-fn schema_2_images_upgrade_and_fsck_recounts() {
+fn schema_3_images_upgrade_and_fsck_recounts() {
     let mut t = T::new("schema1", 256 << 20, Format::default(), options(64 << 20));
     let f = t.create("f");
     t.write_at(f, 1 << 20, &[5u8; 8192]).unwrap();
     // Rewrite the inode in encoding 1 (no counts: drop `blocks` and the range count) and the
-    // schema record as 2.
+    // schema record as 3.
     let key = keys::meta_key(&keys::path_key(&[b"f"]));
     let engine = t.fs().engine().clone();
     let mut v = engine.get(&key).unwrap().unwrap();
@@ -525,13 +659,17 @@ fn schema_2_images_upgrade_and_fsck_recounts() {
     v[0] = 1;
     let mut b = amaranth_engine::Batch::new();
     b.put(key, v);
-    b.put(keys::system_key("format"), 2u32.to_le_bytes().to_vec());
+    b.put(keys::system_key("format"), 3u32.to_le_bytes().to_vec());
     b.put(keys::system_key("reserved"), 7u64.to_le_bytes().to_vec());
     engine.write(&b).unwrap();
     drop(engine);
     t.remount();
     let schema = t.fs().engine().get(&keys::system_key("format")).unwrap();
-    assert_eq!(schema, Some(3u32.to_le_bytes().to_vec()));
+    assert_eq!(
+        schema,
+        Some(amaranth_fs::SCHEMA_VERSION.to_le_bytes().to_vec())
+    );
+    assert_eq!(amaranth_fs::SCHEMA_VERSION, 4);
     let f = t.look("f");
     assert_eq!(
         t.du(f),
