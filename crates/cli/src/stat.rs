@@ -66,6 +66,11 @@ pub fn engine_json(s: &Stats) -> Value {
         "generation": s.generation,
         "free_bytes": s.free_bytes,
         "data_bytes": s.data_bytes,
+        "space": {
+            "used_bytes": s.space.used(),
+            "dirty_next_bytes": s.space.dirty_next,
+            "dirty_current_bytes": s.space.dirty_current,
+        },
         "free_extents": s.free_extents,
         "device_size": s.device_bytes,
         "opened_after_crash": s.opened_after_crash,
@@ -263,9 +268,12 @@ fn print_live(v: &Value) {
         human(log["capacity"].as_u64().unwrap_or(0))
     );
     say!(
-        "space:           {} free of {}",
+        "space:           {} used of {} ({} unallocated; dirty nodes: {} to write, {} on disk)",
+        human(v["space"]["used_bytes"].as_u64().unwrap_or(0)),
+        human(g("data_bytes")),
         human(g("free_bytes")),
-        human(g("data_bytes"))
+        human(v["space"]["dirty_next_bytes"].as_u64().unwrap_or(0)),
+        human(v["space"]["dirty_current_bytes"].as_u64().unwrap_or(0))
     );
     let fs = &v["fs"];
     say!(

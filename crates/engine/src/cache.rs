@@ -14,6 +14,11 @@ use parking_lot::{Condvar, Mutex, RawRwLock, RwLock};
 
 use crate::node::{Node, NodeId};
 
+/// Blocks of the image a node would be written as.
+fn image_blocks(node: &Node) -> u64 {
+    node.image_len().div_ceil(amaranth_device::BLOCK_SIZE) as u64
+}
+
 /// A read latch on a node, owned (can be held while moving to the next node).
 pub type ReadGuard = ArcRwLockReadGuard<RawRwLock, Node>;
 /// A write latch on a node.
@@ -32,6 +37,11 @@ pub struct NodeMeta {
     pub mem: usize,
     /// Merged away: must never be written or reloaded.
     pub deleted: bool,
+    /// Blocks of the node's current image on disk (0: never written).
+    pub disk_blocks: u64,
+    /// What this node adds to the cache's dirty totals now: (estimated blocks of its next image,
+    /// blocks of its current image) while dirty, (0, 0) otherwise. See [`Cache::recharge`].
+    charged: (u64, u64),
 }
 
 /// A node in the cache.
@@ -83,6 +93,17 @@ pub struct CacheCounters {
     pub peak: AtomicUsize,
 }
 
+/// What the dirty nodes will take on disk once written (in blocks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DirtySpace {
+    /// Blocks the dirty nodes' next images will take (exact without compression, else an upper
+    /// bound).
+    pub next_blocks: u64,
+    /// Blocks of the dirty nodes' current images: rewriting a node leaves its old image allocated
+    /// until the next checkpoint completes (when the last checkpoint references it).
+    pub current_blocks: u64,
+}
+
 /// The cache of nodes.
 #[derive(Debug)]
 pub struct Cache {
@@ -90,6 +111,9 @@ pub struct Cache {
     loading: Mutex<HashSet<NodeId>>,
     loaded: Condvar,
     used: AtomicUsize,
+    /// Sum of every node's `charged.0` and `charged.1`.
+    dirty_next: AtomicU64,
+    dirty_current: AtomicU64,
     budget: usize,
     /// Memory held outside the engine that the bound covers too (the file system's inode table):
     /// nodes get the budget less this, down to `floor`.
@@ -110,6 +134,8 @@ impl Cache {
             loading: Mutex::new(HashSet::new()),
             loaded: Condvar::new(),
             used: AtomicUsize::new(0),
+            dirty_next: AtomicU64::new(0),
+            dirty_current: AtomicU64::new(0),
             budget,
             external: AtomicUsize::new(0),
             floor: (budget / 2).max((8 * node_size).min(budget)),
@@ -179,19 +205,25 @@ impl Cache {
         cn
     }
 
-    /// Inserts a node (new, or just loaded) and accounts its memory.
-    pub fn insert(&self, id: NodeId, node: Node, dirty: bool) -> Arc<CachedNode> {
+    /// Inserts a node (new, or just loaded from an image of `disk_blocks` blocks) and accounts
+    /// its memory and, if dirty, its space.
+    pub fn insert(&self, id: NodeId, node: Node, dirty: bool, disk_blocks: u64) -> Arc<CachedNode> {
         let mem = node.mem();
+        let next = image_blocks(&node);
+        let mut meta = NodeMeta {
+            dirty,
+            pending: false,
+            version: 1,
+            mem,
+            deleted: false,
+            disk_blocks,
+            charged: (0, 0),
+        };
+        self.recharge(&mut meta, next);
         let cn = Arc::new(CachedNode {
             id,
             latch: Arc::new(RwLock::new(node)),
-            meta: Mutex::new(NodeMeta {
-                dirty,
-                pending: false,
-                version: 1,
-                mem,
-                deleted: false,
-            }),
+            meta: Mutex::new(meta),
             last_used: AtomicU64::new(0),
             subblock_load: Mutex::new(()),
         });
@@ -212,19 +244,73 @@ impl Cache {
         }
     }
 
-    /// Re-measures a node after a change and adjusts the accounting.
+    /// Re-measures a node after a change and adjusts the accounting (memory, and space if dirty).
     pub fn remeasure(&self, cn: &CachedNode, node: &Node) {
         let new = node.mem();
+        let next = image_blocks(node);
         let mut m = cn.meta.lock();
         let old = std::mem::replace(&mut m.mem, new);
+        self.recharge(&mut m, next);
         drop(m);
         self.add_used(new as isize - old as isize);
     }
 
-    /// Removes a node from the map (merged away); its memory is no longer counted.
+    /// Brings the dirty totals up to date with `m` (after its dirty, deleted or disk image
+    /// changed): a dirty node counts `next_blocks` (its next image) and its current image's
+    /// blocks; a clean or deleted one nothing.
+    pub fn recharge(&self, m: &mut NodeMeta, next_blocks: u64) {
+        let now = if m.dirty && !m.deleted {
+            (next_blocks, m.disk_blocks)
+        } else {
+            (0, 0)
+        };
+        let (old_next, old_cur) = std::mem::replace(&mut m.charged, now);
+        self.dirty_next.fetch_add(now.0, Ordering::Relaxed);
+        self.dirty_next.fetch_sub(old_next, Ordering::Relaxed);
+        self.dirty_current.fetch_add(now.1, Ordering::Relaxed);
+        self.dirty_current.fetch_sub(old_cur, Ordering::Relaxed);
+    }
+
+    /// Records that the node's current image now has `blocks` blocks (its next image unchanged).
+    pub fn set_disk_blocks(&self, m: &mut NodeMeta, blocks: u64) {
+        m.disk_blocks = blocks;
+        let next = m.charged.0;
+        self.recharge(m, next);
+    }
+
+    /// What the dirty nodes will take on disk (a moment's view: writers change it concurrently).
+    pub fn dirty_space(&self) -> DirtySpace {
+        // Add before subtract in `recharge`: a concurrent reader may see a transient excess,
+        // never a wrap below zero.
+        DirtySpace {
+            next_blocks: self.dirty_next.load(Ordering::Relaxed),
+            current_blocks: self.dirty_current.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Recounts what the dirty nodes will take from the nodes themselves (walks the cache, taking
+    /// each node's read latch: for checks only).
+    pub fn recount_dirty_space(&self) -> DirtySpace {
+        let mut d = DirtySpace::default();
+        for cn in self.all() {
+            let g = cn.read();
+            let m = cn.meta.lock();
+            if m.dirty && !m.deleted {
+                d.next_blocks += image_blocks(&g);
+                d.current_blocks += m.disk_blocks;
+            }
+        }
+        d
+    }
+
+    /// Removes a node from the map (merged away); its memory and space are no longer counted.
     pub fn forget(&self, cn: &CachedNode) {
         self.map.lock().remove(&cn.id);
-        let mem = std::mem::take(&mut cn.meta.lock().mem);
+        let mut m = cn.meta.lock();
+        assert!(m.deleted, "forgetting node {} that is not deleted", cn.id);
+        self.recharge(&mut m, 0);
+        let mem = std::mem::take(&mut m.mem);
+        drop(m);
         self.add_used(-(mem as isize));
     }
 

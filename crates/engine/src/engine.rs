@@ -22,7 +22,8 @@ use crate::node::{Node, ROOT_ID};
 use crate::ops::{self, Batch, Op};
 use crate::read::Target;
 use crate::salvage::{self, SalvageReport};
-use crate::store::{self, Allocator, Btt, Store, StoreCounters};
+use crate::space::SpaceUse;
+use crate::store::{self, Allocator, Btt, Store};
 use crate::superblock::{backup_blocks, Extent, Superblock, FORMAT_VERSION};
 use crate::tree::Tree;
 use crate::wal::{self, Log, LogPosition, LogStats, Lsn, Space};
@@ -31,6 +32,9 @@ use crate::wal::{self, Log, LogPosition, LogStats, Lsn, Space};
 const LOG_WRITE_THRESHOLD: usize = 1 << 20;
 /// How often the cleaner hands the allocator's free pages back to the system.
 const TRIM_INTERVAL: Duration = Duration::from_secs(1);
+/// Nodes' worth of space deleted data may hold beyond 1.5 times the baseline use before a pass that
+/// pushes range deletes down and a checkpoint are forced (see `Inner::space_baseline`).
+const GARBAGE_SLACK_NODES: u64 = 16;
 
 /// A write-optimized key-value store on a block device.
 ///
@@ -55,10 +59,16 @@ struct Inner {
     wake: Condvar,
     wake_state: Mutex<WakeState>,
     counters: EngineCounters,
-    /// Range deletes (and moves, which delete their source) applied since the background cleaner
-    /// last pushed every range delete down to the leaves: until then the deleted data still takes
-    /// space on the device.
-    deletes_pending: AtomicU64,
+    /// Range deletes (and moves, which delete their source) applied so far, and how many of them
+    /// the last completed pass pushed down to the leaves ([`Inner::push_deletes_down`]): until
+    /// then the deleted data still takes space on the device.
+    deletes_seen: AtomicU64,
+    deletes_pushed: AtomicU64,
+    /// Bytes used (see [`SpaceUse::used`]) after the last checkpoint that followed a complete
+    /// pass pushing range deletes down: roughly the live data then. Deleted and moved data that
+    /// grows use past 1.5 times that (plus [`GARBAGE_SLACK_NODES`] nodes) forces another pass
+    /// and checkpoint.
+    space_baseline: AtomicU64,
     opened_after_crash: bool,
     recovered_records: u64,
     recovery_stop: String,
@@ -165,6 +175,8 @@ pub struct Stats {
     pub data_bytes: u64,
     /// Free extents (fragmentation).
     pub free_extents: usize,
+    /// The data area's use, dirty nodes included.
+    pub space: SpaceUse,
     /// Size of the device.
     pub device_bytes: u64,
     /// The image was not closed cleanly before this open.
@@ -217,7 +229,7 @@ impl Inner {
         if self.tree.is_read_only() {
             return Err(Error::ReadOnly("read-only".into()));
         }
-        if let Some(e) = &*self.failed.lock() {
+        if let Some(e) = self.failure() {
             return Err(Error::ReadOnly(e.to_string()));
         }
         Ok(())
@@ -275,6 +287,18 @@ impl Inner {
             self.note_damage(e);
         }
         r
+    }
+
+    /// The failure that made the engine refuse writes, if any. Node writes happen on read paths
+    /// too (a read making room in the cache writes dirty nodes back), where the error goes to the
+    /// reader only: the store records the first failed write, and it fails the engine here, so
+    /// that every check sees it before the next write.
+    fn failure(&self) -> Option<Error> {
+        let write_failure = self.tree.store.write_failure.lock().clone();
+        if let Some(e) = write_failure {
+            self.fail(&e);
+        }
+        self.failed.lock().clone()
     }
 
     fn fail(&self, e: &Error) {
@@ -364,7 +388,7 @@ impl Inner {
             .user_bytes
             .fetch_add(user_bytes, Ordering::Relaxed);
         if deletes > 0 {
-            self.deletes_pending.fetch_add(deletes, Ordering::Relaxed);
+            self.deletes_seen.fetch_add(deletes, Ordering::Relaxed);
         }
         self.after_write();
         Ok(lsn)
@@ -389,6 +413,15 @@ impl Inner {
             self.tree.make_room()?;
             if self.log.buffered() > LOG_WRITE_THRESHOLD.min(self.log.max_record()) {
                 self.log.flush(false)?;
+            }
+            if self.garbage_over_bound() {
+                if self.options.background_threads {
+                    self.request(false, true);
+                } else {
+                    self.push_deletes_down(|| false)?;
+                    self.checkpoint(false)?;
+                    self.note_space_baseline();
+                }
             }
             Ok(())
         })();
@@ -429,7 +462,7 @@ impl Inner {
 
     /// `checkpoint` whatever the mode (a switch to read-only writes its last checkpoint with this).
     fn checkpoint_now(&self, clean: bool) -> Result<()> {
-        if let Some(e) = &*self.failed.lock() {
+        if let Some(e) = self.failure() {
             return Err(Error::ReadOnly(e.to_string()));
         }
         let _c = self.ckpt_lock.lock();
@@ -465,16 +498,17 @@ impl Inner {
         };
         let mut table_ext: Option<Extent> = None;
         let mut pending = pending;
+        let saved = &mut Vec::new();
         let result = (|| -> Result<Superblock> {
             // Each node is let go once written, so eviction can take it (clean now) while the
             // checkpoint goes on: under memory pressure the cache must not hold every node that
             // was dirty when the checkpoint began until it ends.
             // Images that modifiers saved meanwhile are written as they come, not held to the end.
             for cn in pending.drain(..) {
-                tree.checkpoint_write(&cn)?;
-                tree.drain_checkpoint_queue()?;
+                saved.extend(tree.checkpoint_write(&cn)?);
+                saved.extend(tree.drain_checkpoint_queue()?);
             }
-            tree.drain_checkpoint_queue()?;
+            saved.extend(tree.drain_checkpoint_queue()?);
             let (table, count) = {
                 let btt = tree.store.btt.lock();
                 let ip = btt.in_progress.as_ref().expect("checkpoint in progress");
@@ -514,6 +548,7 @@ impl Inner {
         match result {
             Ok(sb) => {
                 tree.store.btt.lock().complete_checkpoint(sb.btt);
+                tree.adopt_checkpoint_images(saved);
                 self.log.set_tail(tail_voff);
                 *self.sb.lock() = sb;
                 // Damage found while this checkpoint ran and not in its superblock: record it.
@@ -554,12 +589,27 @@ impl Inner {
             if self.stop.load(Ordering::Acquire) {
                 return;
             }
-            if self.failed.lock().is_some() {
+            if self.failure().is_some() {
                 std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
             let _ = wanted;
-            let _ = self.checkpoint(false);
+            // Deleted data leaves the device only once its range deletes reach the leaves: do
+            // that before every checkpoint, so that space freed before a checkpoint starts is
+            // free when it completes (unless the log is filling up: then the checkpoint first).
+            let mut pushed = !self.deletes_pending();
+            if !pushed {
+                let log_limit = self.log.stats().capacity / 8 * 5;
+                let give_up =
+                    || self.stop.load(Ordering::Acquire) || self.log.stats().used > log_limit;
+                match self.push_deletes_down(give_up) {
+                    Ok(complete) => pushed = complete,
+                    Err(e) => self.fail(&e),
+                }
+            }
+            if self.checkpoint(false).is_ok() && pushed {
+                self.note_space_baseline();
+            }
             last = Instant::now();
         }
     }
@@ -576,10 +626,81 @@ impl Inner {
                 return;
             }
             let st = self.log.stats();
-            if st.durable_lsn < st.next_lsn && self.failed.lock().is_none() {
+            if st.durable_lsn < st.next_lsn && self.failure().is_none() {
                 let _ = self.sync();
             }
         }
+    }
+
+    /// Whether deleted data may hold more space than the bound allows: deletes are pending and
+    /// use is past 1.5 times the baseline plus [`GARBAGE_SLACK_NODES`] nodes.
+    fn garbage_over_bound(&self) -> bool {
+        if !self.deletes_pending() {
+            return false;
+        }
+        let slack = GARBAGE_SLACK_NODES * self.tree.format.node_size as u64;
+        let base = self.space_baseline.load(Ordering::Relaxed);
+        let bound = base + base / 2 + slack;
+        self.space_use().used() > bound
+    }
+
+    /// Records the use now as the baseline (call after a checkpoint that followed a complete pass).
+    fn note_space_baseline(&self) {
+        self.space_baseline
+            .store(self.space_use().used(), Ordering::Relaxed);
+    }
+
+    fn space_use(&self) -> SpaceUse {
+        let t = &self.tree;
+        let (total, free, entries) = {
+            let b = t.store.btt.lock();
+            (
+                b.alloc.total_blocks(),
+                b.alloc.free_blocks(),
+                b.current.len() as u64,
+            )
+        };
+        SpaceUse::new(total, free, t.cache.dirty_space(), entries)
+    }
+
+    /// Whether range deletes were applied since the last complete pass pushed them down.
+    fn deletes_pending(&self) -> bool {
+        self.deletes_seen.load(Ordering::Relaxed) > self.deletes_pushed.load(Ordering::Relaxed)
+    }
+
+    /// One round of a pass that pushes range deletes down to the leaves (merging emptied
+    /// leaves), resuming at `from`, with at most `flushes` flushes. Returns where the next round
+    /// resumes (`None`: the pass is complete).
+    fn push_deletes_round(&self, from: &[u8], flushes: usize) -> Result<Option<Vec<u8>>> {
+        let round = {
+            let _w = self.tree.writers.read();
+            self.tree.drain_from(from, flushes, true)
+        };
+        let (_, resume) = round?;
+        self.tree.make_room()?;
+        Ok(resume)
+    }
+
+    /// A whole pass (unless `give_up` says stop between rounds; returns whether it completed):
+    /// afterwards every range delete applied before it began is in the leaves, whose next images
+    /// no longer hold the deleted data; the next checkpoint frees the old images.
+    /// The nodes a pass dirties need new extents before the old ones are freed: when they would
+    /// take more than half the unallocated space, a checkpoint comes between rounds.
+    fn push_deletes_down(&self, give_up: impl Fn() -> bool) -> Result<bool> {
+        let counted = self.deletes_seen.load(Ordering::Relaxed);
+        let mut from = Vec::new();
+        while let Some(next) = self.push_deletes_round(&from, 32)? {
+            if give_up() {
+                return Ok(false);
+            }
+            let s = self.space_use();
+            if s.dirty_next + s.table > (s.total - s.allocated) / 2 {
+                self.checkpoint(false)?;
+            }
+            from = next;
+        }
+        self.deletes_pushed.fetch_max(counted, Ordering::Relaxed);
+        Ok(true)
     }
 
     fn background_cleaner(self: &Arc<Inner>) {
@@ -603,29 +724,25 @@ impl Inner {
             if self.stop.load(Ordering::Acquire) {
                 return;
             }
-            if self.failed.lock().is_some() {
+            if self.failure().is_some() {
                 continue;
             }
             if flush {
                 let _ = self.note(flush_root(&self.tree, false));
-            } else if idle
-                && (reclaim.is_some() || self.deletes_pending.load(Ordering::Relaxed) > 0)
-            {
+            } else if idle && (reclaim.is_some() || self.deletes_pending()) {
                 // Idle after deletes: push range deletes down to the leaves, a few flushes per
                 // tick, so that the deleted data's space comes back without waiting for the
-                // device to fill up; a checkpoint at the end of the pass frees the old images.
+                // next checkpoint; a checkpoint at the end of the pass frees the old images.
                 let (from, counted) = reclaim
                     .take()
-                    .unwrap_or_else(|| (Vec::new(), self.deletes_pending.load(Ordering::Relaxed)));
-                let round = {
-                    let _w = self.tree.writers.read();
-                    self.tree.drain_from(&from, 8, true)
-                };
-                match round {
-                    Ok((_, Some(next))) => reclaim = Some((next, counted)),
-                    Ok((_, None)) => {
-                        self.deletes_pending.fetch_sub(counted, Ordering::Relaxed);
-                        let _ = self.checkpoint(false);
+                    .unwrap_or_else(|| (Vec::new(), self.deletes_seen.load(Ordering::Relaxed)));
+                match self.push_deletes_round(&from, 8) {
+                    Ok(Some(next)) => reclaim = Some((next, counted)),
+                    Ok(None) => {
+                        self.deletes_pushed.fetch_max(counted, Ordering::Relaxed);
+                        if self.checkpoint(false).is_ok() {
+                            self.note_space_baseline();
+                        }
                     }
                     Err(e) => self.fail(&e),
                 }
@@ -768,14 +885,10 @@ impl Engine {
             checkpointed_table: None,
             alloc,
         };
-        let store = Arc::new(Store {
-            dev: dev.clone(),
-            btt: Mutex::new(btt),
-            counters: StoreCounters::default(),
-        });
+        let store = Arc::new(Store::new(dev.clone(), btt));
         let mut tree = Tree::new(format, store, options.cache_size, ROOT_ID + 1, 1);
         tree.check_invariants |= options.check_invariants;
-        tree.cache.insert(ROOT_ID, Node::empty_leaf(), true);
+        tree.cache.insert(ROOT_ID, Node::empty_leaf(), true, 0);
         let log = Log::new(
             dev.clone(),
             2 * BLOCK_SIZE as u64,
@@ -909,6 +1022,7 @@ impl Engine {
         if !read_only {
             // A checkpoint starts a new log epoch: chunks left from before can never be replayed.
             engine.inner.checkpoint(false)?;
+            engine.inner.note_space_baseline();
             engine.start_threads();
         }
         Ok(engine)
@@ -937,7 +1051,10 @@ impl Engine {
                 wake: Condvar::new(),
                 wake_state: Mutex::new(WakeState::default()),
                 counters: EngineCounters::default(),
-                deletes_pending: AtomicU64::new(0),
+                // After a crash the tree may hold range deletes nobody pushed down yet.
+                deletes_seen: AtomicU64::new(opened_after_crash as u64),
+                deletes_pushed: AtomicU64::new(0),
+                space_baseline: AtomicU64::new(0),
                 opened_after_crash,
                 recovered_records,
                 recovery_stop: String::new(),
@@ -1113,13 +1230,19 @@ impl Engine {
         Ok(n)
     }
 
-    /// Free and total bytes of the data area (cheap: no walk of the cache).
+    /// Unallocated and total bytes of the data area (the allocator's view: data in dirty nodes
+    /// is not counted; [`Engine::space_use`] counts it).
     pub fn space(&self) -> (u64, u64) {
         let b = self.inner.tree.store.btt.lock();
         (
             b.alloc.free_blocks() * BLOCK_SIZE as u64,
             b.alloc.total_blocks() * BLOCK_SIZE as u64,
         )
+    }
+
+    /// How the data area is used, dirty nodes included (cheap: no walk of the cache).
+    pub fn space_use(&self) -> SpaceUse {
+        self.inner.space_use()
     }
 
     /// Frees the space of deleted data until `target_free` bytes are free or nothing more can be
@@ -1162,6 +1285,28 @@ impl Engine {
                 _ => return Ok(free),
             }
         }
+    }
+
+    /// Checks that the running totals behind [`Engine::space_use`] equal a recount of the dirty
+    /// nodes (walks the cache; meant for tests). Writers and checkpoints are held off; a write-back
+    /// by the background threads may still change the totals meanwhile, then the check is tried
+    /// again. Panics if they differ.
+    pub fn check_space_accounting(&self) {
+        let _c = self.inner.ckpt_lock.lock();
+        let _w = self.inner.tree.writers.write();
+        let cache = &self.inner.tree.cache;
+        for _ in 0..100 {
+            let before = cache.dirty_space();
+            let recount = cache.recount_dirty_space();
+            if cache.dirty_space() == before {
+                assert_eq!(
+                    before, recount,
+                    "dirty-node space totals differ from a recount"
+                );
+                return;
+            }
+        }
+        panic!("the dirty-node space totals kept changing");
     }
 
     /// A snapshot of counters and sizes.
@@ -1232,13 +1377,14 @@ impl Engine {
             free_bytes: free * BLOCK_SIZE as u64,
             data_bytes: total * BLOCK_SIZE as u64,
             free_extents: frag,
+            space: self.space_use(),
             device_bytes: i.dev.len(),
             opened_after_crash: i.opened_after_crash,
             recovered_records: i.recovered_records,
             recovery_stop: i.recovery_stop.clone(),
             skipped_records: i.skipped_records,
             needs_check,
-            failure: i.failed.lock().as_ref().map(|e| e.to_string()),
+            failure: i.failure().map(|e| e.to_string()),
             known_damage: if i.damage.load(Ordering::Acquire) {
                 Some(
                     i.damage_detail.lock().clone().unwrap_or_else(|| {
@@ -1293,18 +1439,27 @@ impl Engine {
 
     /// Whether the engine stopped accepting writes after a failure (and why).
     pub fn failure(&self) -> Option<Error> {
-        self.inner.failed.lock().clone()
+        self.inner.failure()
     }
 
     /// Stops the background threads, writes a final checkpoint and marks the image clean.
     pub fn close(self) -> Result<()> {
         self.stop_threads();
-        let r = if self.inner.tree.is_read_only() || self.inner.failed.lock().is_some() {
-            match self.inner.failed.lock().clone() {
+        let failure = self.inner.failure();
+        let r = if self.inner.tree.is_read_only() || failure.is_some() {
+            match failure {
                 Some(e) => Err(e),
                 None => Ok(()),
             }
         } else {
+            // Leave no deleted data behind in the image: the next session would not know it is
+            // there (only deletes it applies itself trigger the passes that push them down).
+            if self.inner.deletes_pending() {
+                match self.inner.push_deletes_down(|| false) {
+                    Ok(_) | Err(Error::NoSpace(_)) => {}
+                    Err(e) => self.inner.fail(&e),
+                }
+            }
             self.inner.checkpoint(true)
         };
         self.inner.closed.store(true, Ordering::Release);
@@ -1391,7 +1546,7 @@ impl Drop for Engine {
             return;
         }
         self.stop_threads();
-        if !self.inner.tree.is_read_only() && self.inner.failed.lock().is_none() {
+        if !self.inner.tree.is_read_only() && self.inner.failure().is_none() {
             let _ = self.inner.log.flush(true);
         }
         self.inner.closed.store(true, Ordering::Release);

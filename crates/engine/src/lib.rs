@@ -49,6 +49,7 @@ mod prefix;
 mod read;
 mod rebuild;
 mod salvage;
+mod space;
 mod store;
 mod superblock;
 mod tree;
@@ -63,6 +64,7 @@ pub use error::{Error, Result};
 pub use msg::Patch;
 pub use ops::{prefix_end, Batch, Op};
 pub use salvage::{Damage, DamagedPart, SalvageReport};
+pub use space::SpaceUse;
 pub use superblock::{
     backup_blocks, check_label, format_uuid, parse_uuid, Superblock, FORMAT_VERSION, LABEL_AT,
     LABEL_MAX,

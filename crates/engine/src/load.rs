@@ -6,13 +6,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use amaranth_device::BlockDevice;
-use parking_lot::Mutex;
 
 use crate::config::Options;
 use crate::copies::Located;
 use crate::error::{Error, Result};
 use crate::node::NodeId;
-use crate::store::{self, Allocator, Btt, Store, StoreCounters};
+use crate::store::{self, Allocator, Btt, Store};
 use crate::superblock::{backup_blocks, Extent, Superblock};
 use crate::tree::Tree;
 
@@ -45,11 +44,7 @@ pub(crate) fn load_checkpoint(dev: &Arc<dyn BlockDevice>, options: &Options) -> 
         checkpointed_table: Some(sb.btt),
         alloc,
     };
-    let store = Arc::new(Store {
-        dev: dev.clone(),
-        btt: Mutex::new(btt),
-        counters: StoreCounters::default(),
-    });
+    let store = Arc::new(Store::new(dev.clone(), btt));
     let mut tree = Tree::new(
         format.clone(),
         store,

@@ -744,6 +744,26 @@ impl Node {
         }
     }
 
+    /// Length of the image [`serialize`] writes for this node without compression (with
+    /// compression it is an upper bound: a sub-block is stored compressed only when smaller).
+    /// Needs no resident sub-block: sizes are known from the skeleton.
+    pub fn image_len(&self) -> usize {
+        let (pivots, desc_len, raw_lens): (&[Vec<u8>], usize, Vec<usize>) = match &self.body {
+            Body::Leaf(l) => (&l.pivots, 21, l.parts.iter().map(|p| p.bytes).collect()),
+            Body::Internal(n) => (
+                &n.pivots,
+                8 + 21,
+                n.buffers
+                    .iter()
+                    .map(|b| b.bytes() + BUFFER_HEADER)
+                    .collect(),
+            ),
+        };
+        let index_len = pivot_bytes(pivots) + raw_lens.len() * desc_len;
+        round_up(HEADER_LEN + index_len)
+            + raw_lens.iter().map(|&r| round_up(r.max(1))).sum::<usize>()
+    }
+
     /// The leaf, if this is one.
     #[cfg(test)]
     pub fn leaf(&self) -> Option<&Leaf> {
@@ -944,6 +964,16 @@ pub fn serialize(id: NodeId, node: &Node, codec: Compression) -> NodeImage {
                 && off as usize + len <= total
                 && loc.raw_len <= 1 << 30,
             "node {id}: sub-block descriptor out of bounds ({loc:?}, span {span}, image {total})"
+        );
+    }
+    // The space accounting charges dirty nodes by this estimate: it must be exact uncompressed
+    // and never low.
+    if codec == Compression::None {
+        assert_eq!(total, node.image_len(), "node {id}: image length estimate");
+    } else {
+        assert!(
+            total <= node.image_len(),
+            "node {id}: image length estimate"
         );
     }
     let mut buf = AlignedBuf::zeroed(total);

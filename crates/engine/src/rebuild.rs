@@ -53,7 +53,7 @@ impl<'t> Builder<'t> {
 
     fn insert(&self, id: NodeId, node: Node) -> Result<()> {
         node.check_invariants(id);
-        self.tree.cache.insert(id, node, true);
+        self.tree.cache.insert(id, node, true, 0);
         self.tree.make_room()
     }
 

@@ -321,9 +321,24 @@ pub struct Store {
     pub btt: Mutex<Btt>,
     /// Counters.
     pub counters: StoreCounters,
+    /// The first failed write of a node image or table. Writes happen on read paths too (the
+    /// cache writes dirty nodes back to make room), where the error reaches only the reader: the
+    /// engine adopts this as its failure whenever it checks for one (before every write, switch of
+    /// mode and checkpoint), so it refuses writes after any failed node write.
+    pub write_failure: Mutex<Option<Error>>,
 }
 
 impl Store {
+    /// A store on `dev` with this table and allocator.
+    pub fn new(dev: Arc<dyn BlockDevice>, btt: Btt) -> Store {
+        Store {
+            dev,
+            btt: Mutex::new(btt),
+            counters: StoreCounters::default(),
+            write_failure: Mutex::new(None),
+        }
+    }
+
     /// Reads `len` bytes (rounded up to blocks) at `offset`.
     pub fn read(&self, offset: u64, len: usize, what: &str) -> Result<AlignedBuf> {
         let mut buf = AlignedBuf::zeroed(len);
@@ -346,7 +361,9 @@ impl Store {
         })?;
         if let Err(e) = self.dev.write_at(ext.offset(), buf) {
             self.btt.lock().alloc.free(ext);
-            return Err(Error::io(format!("writing {what}"), e));
+            let err = Error::io(format!("writing {what}"), e);
+            self.write_failure.lock().get_or_insert_with(|| err.clone());
+            return Err(err);
         }
         self.counters.nodes_written.fetch_add(1, Ordering::Relaxed);
         self.counters

@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::msg::{Buffer, EncodedBuffer, Msn, PointOp};
 use crate::node::{self, child_index, Body, BufSlot, Internal, Leaf, Node, NodeId, ROOT_ID};
 use crate::store::Store;
+use crate::superblock::Extent;
 
 /// A message before it gets its sequence number.
 #[derive(Clone, Debug)]
@@ -99,8 +100,9 @@ pub struct Tree {
     pub next_node_id: AtomicU64,
     /// Next message sequence number (advanced under the root's write latch).
     pub next_msn: AtomicU64,
-    /// Images of pending nodes saved by modifiers for the running checkpoint.
-    pub ckpt_queue: Mutex<Vec<(NodeId, AlignedBuf)>>,
+    /// Images of pending nodes saved by modifiers for the running checkpoint, with the extent
+    /// each node was at then.
+    pub ckpt_queue: Mutex<Vec<(NodeId, AlignedBuf, Option<Extent>)>>,
     /// Counters.
     pub counters: TreeCounters,
     /// Check each node's invariants whenever it changes ([`Options::check_invariants`]).
@@ -167,15 +169,15 @@ impl Tree {
             return Ok(cn);
         }
         let result = self.make_room().and_then(|_| self.read_node(id, whole));
-        let out = result.map(|node| self.cache.insert(id, node, false));
+        let out = result.map(|(node, ext)| self.cache.insert(id, node, false, ext.blocks));
         self.cache.finish_load(id);
         out
     }
 
     /// Reads node `id` from its current extent: the whole image when `whole`, otherwise its
     /// skeleton (header, pivots, children, sub-block locations); partitions and buffers then load
-    /// on demand.
-    pub fn read_node(&self, id: NodeId, whole: bool) -> Result<Node> {
+    /// on demand. Returns the node and the extent it was read from.
+    pub fn read_node(&self, id: NodeId, whole: bool) -> Result<(Node, Extent)> {
         let ext = self.store.location(id).ok_or_else(|| {
             Error::Corrupt(format!("node {id} is referenced but has no location"))
         })?;
@@ -211,7 +213,7 @@ impl Tree {
             )));
         }
         let full = if whole { Some(&image[..]) } else { None };
-        node::build_node(&h, full, &self.format, ext.offset())
+        Ok((node::build_node(&h, full, &self.format, ext.offset())?, ext))
     }
 
     /// Loads missing partitions of a leaf, or missing buffers of an internal node: sub-block
@@ -467,7 +469,7 @@ impl Tree {
         );
         let img = node::serialize(cn.id, node, self.format.compression);
         self.cache.add_used(img.buf.len() as isize);
-        q.push((cn.id, img.buf));
+        q.push((cn.id, img.buf, self.store.location(cn.id)));
         Ok(())
     }
 
@@ -490,7 +492,7 @@ impl Tree {
         if self.check_invariants {
             node.check_invariants(id);
         }
-        self.cache.insert(id, node, true);
+        self.cache.insert(id, node, true, 0);
         id
     }
 

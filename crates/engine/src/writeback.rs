@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::cache::CachedNode;
 use crate::error::Result;
-use crate::node::{self, Body, SubLoc};
+use crate::node::{self, Body, NodeId, SubLoc};
 use crate::superblock::Extent;
 use crate::tree::Tree;
 
@@ -160,6 +160,8 @@ impl Tree {
                 }
             }
             m.dirty = false;
+            m.disk_blocks = ext.blocks;
+            self.cache.recharge(&mut m, 0);
             btt.relocate(cn.id, ext);
             match &g.body {
                 Body::Leaf(l) => {
@@ -190,17 +192,22 @@ impl Tree {
 
     /// Writes a node that was dirty when the running checkpoint began, unless a modifier already
     /// saved it.
-    pub fn checkpoint_write(&self, cn: &Arc<CachedNode>) -> Result<()> {
+    /// Returns what [`Tree::drain_checkpoint_queue`] returns for the image, if one was written.
+    pub fn checkpoint_write(
+        &self,
+        cn: &Arc<CachedNode>,
+    ) -> Result<Option<(NodeId, Extent, Option<Extent>)>> {
         let g = cn.read();
         let version = {
             let mut m = cn.meta.lock();
             if !m.pending || m.deleted {
-                return Ok(());
+                return Ok(None);
             }
             m.pending = false;
             m.version
         };
         assert!(g.fully_resident(), "a dirty node is always fully resident");
+        let was_at = self.store.location(cn.id);
         let img = node::serialize(cn.id, &g, self.format.compression);
         drop(g);
         self.cache.add_used(img.buf.len() as isize);
@@ -210,14 +217,19 @@ impl Tree {
         self.cache.add_used(-(img.buf.len() as isize));
         let ext = r?;
         self.install(cn, version, ext, &img.sublocs, true);
-        Ok(())
+        Ok(Some((cn.id, ext, was_at)))
     }
 
-    /// Writes the images modifiers saved for the running checkpoint.
-    pub fn drain_checkpoint_queue(&self) -> Result<()> {
+    /// Writes the images modifiers saved for the running checkpoint. Returns, for each, the node,
+    /// where its image went and the extent the node was at when the image was saved (for
+    /// [`Tree::adopt_checkpoint_images`]).
+    pub fn drain_checkpoint_queue(&self) -> Result<Vec<(NodeId, Extent, Option<Extent>)>> {
+        let mut written = Vec::new();
         loop {
             let item = self.ckpt_queue.lock().pop();
-            let Some((id, buf)) = item else { return Ok(()) };
+            let Some((id, buf, was_at)) = item else {
+                return Ok(written);
+            };
             let len = buf.len();
             let r = self
                 .store
@@ -231,13 +243,35 @@ impl Tree {
                 .as_mut()
                 .expect("checkpoint in progress")
                 .insert(id, ext);
+            written.push((id, ext, was_at));
+        }
+    }
+
+    /// After a checkpoint completed: a node changed while it ran (its image saved for the
+    /// checkpoint by [`Tree::begin_modify`]) becomes current at that image, unless it was written
+    /// since. Its old image, older than that one, is then freed now instead of at the next
+    /// checkpoint: nothing reads it (a dirty node is fully resident, and is written before it is
+    /// evicted).
+    pub fn adopt_checkpoint_images(&self, images: &[(NodeId, Extent, Option<Extent>)]) {
+        for &(id, ext, was_at) in images {
+            let Some(cn) = self.cache.get(id) else {
+                continue;
+            };
+            let mut m = cn.meta.lock();
+            let mut btt = self.store.btt.lock();
+            if !m.dirty || m.deleted || btt.current.get(&id).copied() != was_at {
+                continue;
+            }
+            btt.relocate(id, ext);
+            drop(btt);
+            self.cache.set_disk_blocks(&mut m, ext.blocks);
         }
     }
 
     /// Forgets queued checkpoint images (after a failed checkpoint).
     pub fn clear_checkpoint_queue(&self) {
         let items = std::mem::take(&mut *self.ckpt_queue.lock());
-        for (_, buf) in items {
+        for (_, buf, _) in items {
             self.cache.add_used(-(buf.len() as isize));
         }
     }

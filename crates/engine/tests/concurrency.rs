@@ -117,6 +117,7 @@ fn concurrent_writers_readers_and_checkpoints() {
         h.join().unwrap();
     }
     checkpointer.join().unwrap();
+    e.check_space_accounting();
     let mut expect = Model::new();
     for w in 0..writers {
         for i in 0..300u32 {

@@ -147,6 +147,49 @@ fn failing_reads_are_errors_not_wrong_data() {
     }
 }
 
+/// A node write that fails while a read makes room in the cache (it writes a dirty node back)
+/// fails the engine as a failed write on a write path does: the reader gets the error, and the
+/// next write is refused even though it would only go to the log's buffer. The switch to
+/// read-only reports the failure, the switch back refuses, and a restart has everything synced.
+#[test]
+fn a_failed_write_back_during_a_read_refuses_later_writes() {
+    let dev = Arc::new(FaultDevice::new(24 << 20));
+    let options = Options {
+        cache_size: 128 << 10,
+        ..small_options()
+    };
+    let e = Engine::create(dev.clone(), small_format(), options.clone()).unwrap();
+    let key = |i: u32| format!("key{i:06}").into_bytes();
+    let value = |i: u32| vec![(i % 200) as u8; 100];
+    for i in 0..3000u32 {
+        e.put(&key(i), &value(i)).unwrap();
+    }
+    e.sync().unwrap();
+    dev.add_rule(FaultRule::always_after(IoKind::Write, 0));
+    let read_error = (0..3000u32)
+        .step_by(7)
+        .find_map(|i| e.get(&key(i)).err())
+        .expect("no read wrote a dirty node back");
+    assert!(matches!(read_error, Error::Io { .. }), "{read_error}");
+    let w = e.put(b"after", b"failure");
+    assert!(
+        matches!(w, Err(Error::ReadOnly(_))),
+        "a write after a failed write-back: {w:?}"
+    );
+    assert!(e.failure().is_some());
+    assert!(e.set_read_only(true).is_err());
+    assert!(e.is_read_only());
+    assert!(matches!(e.set_read_only(false), Err(Error::ReadOnly(_))));
+    e.abandon();
+    dev.clear_rules();
+    let img = dev.crash_image(dev.trace_len(), &CrashPlan::DropAll);
+    let e = Engine::open(Arc::new(MemDevice::from_bytes(img)), options).unwrap();
+    for i in (0..3000u32).step_by(13) {
+        assert_eq!(e.get(&key(i)).unwrap(), Some(value(i)), "synced key {i}");
+    }
+    assert_eq!(e.get(b"after").unwrap(), None);
+}
+
 #[test]
 fn flipped_bytes_give_errors_never_wrong_data() {
     let dev = Arc::new(MemDevice::new(24 << 20));

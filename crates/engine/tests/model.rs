@@ -102,6 +102,9 @@ fn run(seed: u64, steps: usize) {
                 verified(&e, seed, step, "recovery");
             }
         }
+        if step % 100 == 99 {
+            e.check_space_accounting();
+        }
         if step % 500 == 499 {
             verified(&e, seed, step, "operations");
         }

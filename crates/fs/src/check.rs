@@ -16,7 +16,7 @@ use std::ops::Bound;
 use amaranth_engine::{Batch, Engine, Op};
 
 use crate::check_fix::{Fixer, Found};
-use crate::inode::{Kind, Meta};
+use crate::inode::{Inode, Kind, Meta, Reserved};
 use crate::keys::{self, BLOCK};
 use crate::table::ROOT_INO;
 
@@ -70,6 +70,10 @@ pub enum Class {
     InodeNumberCounter,
     /// The inode index (schema 3) misses an inode, says the wrong place, or names no inode.
     InodeIndex,
+    /// A file's count of data blocks or of reserved holes differs from its data blocks.
+    BlockCount,
+    /// The counter of reserved holes differs from the files' reservations.
+    ReservedCount,
 }
 
 impl Class {
@@ -83,7 +87,9 @@ impl Class {
             | Class::DataBeyondEof
             | Class::XattrWithoutInode
             | Class::InodeCount
-            | Class::InodeIndex => Severity::Benign,
+            | Class::InodeIndex
+            | Class::BlockCount
+            | Class::ReservedCount => Severity::Benign,
             _ => Severity::Corruption,
         }
     }
@@ -166,6 +172,29 @@ pub(crate) struct Info {
     pub size: u64,
     /// End of the last data block (bytes), 0 without data.
     pub data_end: u64,
+    /// Data blocks the inode counts, and its reserved ranges.
+    pub blocks: u64,
+    pub reserved: Vec<Reserved>,
+    /// Data blocks found, and those inside each reserved range.
+    pub found_blocks: u64,
+    pub found_in_reserved: Vec<u64>,
+}
+
+impl Info {
+    /// What the checker starts with for inode `i`.
+    pub(crate) fn new(i: &Inode) -> Info {
+        Info {
+            ino: i.ino,
+            kind: i.kind,
+            nlink: i.nlink,
+            size: i.size,
+            data_end: 0,
+            blocks: i.blocks,
+            reserved: i.reserved.clone(),
+            found_blocks: 0,
+            found_in_reserved: vec![0; i.reserved.len()],
+        }
+    }
 }
 
 /// The checker's state: what the scans found, the problems, and the repairs queued.
@@ -340,8 +369,10 @@ impl<'e> Checker<'e> {
         let want = crate::fs::SCHEMA_VERSION.to_le_bytes();
         match self.engine.get(&keys::system_key("format")) {
             Ok(Some(v)) if v == want => self.schema = Some(crate::fs::SCHEMA_VERSION),
-            // Schema 2 (before the inode index): a writable mount builds the index.
+            // Schema 2 (before the inode index): a writable mount builds the index. Schemas 2
+            // and 3 have no block counts (a writable mount upgrades them).
             Ok(Some(v)) if v == 2u32.to_le_bytes() => self.schema = Some(2),
+            Ok(Some(v)) if v == 3u32.to_le_bytes() => self.schema = Some(3),
             Ok(other) => {
                 let missing = other.is_none();
                 let i = self.problem(Class::BadSchema, format!("schema record is {other:?}"));
@@ -417,13 +448,7 @@ impl<'e> Checker<'e> {
         if let Some(ino) = keys::home_ino(fk) {
             match &meta {
                 Meta::Inode(i) if i.ino == ino && i.homed => {
-                    let info = Info {
-                        ino,
-                        kind: i.kind,
-                        nlink: i.nlink,
-                        size: i.size,
-                        data_end: 0,
-                    };
+                    let info = Info::new(i);
                     self.homes.insert(ino, info);
                     self.note_ino(ino, k, &meta);
                 }
@@ -452,13 +477,7 @@ impl<'e> Checker<'e> {
                     self.bad_meta
                         .push((Class::BadMetadata, d, found(Some(meta.clone()))));
                 }
-                let info = Info {
-                    ino: i.ino,
-                    kind: i.kind,
-                    nlink: i.nlink,
-                    size: i.size,
-                    data_end: 0,
-                };
+                let info = Info::new(i);
                 self.paths.insert(fk.to_vec(), info);
                 self.note_ino(i.ino, k, &meta);
             }
@@ -511,6 +530,10 @@ impl<'e> Checker<'e> {
             match self.owner(&fk) {
                 Some(i) if i.kind == Kind::File => {
                     i.data_end = i.data_end.max(blk * BLOCK + len as u64);
+                    i.found_blocks += 1;
+                    if let Some(r) = i.reserved.iter().position(|r| r.covers(blk, blk + 1)) {
+                        i.found_in_reserved[r] += 1;
+                    }
                 }
                 _ => self.orphan_data.push(k),
             }
@@ -582,8 +605,76 @@ impl<'e> Checker<'e> {
             self.fix(i, ops);
         }
         self.sizes();
+        self.block_counts();
         self.orphans();
         self.counters();
+    }
+
+    /// Each file's counts of blocks and reserved holes against its data blocks, and the counter
+    /// of reserved holes against their sum.
+    fn block_counts(&mut self) {
+        let mut wrong: Vec<(Vec<u8>, u64, u64, Vec<u64>)> = Vec::new();
+        let mut reserved_sum = 0u64;
+        let files = self
+            .paths
+            .iter()
+            .map(|(k, i)| (k.clone(), i))
+            .chain(self.homes.iter().map(|(ino, i)| (keys::home_key(*ino), i)))
+            .filter(|(_, i)| i.kind == Kind::File);
+        for (fk, i) in files {
+            let holes: Vec<u64> = i
+                .reserved
+                .iter()
+                .zip(&i.found_in_reserved)
+                .map(|(r, n)| (r.hi - r.lo).saturating_sub(*n))
+                .collect();
+            reserved_sum += holes.iter().sum::<u64>();
+            let counted: Vec<u64> = i.reserved.iter().map(|r| r.holes).collect();
+            if i.found_blocks != i.blocks || holes != counted {
+                wrong.push((fk, i.ino, i.found_blocks, holes));
+            }
+        }
+        wrong.sort();
+        for (fk, ino, blocks, holes) in wrong {
+            let i = self.problem(
+                Class::BlockCount,
+                format!("inode {ino}: counts differ from its {blocks} blocks and {holes:?} holes"),
+            );
+            let set = |inode: &mut crate::inode::Inode| {
+                inode.blocks = blocks;
+                for (r, h) in inode.reserved.iter_mut().zip(&holes) {
+                    r.holes = *h;
+                }
+            };
+            // Another repair of this round may rewrite the inode already: change that value.
+            let key = keys::meta_key(&fk);
+            let queued = self.ops.iter_mut().rev().find_map(|o| match o {
+                Op::Put { key: k, value } if *k == key => Some(value),
+                _ => None,
+            });
+            if let Some(value) = queued.filter(|_| self.repair) {
+                if let Ok(Meta::Inode(mut inode)) = Meta::decode(value) {
+                    set(&mut inode);
+                    *value = inode.encode();
+                    self.r.problems[i].repaired = true;
+                }
+                continue;
+            }
+            let ops = self.rewrite_inode(&fk, set);
+            self.fix(i, ops);
+        }
+        let counted = self.get_u64("reserved").unwrap_or(0);
+        if counted != reserved_sum {
+            let i = self.problem(
+                Class::ReservedCount,
+                format!("reserved-hole counter {counted}, {reserved_sum} reserved holes found"),
+            );
+            let ops = vec![Op::Put {
+                key: keys::system_key("reserved"),
+                value: reserved_sum.to_le_bytes().to_vec(),
+            }];
+            self.fix(i, ops);
+        }
     }
 
     /// Puts the inode at file key `fk` changed by `f` (no ops if it cannot be read).

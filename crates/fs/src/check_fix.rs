@@ -82,13 +82,7 @@ impl<'c, 'e> Fixer<'c, 'e> {
         }];
         self.c.fix(i, ops);
         if self.c.r.problems[i].repaired {
-            let info = Info {
-                ino: ROOT_INO,
-                kind: Kind::Dir,
-                nlink: 2,
-                size: 0,
-                data_end: 0,
-            };
+            let info = Info::new(&root);
             self.c.paths.insert(Vec::new(), info);
         }
     }
@@ -165,13 +159,7 @@ impl<'c, 'e> Fixer<'c, 'e> {
                         key: keys::meta_key(&key),
                         value: dir.encode(),
                     }];
-                    let info = Info {
-                        ino,
-                        kind: Kind::Dir,
-                        nlink: 2,
-                        size: 0,
-                        data_end: 0,
-                    };
+                    let info = Info::new(&dir);
                     self.c.paths.insert(key.clone(), info);
                     self.lost_found = Some((key.clone(), Vec::new()));
                     return Some((key, ops));

@@ -8,17 +8,18 @@
 
 use std::collections::HashMap;
 use std::ops::Bound;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use amaranth_engine::{Batch, Engine, Op, Patch};
+use amaranth_engine::{Batch, Engine, Op, Patch, SpaceUse};
 use parking_lot::{Mutex, RwLock};
 
 use crate::acl;
 use crate::error::{Errno, Result};
 use crate::inode::{Inode, Kind, Meta, Time};
 use crate::keys::{self, BLOCK};
+use crate::space::{self, RESERVED_BLOCK_COST};
 use crate::table::{Table, ROOT_INO};
 
 mod handles;
@@ -26,13 +27,15 @@ mod handles;
 pub(crate) use handles::{Place, INDEX_SCHEMA};
 mod readdir;
 mod times;
+mod upgrade;
 
 pub use times::Modes;
 
 /// Version of the file-system schema stored in `s/format` (2: names carry their hash, so a
-/// directory's children are in hash order; 3: the inode index, see `fs/handles.rs`). Version-1
-/// images are refused; version 2 is upgraded at its first writable mount.
-pub const SCHEMA_VERSION: u32 = 3;
+/// directory's children are in hash order; 3: the inode index, see `fs/handles.rs`; 4: inodes
+/// count their blocks and reservations). Version-1 images are refused; versions 2 and 3 are
+/// upgraded at their first writable mount or remount (`fs/upgrade.rs`).
+pub const SCHEMA_VERSION: u32 = 4;
 /// Longest file name.
 pub const NAME_MAX: usize = 255;
 /// Longest symlink target.
@@ -211,7 +214,9 @@ pub struct Fs {
     pub(crate) table: Mutex<Table>,
     alloc: Mutex<InoAlloc>,
     inodes_used: AtomicU64,
-    /// Orders the commits that change the used-inode counter (see `count_inodes`).
+    /// Holes reserved by `fallocate` in all files (`s/reserved`).
+    reserved_blocks: AtomicU64,
+    /// Orders the commits that change the counters (see `count_inodes`).
     count_lock: Mutex<()>,
     files: Mutex<HashMap<u64, FileHandle>>,
     dirs: Mutex<HashMap<u64, readdir::DirHandle>>,
@@ -224,8 +229,8 @@ pub struct Fs {
     lazy_atimes: Mutex<std::collections::HashSet<u64>>,
     /// Access-time and sync settings (changed by a remount).
     modes: Mutex<times::Modes>,
-    /// The image's schema (2 until the inode index is built).
-    schema: u32,
+    /// The image's schema (older ones until the first writable mount or remount upgrades it).
+    schema: AtomicU32,
     /// Counters.
     pub counters: FsCounters,
 }
@@ -260,6 +265,7 @@ impl Fs {
             (ROOT_INO + 1 + INO_BATCH).to_le_bytes().to_vec(),
         );
         b.put(keys::system_key("inodes"), 1u64.to_le_bytes().to_vec());
+        b.put(keys::system_key("reserved"), 0u64.to_le_bytes().to_vec());
         engine.write(&b)?;
         engine.sync()?;
         Ok(())
@@ -294,6 +300,7 @@ impl Fs {
         let next = u64_value(engine.get(&keys::system_key("next_ino"))?).ok_or(Errno::EIO)?;
         let used = u64_value(engine.get(&keys::system_key("inodes"))?).unwrap_or(1);
         let modes = Mutex::new(times::Modes::from_options(&opts));
+        let reserved = u64_value(engine.get(&keys::system_key("reserved"))?).unwrap_or(0);
         let fs = Fs {
             engine,
             opts,
@@ -304,6 +311,7 @@ impl Fs {
                 reserved_end: next,
             }),
             inodes_used: AtomicU64::new(used),
+            reserved_blocks: AtomicU64::new(reserved),
             count_lock: Mutex::new(()),
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
@@ -312,30 +320,25 @@ impl Fs {
             deletions: AtomicU64::new(0),
             lazy_atimes: Mutex::new(std::collections::HashSet::new()),
             modes,
-            schema: schema.expect("checked above"),
+            schema: AtomicU32::new(schema.expect("checked above")),
             counters: FsCounters::default(),
         };
         let charged = fs.engine.clone();
         fs.table
             .lock()
             .charge_to(charged, crate::memory::TABLE_UNCHARGED);
-        if !fs.engine.is_read_only() {
-            // Read-only: they stay until the file system is writable again.
-            fs.remove_orphans()?;
-        }
-        let mut fs = fs;
-        if !fs.has_index() {
-            if fs.engine.is_read_only() {
+        if fs.engine.is_read_only() {
+            // Orphans stay, and the schema, until the file system is writable again.
+            if !fs.has_index() {
                 log::warn!(
                     "amaranth: this image has no inode index yet (schema {}); file handles of \
                      inodes the kernel forgot are stale until a writable mount builds it",
-                    fs.schema
+                    fs.schema()
                 );
-            } else {
-                let n = fs.build_index()?;
-                fs.schema = SCHEMA_VERSION;
-                log::info!("amaranth: built the inode index ({n} names); schema {SCHEMA_VERSION}");
             }
+        } else {
+            let _ns = fs.ns.write();
+            fs.prepare_writes()?;
         }
         Ok(fs)
     }
@@ -364,7 +367,7 @@ impl Fs {
             })?;
         for i in orphans {
             let mut b = Batch::new();
-            self.delete_file_ops(&mut b, &keys::home_key(i.ino));
+            self.delete_file_ops(&mut b, &keys::home_key(i.ino), &i);
             handles::index_drop(&mut b, i.ino);
             self.count_inodes(&mut b, -1);
             self.commit(&mut b)?;
@@ -379,23 +382,36 @@ impl Fs {
     // ----- helpers ------------------------------------------------------------------------
 
     fn commit(&self, b: &mut Batch) -> Result<()> {
-        let key = keys::system_key("inodes");
-        let counted = b.ops.iter_mut().find_map(|o| match o {
-            Op::Put { key: k, value } if *k == key => Some(value),
-            _ => None,
+        let counters = [
+            (keys::system_key("inodes"), &self.inodes_used),
+            (keys::system_key("reserved"), &self.reserved_blocks),
+        ];
+        let counted = b.ops.iter().any(|o| match o {
+            Op::Put { key, .. } => counters.iter().any(|(k, _)| k == key),
+            _ => false,
         });
-        if let Some(value) = counted {
-            // The delta left by `count_inodes` becomes the counter's new value, and values reach
-            // the log in the order they are computed.
+        if counted {
+            // The deltas left by `count_inodes` and `count_reserved` become the counters' new
+            // values, and values reach the log in the order they are computed.
             let _order = self.count_lock.lock();
-            let delta = i64::from_le_bytes(value[..8].try_into().expect("a delta"));
-            let now = self
-                .inodes_used
-                .load(Ordering::Relaxed)
-                .saturating_add_signed(delta);
-            *value = now.to_le_bytes().to_vec();
+            let mut now = Vec::new();
+            for o in &mut b.ops {
+                let Op::Put { key, value } = o else { continue };
+                for (k, counter) in &counters {
+                    if k == key {
+                        let delta = i64::from_le_bytes(value[..8].try_into().expect("a delta"));
+                        // Saturating: an image whose counter is already off (fsck reports it) must
+                        // not stop the file system.
+                        let v = counter.load(Ordering::Relaxed).saturating_add_signed(delta);
+                        *value = v.to_le_bytes().to_vec();
+                        now.push((*counter, v));
+                    }
+                }
+            }
             let lsn = self.engine.write(b)?;
-            self.inodes_used.store(now, Ordering::Relaxed);
+            for (counter, v) in now {
+                counter.store(v, Ordering::Relaxed);
+            }
             self.sync_if_wanted(lsn)?;
         } else {
             let lsn = self.engine.write(b)?;
@@ -411,10 +427,32 @@ impl Fs {
         Ok(())
     }
 
+    /// Space held back from users (`f_bfree - f_bavail`): the configured reserve (at most a
+    /// quarter of the data area), or what the next checkpoint needs to rewrite the dirty nodes
+    /// when that is more.
+    fn reserve(&self, s: &SpaceUse) -> u64 {
+        self.opts
+            .reserve_bytes
+            .min(s.total / 4)
+            .max(s.checkpoint_need())
+    }
+
+    /// Free bytes now (see `statfs`: the engine's free space less the holes `fallocate`
+    /// reserved) and the reserve; available is free less the reserve.
+    fn free_and_reserve(&self) -> (u64, u64) {
+        let s = self.engine.space_use();
+        let free = s.free().saturating_sub(self.reserved_bytes());
+        (free, self.reserve(&s))
+    }
+
+    /// Space of the holes `fallocate` reserved.
+    fn reserved_bytes(&self) -> u64 {
+        self.reserved_blocks.load(Ordering::Relaxed) * RESERVED_BLOCK_COST
+    }
+
     /// Refuses growth when free space runs below the reserve (after trying to reclaim deleted space).
     fn check_space(&self, extra: u64) -> Result<()> {
-        let (free, data) = self.engine.space();
-        let reserve = self.opts.reserve_bytes.min(data / 4);
+        let (free, reserve) = self.free_and_reserve();
         if free >= reserve + extra {
             return Ok(());
         }
@@ -428,10 +466,10 @@ impl Fs {
             || gained > 0
             || when.is_none_or(|t| t.elapsed() > Duration::from_secs(2))
         {
-            let after = self
-                .engine
-                .reclaim_space(2 * reserve + extra)
-                .unwrap_or(free);
+            // The engine's target is unallocated space: what is free plus the reservations.
+            let target = 2 * reserve + extra + self.reserved_bytes();
+            let _ = self.engine.reclaim_space(target);
+            let (after, reserve) = self.free_and_reserve();
             *last = (Some(Instant::now()), deleted, after.saturating_sub(free));
             drop(last);
             if after >= reserve + extra {
@@ -530,7 +568,18 @@ impl Fs {
     /// otherwise log their values in another order than they computed them, leaving the stored
     /// counter wrong.
     fn count_inodes(&self, b: &mut Batch, delta: i64) {
-        let key = keys::system_key("inodes");
+        Self::count(b, "inodes", delta);
+    }
+
+    /// Changes the counter of reserved holes by `delta` in `b` (see `count_inodes`).
+    fn count_reserved(&self, b: &mut Batch, delta: i64) {
+        if delta != 0 {
+            Self::count(b, "reserved", delta);
+        }
+    }
+
+    fn count(b: &mut Batch, name: &str, delta: i64) {
+        let key = keys::system_key(name);
         for op in &mut b.ops {
             if let Op::Put { key: k, value } = op {
                 if *k == key {
@@ -543,8 +592,10 @@ impl Fs {
         b.put(key, delta.to_le_bytes().to_vec());
     }
 
-    /// Operations deleting a file's metadata, data and xattrs at `file_key`.
-    fn delete_file_ops(&self, b: &mut Batch, file_key: &[u8]) {
+    /// Operations deleting the file `inode`'s metadata, data and xattrs at `file_key` and its
+    /// reservation.
+    fn delete_file_ops(&self, b: &mut Batch, file_key: &[u8], inode: &Inode) {
+        self.count_reserved(b, -(inode.reserved_holes() as i64));
         b.delete(keys::meta_key(file_key));
         let d = keys::data_prefix(file_key);
         b.range_delete(d.clone(), amaranth_engine::prefix_end(&d, self.max_key()));
@@ -685,6 +736,8 @@ impl Fs {
             }
             if size < next.size {
                 self.truncate_ops(&mut b, &fk, size);
+                let released = space::account_truncate(&self.engine, &fk, &mut next, size)?;
+                self.count_reserved(&mut b, -(released as i64));
             }
             next.size = size;
             next.mtime = now;
@@ -938,7 +991,7 @@ impl Fs {
             b.delete(keys::meta_key(&found.key));
             let home = keys::home_key(ino);
             if after.nlink == 0 && !open {
-                self.delete_file_ops(b, &home);
+                self.delete_file_ops(b, &home, &found.inode);
                 handles::index_drop(b, ino);
                 self.count_inodes(b, -1);
             } else {
@@ -952,7 +1005,7 @@ impl Fs {
             b.put(keys::meta_key(&keys::home_key(ino)), after.encode());
             handles::index_home(b, ino);
         } else {
-            self.delete_file_ops(b, &found.key);
+            self.delete_file_ops(b, &found.key, &found.inode);
             handles::index_drop(b, ino);
             self.count_inodes(b, -1);
         }
@@ -1363,14 +1416,15 @@ impl Fs {
         };
         let orphan = {
             let inode = shared.lock();
-            opens == 0 && inode.nlink == 0 && inode.homed && inode.kind != Kind::Dir
+            let gone = opens == 0 && inode.nlink == 0 && inode.homed && inode.kind != Kind::Dir;
+            gone.then(|| inode.clone())
         };
         if opens == 0 {
             self.table.lock().reap(ino);
         }
-        if orphan {
+        if let Some(inode) = orphan {
             let mut b = Batch::new();
-            self.delete_file_ops(&mut b, &keys::home_key(ino));
+            self.delete_file_ops(&mut b, &keys::home_key(ino), &inode);
             handles::index_drop(&mut b, ino);
             self.count_inodes(&mut b, -1);
             self.commit(&mut b)?;
@@ -1452,9 +1506,15 @@ impl Fs {
         if end > MAX_FILE_SIZE {
             return Err(Errno::EFBIG);
         }
-        self.check_space(data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let (first, last) = space::touched(offset, end);
+        // Space `fallocate` reserved is this write's: it needs no more.
+        if !inode.reservation_covers(first, last) {
+            self.check_space(data.len() as u64)?;
+        }
         let mut next = inode.clone();
-        next.size = next.size.max(end);
         let now = Time::now();
         next.mtime = now;
         next.ctime = now;
@@ -1464,9 +1524,9 @@ impl Fs {
         // One request, one batch: all of it or nothing after a crash.
         let mut b = Batch::new();
         let n = self.write_batch(&mut b, &fk, offset, data, &next)?;
-        if n < data.len() {
-            next.size = inode.size.max(offset + n as u64);
-        }
+        let filled = space::account_write(&self.engine, &fk, &mut next, offset, offset + n as u64)?;
+        self.count_reserved(&mut b, -(filled as i64));
+        next.size = inode.size.max(offset + n as u64);
         b.put(keys::meta_key(&fk), next.encode());
         self.commit(&mut b)?;
         *inode = next;
@@ -1493,6 +1553,8 @@ impl Fs {
         write_ops(b, fk, offset, data);
         let mut inode_op = Batch::new();
         inode_op.put(keys::meta_key(fk), next.encode());
+        // The counter of reserved holes may go with it.
+        inode_op.put(keys::system_key("reserved"), vec![0; 8]);
         let room = self
             .engine
             .max_batch_bytes()
@@ -1537,13 +1599,13 @@ impl Fs {
 
     // ----- whole-file-system operations ---------------------------------------------------
 
-    /// Space and inode counts.
+    /// Space and inode counts: the data area's size, what is free once the dirty nodes are
+    /// counted at the size they will be written (see DESIGN.md, Space), and what is available
+    /// beyond the reserve.
     pub fn statfs(&self) -> StatFs {
-        let st = self.engine.stats();
-        let reserve = self.opts.reserve_bytes.min(st.data_bytes / 4);
-        let blocks = st.data_bytes / BLOCK;
-        let bfree = st.free_bytes / BLOCK;
-        let bavail = st.free_bytes.saturating_sub(reserve) / BLOCK;
+        let blocks = self.engine.space_use().total / BLOCK;
+        let (free, reserve) = self.free_and_reserve();
+        let (bfree, bavail) = (free / BLOCK, free.saturating_sub(reserve) / BLOCK);
         let used = self.inodes_used.load(Ordering::Relaxed);
         StatFs {
             blocks,
@@ -1649,8 +1711,10 @@ impl Fs {
 
     // ----- space management ---------------------------------------------------------------
 
-    /// `fallocate`: mode 0 extends the size, `KEEP_SIZE` reserves nothing (space is allocated on
-    /// write in a copy-on-write store), `PUNCH_HOLE` and `ZERO_RANGE` zero the range.
+    /// `fallocate`: mode 0 and `KEEP_SIZE` reserve the space of the range's holes (writes inside
+    /// it never fail for lack of space; `ENOSPC` and nothing changed if the space is not there);
+    /// mode 0 also extends the size. `PUNCH_HOLE` makes the range's whole blocks holes and gives
+    /// up its reservation; `ZERO_RANGE` does the same but keeps the range reserved.
     pub fn fallocate(&self, ino: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
         if length == 0 {
             return Err(Errno::EINVAL);
@@ -1678,15 +1742,32 @@ impl Fs {
         }
         let mut next = inode.clone();
         let mut b = Batch::new();
-        if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0 {
-            let zend = end.min(next.size);
-            if offset < zend {
-                zero_ops(&mut b, &fk, offset, zend);
+        let zeroing = mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0;
+        let zend = end.min(next.size);
+        let punch = if zeroing && offset < zend {
+            let p = space::plan_punch(&self.engine, &fk, &next, offset, zend)?;
+            zero_ops(&mut b, &fk, offset, zend, |blk| p.edges.contains(&blk));
+            Some(p)
+        } else {
+            None
+        };
+        let want = space::touched(offset, end);
+        if mode & FALLOC_FL_PUNCH_HOLE != 0 {
+            let removed = punch.as_ref().map_or(0, |p| p.removed);
+            let released = space::account_punch(&self.engine, &fk, &mut next, removed, want)?;
+            self.count_reserved(&mut b, -(released as i64));
+        } else {
+            let added = space::account_reserve(&self.engine, &fk, &mut next, want, punch.as_ref())?;
+            if let Some(p) = &punch {
+                next.blocks -= p.removed;
             }
-        }
-        if mode & FALLOC_FL_KEEP_SIZE == 0 && end > next.size {
-            self.check_space(0)?;
-            next.size = end;
+            if added > 0 {
+                self.check_space(added * RESERVED_BLOCK_COST)?;
+            }
+            self.count_reserved(&mut b, added as i64);
+            if mode & FALLOC_FL_KEEP_SIZE == 0 && end > next.size {
+                next.size = end;
+            }
         }
         let now = Time::now();
         if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0 || next.size != inode.size {
@@ -1786,22 +1867,39 @@ impl Fs {
         let mut inode = shared.lock();
         let mut b = Batch::new();
         let mut done = 0;
+        // The block copy and the write of the rest touch different blocks: count each against
+        // the file as it is, then add up.
+        let (mut by_copy, mut by_write) = (inode.clone(), inode.clone());
+        let mut reserved_change = 0i64;
         if off_in.is_multiple_of(BLOCK) && off_out.is_multiple_of(BLOCK) {
             done = len / BLOCK * BLOCK;
-            self.copy_block_ops(
-                &mut b,
-                &src,
-                off_in / BLOCK,
+            let (b_out, count) = (off_out / BLOCK, len / BLOCK);
+            let put = self.copy_block_ops(&mut b, &src, off_in / BLOCK, &dst, b_out, count)?;
+            let mut copied_in = vec![0u64; inode.reserved.len()];
+            for to in &put {
+                if let Some(i) = inode.reserved.iter().position(|r| r.covers(*to, to + 1)) {
+                    copied_in[i] += 1;
+                }
+            }
+            reserved_change += space::account_copy(
+                &self.engine,
                 &dst,
-                off_out / BLOCK,
-                len / BLOCK,
+                &mut by_copy,
+                (b_out, b_out + count),
+                put.len() as u64,
+                &copied_in,
             )?;
         }
         if done < len {
             let bytes = self.read_bytes(&src, off_in + done, off_in + len)?;
             write_ops(&mut b, &dst, off_out + done, &bytes);
+            let filled =
+                space::account_write(&self.engine, &dst, &mut by_write, off_out + done, end)?;
+            reserved_change -= filled as i64;
         }
+        self.count_reserved(&mut b, reserved_change);
         let mut next = inode.clone();
+        space::add_counts(&mut next, &by_copy, &by_write);
         next.size = next.size.max(end);
         let now = Time::now();
         next.mtime = now;
@@ -1840,7 +1938,7 @@ impl Fs {
 
     /// Operations copying `count` whole blocks from block `b_in` of `src` to block `b_out` of
     /// `dst`: the destination's blocks are dropped and the source's existing ones put (holes stay
-    /// holes).
+    /// holes). Returns the destination blocks put.
     fn copy_block_ops(
         &self,
         b: &mut Batch,
@@ -1849,9 +1947,10 @@ impl Fs {
         dst: &[u8],
         b_out: u64,
         count: u64,
-    ) -> Result<()> {
+    ) -> Result<Vec<u64>> {
+        let mut put = Vec::new();
         if count == 0 {
-            return Ok(());
+            return Ok(put);
         }
         let prefix_len = keys::data_prefix(src).len();
         b.range_delete(
@@ -1864,10 +1963,11 @@ impl Fs {
             .scan(Bound::Included(&lo), Bound::Excluded(&hi), |k, v| {
                 if let Some(blk) = keys::block_of(k, prefix_len) {
                     b.put(keys::data_key(dst, blk - b_in + b_out), v.to_vec());
+                    put.push(blk - b_in + b_out);
                 }
                 true
             })?;
-        Ok(())
+        Ok(put)
     }
 }
 
@@ -1898,8 +1998,9 @@ pub fn write_ops(b: &mut Batch, fk: &[u8], offset: u64, data: &[u8]) {
     }
 }
 
-/// Operations zeroing `[start, end)`: whole blocks become holes, partial blocks get zeros.
-pub fn zero_ops(b: &mut Batch, fk: &[u8], start: u64, end: u64) {
+/// Operations zeroing `[start, end)`: whole blocks become holes, partial blocks get zeros (those
+/// `exists` says are there: a hole needs none, and zeros would make it a block).
+pub fn zero_ops(b: &mut Batch, fk: &[u8], start: u64, end: u64, exists: impl Fn(u64) -> bool) {
     let first_full = start.div_ceil(BLOCK);
     let last_full = end / BLOCK; // exclusive
     if first_full < last_full {
@@ -1909,7 +2010,7 @@ pub fn zero_ops(b: &mut Batch, fk: &[u8], start: u64, end: u64) {
         );
     }
     let mut zero_range = |a: u64, z: u64| {
-        if a < z {
+        if a < z && exists(a / BLOCK) {
             b.ops.push(Op::Upsert {
                 key: keys::data_key(fk, a / BLOCK),
                 patch: Patch::Write {

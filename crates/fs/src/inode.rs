@@ -4,12 +4,21 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::{Errno, Result};
 
-/// Encoding version of metadata values.
-const VERSION: u8 = 1;
+/// Encoding version of metadata values: 2 adds block counts and reserved ranges to inodes.
+const VERSION: u8 = 2;
+/// The previous version (read, never written): inodes without block counts.
+const VERSION_1: u8 = 1;
 const TAG_INODE: u8 = b'I';
 const TAG_REDIRECT: u8 = b'R';
-/// Encoded size of an inode without its symlink target.
-const FIXED_LEN: usize = 2 + 8 + 1 + 2 + 4 + 4 + 4 + 8 + 4 * 12 + 4 + 4 + 1;
+/// Encoded size of a version-1 inode without its symlink target.
+const FIXED_LEN_1: usize = 2 + 8 + 1 + 2 + 4 + 4 + 4 + 8 + 4 * 12 + 4 + 4 + 1;
+/// Encoded size of an inode without its reserved ranges and symlink target: version 1 plus
+/// `blocks` and the number of ranges.
+const FIXED_LEN: usize = FIXED_LEN_1 + 8 + 1;
+/// Most reserved ranges a file keeps (`fallocate` of one more joins the two closest).
+pub const MAX_RESERVED_RANGES: usize = 4;
+/// Bytes of a 4 KiB block.
+const BLOCK: u64 = 4096;
 
 /// What kind of file an inode is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -174,8 +183,39 @@ pub struct Inode {
     pub flags: u32,
     /// Lives at its inode-keyed home (hard-linked or open after unlink) instead of its path.
     pub homed: bool,
+    /// Data blocks the file has (keys in the data space; each counts as 4 KiB, the tail too).
+    pub blocks: u64,
+    /// Space reserved by `fallocate` for the holes of ranges of blocks: sorted, disjoint, not
+    /// adjacent, none empty, at most [`MAX_RESERVED_RANGES`].
+    pub reserved: Vec<Reserved>,
     /// Target of a symbolic link.
     pub target: Vec<u8>,
+}
+
+/// Blocks `fallocate` reserved in a file: the range `[lo, hi)` of block numbers, of which `holes`
+/// blocks are holes whose space is reserved (every hole in the range is). Writes inside the range
+/// fill reserved holes and never fail for lack of space; truncate, punch and unlink release what
+/// they remove.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reserved {
+    /// First block of the range.
+    pub lo: u64,
+    /// End of the range (exclusive); `lo == hi`: nothing reserved.
+    pub hi: u64,
+    /// Holes in the range (the blocks whose space is reserved).
+    pub holes: u64,
+}
+
+impl Reserved {
+    /// Whether nothing is reserved.
+    pub fn is_empty(&self) -> bool {
+        self.lo >= self.hi
+    }
+
+    /// Whether block range `[a, b)` lies inside the reserved range.
+    pub fn covers(&self, a: u64, b: u64) -> bool {
+        !self.is_empty() && self.lo <= a && b <= self.hi
+    }
 }
 
 /// What a metadata key holds.
@@ -206,6 +246,8 @@ impl Inode {
             rdev: 0,
             flags: 0,
             homed: false,
+            blocks: 0,
+            reserved: Vec::new(),
             target: Vec::new(),
         }
     }
@@ -215,10 +257,36 @@ impl Inode {
         self.kind.mode_bits() | self.perm as u32
     }
 
-    /// 512-byte blocks reported by `stat`: every 4 KiB block up to the size (holes are not tracked
-    /// without reading, so sparse files report their apparent size).
-    pub fn blocks(&self) -> u64 {
-        self.size.div_ceil(4096) * 8
+    /// 512-byte blocks reported by `stat`: for a file, its data blocks plus the holes `fallocate`
+    /// reserved, 4 KiB each (exact: see `blocks`); for other kinds the size in 4 KiB blocks.
+    pub fn st_blocks(&self) -> u64 {
+        match self.kind {
+            Kind::File => (self.blocks + self.reserved_holes()) * 8,
+            _ => self.size.div_ceil(BLOCK) * 8,
+        }
+    }
+
+    /// Holes reserved by `fallocate` in all of the file's ranges.
+    pub fn reserved_holes(&self) -> u64 {
+        self.reserved.iter().map(|r| r.holes).sum()
+    }
+
+    /// Whether blocks `[a, b)` lie inside one reserved range.
+    pub fn reservation_covers(&self, a: u64, b: u64) -> bool {
+        self.reserved.iter().any(|r| r.covers(a, b))
+    }
+
+    /// Whether `ranges` are valid reserved ranges (see [`Inode::reserved`]).
+    pub fn valid_reserved(ranges: &[Reserved]) -> bool {
+        ranges.len() <= MAX_RESERVED_RANGES
+            && ranges.iter().all(|r| r.lo < r.hi && r.holes <= r.hi - r.lo)
+            && ranges.windows(2).all(|w| w[0].hi < w[1].lo)
+    }
+
+    /// Whether every block below the size exists (no hole): then which blocks a write, punch or
+    /// truncate below the size touches is known without reading.
+    pub fn is_dense(&self) -> bool {
+        self.blocks == self.size.div_ceil(BLOCK)
     }
 
     /// Encodes the inode as a metadata value.
@@ -240,7 +308,25 @@ impl Inode {
         v.extend_from_slice(&self.rdev.to_le_bytes());
         v.extend_from_slice(&self.flags.to_le_bytes());
         v.push(self.homed as u8);
+        v.extend_from_slice(&self.blocks.to_le_bytes());
+        assert!(
+            Inode::valid_reserved(&self.reserved),
+            "inode {}: bad reserved ranges {:?}",
+            self.ino,
+            self.reserved
+        );
+        assert!(
+            self.kind == Kind::File || self.blocks == 0 && self.reserved.is_empty(),
+            "inode {}: blocks in a non-file",
+            self.ino
+        );
+        v.push(self.reserved.len() as u8);
         assert_eq!(v.len(), FIXED_LEN);
+        for r in &self.reserved {
+            for x in [r.lo, r.hi, r.holes] {
+                v.extend_from_slice(&x.to_le_bytes());
+            }
+        }
         v.extend_from_slice(&self.target);
         v
     }
@@ -260,9 +346,14 @@ impl Meta {
             log::error!("amaranth: undecodable metadata value ({why})");
             Errno::EIO
         };
-        if v.len() < 2 || v[0] != VERSION {
+        if v.len() < 2 || (v[0] != VERSION && v[0] != VERSION_1) {
             return Err(bad("unknown version"));
         }
+        let fixed_len = if v[0] == VERSION {
+            FIXED_LEN
+        } else {
+            FIXED_LEN_1
+        };
         match v[1] {
             TAG_REDIRECT => {
                 let ino = u64::from_le_bytes(
@@ -277,7 +368,7 @@ impl Meta {
                 Ok(Meta::Redirect(ino))
             }
             TAG_INODE => {
-                if v.len() < FIXED_LEN {
+                if v.len() < fixed_len {
                     return Err(bad("short inode"));
                 }
                 let u64_at =
@@ -290,6 +381,36 @@ impl Meta {
                 };
                 let kind = Kind::from_code(v[10]).ok_or_else(|| bad("unknown kind"))?;
                 let t = 11 + 2 + 12 + 8;
+                let size = u64_at(25);
+                let mut target_at = fixed_len;
+                let (blocks, reserved) = if v[0] == VERSION {
+                    let n = v[FIXED_LEN - 1] as usize;
+                    target_at += n * 24;
+                    if v.len() < target_at {
+                        return Err(bad("short reserved ranges"));
+                    }
+                    let at = |i: usize| u64_at(FIXED_LEN + i * 8);
+                    let ranges: Vec<Reserved> = (0..n)
+                        .map(|k| Reserved {
+                            lo: at(3 * k),
+                            hi: at(3 * k + 1),
+                            holes: at(3 * k + 2),
+                        })
+                        .collect();
+                    if !Inode::valid_reserved(&ranges) {
+                        return Err(bad("bad reserved ranges"));
+                    }
+                    (u64_at(FIXED_LEN_1), ranges)
+                } else if kind == Kind::File {
+                    // Version 1 kept no count: every block up to the size, an upper bound
+                    // (`fsck --repair` makes it exact).
+                    (size.div_ceil(BLOCK), Vec::new())
+                } else {
+                    (0, Vec::new())
+                };
+                if kind != Kind::File && (blocks != 0 || !reserved.is_empty()) {
+                    return Err(bad("blocks in a non-file"));
+                }
                 let inode = Inode {
                     ino: u64_at(2),
                     kind,
@@ -297,7 +418,7 @@ impl Meta {
                     uid: u32_at(13),
                     gid: u32_at(17),
                     nlink: u32_at(21),
-                    size: u64_at(25),
+                    size,
                     atime: time_at(t),
                     mtime: time_at(t + 12),
                     ctime: time_at(t + 24),
@@ -305,7 +426,9 @@ impl Meta {
                     rdev: u32_at(t + 48),
                     flags: u32_at(t + 52),
                     homed: v[t + 56] != 0,
-                    target: v[FIXED_LEN..].to_vec(),
+                    blocks,
+                    reserved,
+                    target: v[target_at..].to_vec(),
                 };
                 if inode.atime.nsec >= 1_000_000_000 || inode.mtime.nsec >= 1_000_000_000 {
                     return Err(bad("bad timestamp"));
@@ -332,6 +455,38 @@ mod tests {
         };
         i.homed = true;
         assert_eq!(Meta::decode(&i.encode()).unwrap(), Meta::Inode(i));
+        let mut f = Inode::new(43, Kind::File, 0o644, 1, 2);
+        f.size = 10 * 4096 + 1;
+        f.blocks = 3;
+        f.reserved = vec![
+            Reserved {
+                lo: 2,
+                hi: 20,
+                holes: 15,
+            },
+            Reserved {
+                lo: 30,
+                hi: 31,
+                holes: 1,
+            },
+        ];
+        f.target = b"ignored".to_vec();
+        assert_eq!(f.st_blocks(), 19 * 8);
+        assert!(f.reservation_covers(2, 20) && !f.reservation_covers(19, 21));
+        assert!(!f.is_dense());
+        assert_eq!(Meta::decode(&f.encode()).unwrap(), Meta::Inode(f.clone()));
+        // A version-1 inode (no counts) reads as dense.
+        let mut v1 = f.encode();
+        v1.truncate(FIXED_LEN_1);
+        v1[0] = VERSION_1;
+        let mut bad = f.encode();
+        bad[FIXED_LEN + 8] = 50; // a range ending before it starts
+        assert!(Meta::decode(&bad).is_err());
+        let Meta::Inode(old) = Meta::decode(&v1).unwrap() else {
+            panic!("not an inode")
+        };
+        assert_eq!(old.blocks, 11);
+        assert!(old.reserved.is_empty() && old.is_dense());
         assert_eq!(Meta::decode(&Meta::redirect(7)).unwrap(), Meta::Redirect(7));
         assert!(Meta::decode(b"").is_err());
         assert!(Meta::decode(&[VERSION, TAG_INODE, 1]).is_err());

@@ -17,6 +17,7 @@ mod fs;
 mod inode;
 pub mod keys;
 mod memory;
+mod space;
 mod table;
 
 pub use error::{Errno, Result};
@@ -25,6 +26,6 @@ pub use fs::{
     COPY_MAX, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, NAME_MAX,
     RENAME_EXCHANGE, RENAME_NOREPLACE, SCHEMA_VERSION, SYMLINK_MAX, XATTR_VALUE_MAX,
 };
-pub use inode::{Inode, Kind, Meta, Time};
+pub use inode::{Inode, Kind, Meta, Reserved, Time};
 pub use memory::TABLE_UNCHARGED;
 pub use table::ROOT_INO;

@@ -441,20 +441,28 @@ fn run(seed: u64, steps: usize) {
                     _ => {
                         let off = rng.gen_range(0..12_000u64);
                         let len = rng.gen_range(1..9000u64);
-                        let keep = rng.gen_bool(0.5);
-                        let mode = if keep {
-                            amaranth_fs::FALLOC_FL_PUNCH_HOLE | amaranth_fs::FALLOC_FL_KEEP_SIZE
+                        // Punch, zero range (with or without keeping the size), reserve
+                        // (mode 0 or keeping the size).
+                        use amaranth_fs::{
+                            FALLOC_FL_KEEP_SIZE as KEEP, FALLOC_FL_PUNCH_HOLE as PUNCH,
+                            FALLOC_FL_ZERO_RANGE as ZERO,
+                        };
+                        let mode = [PUNCH | KEEP, ZERO, ZERO | KEEP, 0, KEEP][rng.gen_range(0..5)];
+                        // Reservations far apart (a file keeps a few reserved ranges).
+                        let off = if rng.gen_bool(0.5) {
+                            rng.gen_range(0..400_000u64)
                         } else {
-                            0
+                            off
                         };
                         h.fs.fallocate(ino, off, len, mode)
                             .unwrap_or_else(|e| panic!("{what}: fallocate: {e}"));
-                        if keep {
+                        if mode & (PUNCH | ZERO) != 0 {
                             let end = ((off + len) as usize).min(data.len());
                             if (off as usize) < end {
                                 data[off as usize..end].fill(0);
                             }
-                        } else if data.len() < (off + len) as usize {
+                        }
+                        if mode & KEEP == 0 && data.len() < (off + len) as usize {
                             data.resize((off + len) as usize, 0);
                         }
                     }
@@ -693,6 +701,15 @@ fn run(seed: u64, steps: usize) {
                     h.check_all(&m, step);
                 }
             }
+        }
+        if step % 150 == 149 {
+            // Counters and block counts too (fsck), not only at the end.
+            let rep = check::check(h.fs.engine(), false, |_| {});
+            assert!(
+                rep.problems.is_empty(),
+                "seed {seed} step {step}: fsck found {:?}",
+                rep.problems
+            );
         }
     }
     h.check_all(&m, steps);

@@ -230,3 +230,19 @@ fn read_only_refuses_changes_and_writes_no_access_time() {
     fs.lookup(ROOT_INO, b"d").unwrap();
     close(fs);
 }
+
+/// A remount read-write of a file system that is already writable (`mount -o remount,noatime`)
+/// prepares nothing: a file unlinked while open keeps its data for the process that holds it
+/// (only a file system coming back from read-only removes the ones left by an earlier session).
+#[test]
+fn a_writable_remount_keeps_files_unlinked_while_open() {
+    let img = Img::new();
+    let fs = img.open(opts(true, false, false));
+    let (i, fh) = fs.create(ROOT_INO, b"f", 0o644, libc::O_RDWR, CTX).unwrap();
+    fs.write(i.ino, fh, 0, b"still open", false).unwrap();
+    fs.unlink(ROOT_INO, b"f").unwrap();
+    fs.set_read_only(false).unwrap();
+    assert_eq!(fs.read(i.ino, 0, 64).unwrap(), b"still open");
+    fs.release(i.ino, fh).unwrap();
+    close(fs);
+}

@@ -63,7 +63,7 @@ pub(crate) fn attr(i: &Inode) -> Attr {
     Attr {
         ino: i.ino,
         size: i.size,
-        blocks: i.blocks(),
+        blocks: i.st_blocks(),
         atime: i.atime.sec as u64,
         mtime: i.mtime.sec as u64,
         ctime: i.ctime.sec as u64,

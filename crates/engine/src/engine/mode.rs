@@ -47,7 +47,7 @@ impl Engine {
         // is in progress and every later one sees the flag.
         let _mode = self.inner.mode.write();
         self.inner.tree.set_read_only(true);
-        if let Some(e) = self.inner.failed.lock().clone() {
+        if let Some(e) = self.inner.failure() {
             return Err(e);
         }
         self.inner.log.flush(true)?;
@@ -62,7 +62,7 @@ impl Engine {
                 inner.dev.describe()
             )));
         }
-        if let Some(e) = inner.failed.lock().clone() {
+        if let Some(e) = inner.failure() {
             return Err(Error::ReadOnly(e.to_string()));
         }
         {

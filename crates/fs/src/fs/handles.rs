@@ -191,7 +191,7 @@ impl Fs {
 
     /// Whether this image has the inode index (schema 3 and later).
     pub(super) fn has_index(&self) -> bool {
-        self.schema >= INDEX_SCHEMA
+        self.schema() >= INDEX_SCHEMA
     }
 
     /// Builds the inode index of an image from before it (schema 2), walking the directories

@@ -130,22 +130,27 @@ impl Fs {
     }
 
     /// Makes the file system read-only (access times kept in memory are written first, then a
-    /// clean checkpoint; nothing more is written to the image) or writable again (files unlinked
-    /// while open before an earlier crash are removed then). Returns the engine's error, which
-    /// says why (a device opened read-only, known damage that needs `amaranth fsck --repair`).
+    /// clean checkpoint; nothing more is written to the image) or writable again (then, as at a
+    /// writable mount, an older schema is upgraded and files unlinked while open before an earlier
+    /// crash are removed; name changes wait meanwhile). Returns the engine's error, which says why
+    /// (a device opened read-only, known damage that needs `amaranth fsck --repair`).
     pub fn set_read_only(&self, read_only: bool) -> amaranth_engine::Result<()> {
         if read_only {
             self.write_lazy_atimes();
-            self.engine.set_read_only(true)
-        } else {
-            self.engine.set_read_only(false)?;
-            self.remove_orphans().map_err(|e| {
-                amaranth_engine::Error::io(
-                    "removing files unlinked while open",
-                    std::io::Error::from_raw_os_error(e.0),
-                )
-            })
+            return self.engine.set_read_only(true);
         }
+        // Already writable: nothing to prepare (and the files unlinked while open now are open).
+        let _ns = self.ns.write();
+        if !self.engine.is_read_only() {
+            return Ok(());
+        }
+        self.engine.set_read_only(false)?;
+        self.prepare_writes().map_err(|e| {
+            amaranth_engine::Error::io(
+                "upgrading the schema or removing files unlinked while open",
+                std::io::Error::from_raw_os_error(e.0),
+            )
+        })
     }
 }
 

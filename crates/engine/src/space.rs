@@ -1,0 +1,96 @@
+//! What the data area's space holds, as the file system reports it (see docs/DESIGN.md, Space).
+//!
+//! Node images are written copy-on-write and many nodes are dirty in memory at any moment, so
+//! "allocated" blocks alone lag behind the writes: data written since the last checkpoint lives
+//! in dirty nodes (and the log) and takes no extent yet. [`SpaceUse`] adds the dirty nodes'
+//! growth, so that `used` follows the writes at once and does not jump when a checkpoint (or a
+//! remount) writes them.
+
+use amaranth_device::BLOCK_SIZE;
+
+use crate::cache::DirtySpace;
+
+/// How the data area is used, in bytes (a moment's view; writers change it concurrently).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpaceUse {
+    /// Size of the data area: the device less the superblocks and the log.
+    pub total: u64,
+    /// Allocated extents: current node images, images the last (or running) checkpoint still
+    /// references, and the tables.
+    pub allocated: u64,
+    /// What the dirty nodes' next images will take (exact without compression, an upper bound
+    /// with it).
+    pub dirty_next: u64,
+    /// What the dirty nodes' current images take (part of `allocated`). Once a dirty node is
+    /// written its old image stays allocated until the next checkpoint completes.
+    pub dirty_current: u64,
+    /// Bytes of the block translation table the next checkpoint writes.
+    pub table: u64,
+}
+
+impl SpaceUse {
+    pub(crate) fn new(
+        total_blocks: u64,
+        free_blocks: u64,
+        dirty: DirtySpace,
+        table_entries: u64,
+    ) -> SpaceUse {
+        assert!(free_blocks <= total_blocks, "more free blocks than blocks");
+        let b = BLOCK_SIZE as u64;
+        SpaceUse {
+            total: total_blocks * b,
+            allocated: (total_blocks - free_blocks) * b,
+            dirty_next: dirty.next_blocks * b,
+            dirty_current: dirty.current_blocks * b,
+            table: (32 + 24 * table_entries).div_ceil(b) * b,
+        }
+    }
+
+    /// Used: the allocated extents with every dirty node counted at its next image instead of its
+    /// current one — the tree as it would be written now, plus the old images the last
+    /// checkpoint still holds (freed when the next one completes). Never above `total`.
+    pub fn used(&self) -> u64 {
+        (self.allocated + self.dirty_next)
+            .saturating_sub(self.dirty_current)
+            .min(self.total)
+    }
+
+    /// `total - used`.
+    pub fn free(&self) -> u64 {
+        self.total - self.used()
+    }
+
+    /// Space the next checkpoint needs beyond `used` while it runs: the dirty nodes' old images
+    /// stay allocated until it completes, and it writes a new table before freeing the old one.
+    pub fn checkpoint_need(&self) -> u64 {
+        self.dirty_current + self.table
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn used_counts_dirty_growth_and_never_exceeds_total() {
+        let dirty = DirtySpace {
+            next_blocks: 30,
+            current_blocks: 10,
+        };
+        let s = SpaceUse::new(100, 60, dirty, 3);
+        assert_eq!(s.used(), (40 + 30 - 10) * 4096);
+        assert_eq!(s.free(), 40 * 4096);
+        assert_eq!(s.checkpoint_need(), 10 * 4096 + 4096);
+        let s = SpaceUse::new(
+            100,
+            10,
+            DirtySpace {
+                next_blocks: 500,
+                current_blocks: 0,
+            },
+            0,
+        );
+        assert_eq!(s.used(), s.total);
+        assert_eq!(s.free(), 0);
+    }
+}
