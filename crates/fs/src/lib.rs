@@ -17,6 +17,7 @@ mod fs;
 mod inode;
 pub mod keys;
 mod memory;
+pub mod patchgroup;
 mod table;
 
 pub use error::{Errno, Result};
