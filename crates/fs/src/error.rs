@@ -50,7 +50,8 @@ errnos!(
     ESRCH,
     EMFILE,
     ENFILE,
-    ETIMEDOUT
+    ETIMEDOUT,
+    ENOTTY
 );
 
 impl From<Error> for Errno {

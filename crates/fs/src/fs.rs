@@ -1561,6 +1561,12 @@ impl Fs {
         self.pg.fsync()
     }
 
+    /// `syncfs`: like a durable `fsync` in every mode (an explicit request for the whole file
+    /// system, not the per-file habit `fsync=ordered` is for).
+    pub fn syncfs(&self) -> Result<()> {
+        self.pg.fsync()
+    }
+
     // ----- directories: opendir, readdir, releasedir are in fs/readdir.rs --------------------
 
     // ----- whole-file-system operations ---------------------------------------------------
