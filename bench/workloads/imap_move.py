@@ -134,10 +134,11 @@ def _file_ids(box: Path) -> list[str]:
 
 
 def cmd_check(args) -> int:
-    """After a crash: every message of --ids is in one of --boxes (by Message-ID; duplicates, the
-    safe direction, are counted); Dovecot selects every folder without a NO/BAD; after Dovecot's
-    own resync (SELECT rescans the Maildir) the folder's message count and Message-IDs agree with
-    its files. Prints JSON; exit 1 if anything is wrong."""
+    """After a crash: Dovecot selects every folder of --boxes without a NO/BAD; after that resync
+    (SELECT rescans the Maildir and finishes what its index says was under way) the folder's
+    message count and Message-IDs agree with its files; every message of --ids is in one of the
+    folders (by Message-ID; duplicates, the safe direction, are counted). Prints JSON; exit 1 if
+    anything is wrong."""
     want = [x for x in Path(args.ids).read_text().split() if x]
     root = Path(args.dir)
     M = imaplib.IMAP4_stream(imap_command(args))
@@ -145,11 +146,14 @@ def cmd_check(args) -> int:
     counts: dict[str, int] = {}
     problems = []
     for b in args.boxes.split(","):
-        files = _file_ids(root / f".{b}")
+        # SELECT first: it is Dovecot's resync of the folder (it may finish an expunge that the
+        # crash interrupted, logged in its index before the file was unlinked); the files are
+        # compared with what Dovecot then sees.
         typ, data = M.select(b)
         if typ != "OK":
             problems.append(f"SELECT {b}: {typ} {data}")
             continue
+        files = _file_ids(root / f".{b}")
         count = int(data[0])
         imap_ids = []
         if count:
