@@ -231,7 +231,11 @@ mod tests {
         assert!(p.mount.read_only && p.mount.noatime && p.mount.lazytime && p.mount.sync);
         assert!(!p.ordered_fsync);
         assert!(parse(Origin::Cli, "fsync=ordered").unwrap().ordered_fsync);
-        assert!(!parse(Origin::Cli, "fsync=ordered,fsync=durable").unwrap().ordered_fsync);
+        assert!(
+            !parse(Origin::Cli, "fsync=ordered,fsync=durable")
+                .unwrap()
+                .ordered_fsync
+        );
         assert!(parse(Origin::Cli, "fsync=sometimes").is_err());
         let p = parse(Origin::Cli, "noatime,strictatime").unwrap();
         assert!(!p.mount.noatime && p.mount.strictatime);
