@@ -6,7 +6,7 @@ MOUNTPOINT ?= /mnt/amaranth
 SIZE ?= 8G
 BENCH_ARGS ?=
 
-.PHONY: run test deps build lint unit fuse-tests bench bench-quick aging engine-bench soak crash-soak crash-mount clean
+.PHONY: run test deps build lint unit fuse-tests bench bench-quick aging engine-bench soak crash-soak crash-mount imap-crash clean
 
 deps:
 	scripts/install-deps.sh
@@ -67,6 +67,13 @@ crash-soak:
 ## times (default 100; needs root and /dev/fuse); prints each cycle, the cycles done and failures.
 crash-mount: deps
 	set -o pipefail; AMARANTH_CRASH_CYCLES=$${CRASH_CYCLES:-100} $(CARGO) test --release -p amaranth-cli --test crash_mount -- --nocapture 2>&1 | grep --line-buffered -E '^(== |kept |test result|failed cycles|cycle [0-9]+ )'
+
+## Dovecot moving mail without fsync, the Amaranth daemon killed at random points IMAP_CRASH_CYCLES
+## times (default 50; root): every message in one of the two folders, Dovecot's index agrees.
+imap-crash:
+	scripts/install-deps.sh --bench
+	$(CARGO) build --release --workspace
+	python3 -m bench --bench imapcrash --fs amaranth --no-fio --set imap_crash_cycles=$${IMAP_CRASH_CYCLES:-50} $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

@@ -59,6 +59,10 @@ class Params:
     mail_msgs: int = 1000
     mail_clients: int = 4
     mail_ops: int = 2000  # per client
+    # imapmove (Featherstitch's IMAP experiment) and imapcrash
+    imap_msgs: int = 1000
+    imap_crash_cycles: int = 50
+    imap_crash_msgs: int = 300
     # nanobench
     nano_iters: int = 100_000
     nano_meta_iters: int = 10_000
@@ -127,6 +131,9 @@ QUICK = dict(
     mail_msgs=40,
     mail_clients=2,
     mail_ops=60,
+    imap_msgs=30,
+    imap_crash_cycles=3,
+    imap_crash_msgs=40,
     nano_iters=5_000,
     nano_meta_iters=500,
     space_files=4,

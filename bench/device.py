@@ -46,7 +46,8 @@ class LoopDevice:
     def stat(self) -> dict[str, int]:
         """/sys/block/loopN/stat: I/O counts and 512-byte sectors read/written since attach."""
         f = [int(x) for x in read_file(f"/sys/block/{self.name}/stat").split()]
-        return {"read_ios": f[0], "read_sectors": f[2], "write_ios": f[4], "write_sectors": f[6]}
+        return {"read_ios": f[0], "read_sectors": f[2], "write_ios": f[4], "write_sectors": f[6],
+                "flush_ios": f[15] if len(f) > 15 else 0}
 
     def allocated_bytes(self) -> int:
         return os.stat(self.image).st_blocks * 512

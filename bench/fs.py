@@ -160,6 +160,7 @@ class Amaranth(Driver):
         self.hwm_kb = 0  # highest VmHWM seen over daemons since reset_stats()
         self.daemon_cpu_s = 0.0
         self._log_file_opt: bool | None = None
+        self.extra_mount_args: list[str] = []  # e.g. ["-o", "fsync=ordered"] (imapmove)
 
     def check(self) -> None:
         if not self.bin.exists():
@@ -198,7 +199,8 @@ class Amaranth(Driver):
         self.pid_file.unlink(missing_ok=True)
         extra = ["--log-file", str(log.with_suffix(".daemon.log"))] if self._supports_log_file() else []
         run([str(self.bin), "mount", loop.dev, str(mnt), "--cache-size", str(self.cache_size),
-             "--pid-file", str(self.pid_file)] + extra, cgroups=cgroups, timeout=300, stdout=log, stderr=log)
+             "--pid-file", str(self.pid_file)] + extra + self.extra_mount_args, cgroups=cgroups, timeout=300,
+            stdout=log, stderr=log)
         if not is_mounted(mnt):
             raise RuntimeError(f"`amaranth mount` returned 0 but {mnt} is not a mount point")
         try:

@@ -161,6 +161,7 @@ class RunContext:
         wr = (st1["write_sectors"] - st0["write_sectors"]) * 512
         rec("dev_read_bytes", rd, "B")
         rec("dev_write_bytes", wr, "B")
+        rec("dev_flushes", st1["flush_ios"] - st0["flush_ios"], "")
         if logical_bytes:
             rec("write_amp", wr / logical_bytes, "x")
         rec("requests", tr.requests, "")

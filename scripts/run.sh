@@ -15,6 +15,9 @@ if [[ ! -x "$BIN" ]]; then
   exit 1
 fi
 
+# The patchgroup clients (C library, Python module): docs/PATCHGROUPS.md.
+scripts/install-clients.sh >/dev/null || echo "run.sh: installing the patchgroup clients failed (see scripts/install-clients.sh)" >&2
+
 # Already mounted?
 mp_abs=$(realpath -m "$MOUNTPOINT")
 fstype=$(awk -v mp="$mp_abs" '$5 == mp { split($0, a, " - "); split(a[2], b, " "); t = b[1] } END { print t }' /proc/self/mountinfo)
@@ -45,4 +48,5 @@ echo
 echo "Amaranth is mounted at $mp_abs (image $IMAGE)."
 echo "Try it:        ls -la $mp_abs; cp -a /usr/share/doc $mp_abs/"
 echo "Statistics:    $BIN stat $mp_abs"
+echo "Patchgroups:   $BIN pg depend \"CMD1\" \"CMD2\"   (docs/PATCHGROUPS.md; C: -lamaranth_pg, Python: import amaranth_pg)"
 echo "Unmount with:  $BIN umount $mp_abs"

@@ -29,15 +29,18 @@ class Info:
 
 
 from . import (aging_git, aging_interfile, aging_intrafile, aging_mail, dirclone, dirrename, git,  # noqa: E402
-               largefile, linuxtree, mailserver, nanobench, rename, rsync, space, tar, tokubench)
+               imapcrash, imapmove, largefile, linuxtree, mailserver, nanobench, rename, rsync, space, tar,
+               tokubench)
 
-MODULES = [largefile, tokubench, rename, dirrename, linuxtree, dirclone, git, tar, rsync, mailserver, nanobench,
-           space]
+MODULES = [largefile, tokubench, rename, dirrename, linuxtree, dirclone, git, tar, rsync, mailserver, imapmove,
+           nanobench, space]
 # the FAST'17 aging experiments (hours at full size): selected by name or `aging`, not part of `all`
 AGING_MODULES = [aging_git, aging_mail, aging_intrafile, aging_interfile]
-ORDER: list[str] = [n for m in MODULES + AGING_MODULES for n in m.NAMES]
-BY_NAME = {n: m for m in MODULES + AGING_MODULES for n in m.NAMES}
-INFO: dict[str, Info] = {n: m.INFO[n] for m in MODULES + AGING_MODULES for n in m.NAMES}
+# crash tests with a benchmark's workload (imapcrash: Amaranth only): selected by name, not part of `all`
+EXTRA_MODULES = [imapcrash]
+ORDER: list[str] = [n for m in MODULES + AGING_MODULES + EXTRA_MODULES for n in m.NAMES]
+BY_NAME = {n: m for m in MODULES + AGING_MODULES + EXTRA_MODULES for n in m.NAMES}
+INFO: dict[str, Info] = {n: m.INFO[n] for m in MODULES + AGING_MODULES + EXTRA_MODULES for n in m.NAMES}
 ALIASES = {"rename-by-size": "rename", "grep": "linuxtree", "largefile": "seqwrite,seqread,randwrite",
            "all": ",".join(n for m in MODULES for n in m.NAMES), "imap": "mailserver", "clone": "dirclone",
            "nano": "nanobench", "aging": ",".join(n for m in AGING_MODULES for n in m.NAMES),
@@ -62,7 +65,7 @@ def expand(spec: str) -> list[str]:
 def groups(names: list[str]):
     """[(module, [names])] in canonical order: one fresh FS per module per repetition."""
     out = []
-    for m in MODULES + AGING_MODULES:
+    for m in MODULES + AGING_MODULES + EXTRA_MODULES:
         sel = [n for n in m.NAMES if n in names]
         if sel:
             out.append((m, sel))

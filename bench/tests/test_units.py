@@ -74,7 +74,8 @@ class Config(unittest.TestCase):
         self.assertEqual(benchmarks.expand("largefile"), ["seqwrite", "seqread", "randwrite"])
         aging = benchmarks.expand("aging")
         self.assertEqual(aging, ["aging-git", "aging-mail", "aging-intrafile", "aging-interfile"])
-        self.assertEqual(len(benchmarks.expand("all")) + len(aging), len(benchmarks.ORDER))
+        extra = [n for m in benchmarks.EXTRA_MODULES for n in m.NAMES]  # crash tests: only when asked for
+        self.assertEqual(len(benchmarks.expand("all")) + len(aging) + len(extra), len(benchmarks.ORDER))
         self.assertFalse(set(aging) & set(benchmarks.expand("all")))  # hours long: only when asked for
         with self.assertRaises(ValueError):
             benchmarks.expand("nope")
@@ -114,3 +115,24 @@ class Csv(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ImapMove(unittest.TestCase):
+    def test_registered_and_the_crash_test_kept_out_of_all(self):
+        self.assertIn("imapmove", benchmarks.expand("all"))
+        self.assertNotIn("imapcrash", benchmarks.expand("all"))
+        self.assertEqual(benchmarks.expand("imapcrash"), ["imapcrash"])
+        self.assertEqual(make_params(True).imap_msgs, 30)
+        self.assertEqual(set_param(make_params(False), "imap_msgs", "5").imap_msgs, 5)
+
+    def test_messages_are_about_2_kb_with_unique_ids(self):
+        import random
+
+        from bench.workloads.imap_move import message
+
+        rng = random.Random(1)
+        msgs = [message(rng, n) for n in range(50)]
+        self.assertEqual(len({mid for mid, _ in msgs}), 50)
+        for mid, data in msgs:
+            self.assertTrue(1900 <= len(data) <= 2200, len(data))
+            self.assertIn(mid.encode(), data)

@@ -7,6 +7,7 @@
 //! amaranth fsck IMAGE [-n|-y|-p] [-f]    # 0 clean, 1 corrected, 4 left, 8 operational, 16 usage
 //! amaranth stat IMAGE|DIR [--json]
 //! amaranth install-helper                # /usr/local/bin/amaranth + helpers in /sbin
+//! amaranth pg depend "CMD1" "CMD2"       # CMD2's changes reach the disk after CMD1's (no fsync)
 //! ```
 //!
 //! Installed under the helper names (`mount.fuse.amaranth`, `umount.fuse.amaranth`,
@@ -27,6 +28,7 @@ mod memlimit;
 mod mkfs;
 mod mount;
 mod options;
+mod pg;
 mod probe;
 mod release;
 mod remount;
@@ -174,6 +176,11 @@ enum Command {
         #[arg(long)]
         remove: bool,
     },
+    /// Patchgroups for shells: order commands' changes without fsync (docs/PATCHGROUPS.md).
+    Pg {
+        #[command(subcommand)]
+        command: pg::PgCommand,
+    },
     /// The mount helper: `IMAGE DIR -o OPTIONS` as mount(8) passes them.
     #[command(hide = true)]
     MountHelper {
@@ -301,6 +308,7 @@ fn main() {
         Command::MountHelper { args } => {
             helpers::run(helpers::Helper::Mount(amaranth_fuse::SUBTYPE.into()), &args)
         }
+        Command::Pg { command } => pg::run(command),
     };
     exit_with(r)
 }

@@ -322,6 +322,7 @@ fn plan(args: MountArgs) -> CliResult<Plan> {
         lazytime: mount_opts.lazytime,
         // dirsync: every change is made durable, directory changes among them.
         sync: mount_opts.sync || mount_opts.dirsync,
+        durable_fsync: !parsed.ordered_fsync,
         ..FsOptions::default()
     };
     let name = rundir::mount_name(&mountpoint);

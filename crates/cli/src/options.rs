@@ -42,6 +42,8 @@ pub struct Parsed {
     pub foreground: bool,
     /// `transport=` (uring, dev or auto).
     pub transport: Option<String>,
+    /// `fsync=ordered`: fsync is an ordering point that returns at once (docs/PATCHGROUPS.md).
+    pub ordered_fsync: bool,
 }
 
 impl Parsed {
@@ -64,6 +66,7 @@ impl Parsed {
             pid_file: None,
             foreground: false,
             transport: None,
+            ordered_fsync: false,
         }
     }
 
@@ -115,6 +118,17 @@ impl Parsed {
             "log" | "log_file" => self.log_file = Some(PathBuf::from(need(key, val)?)),
             "pid_file" | "pidfile" => self.pid_file = Some(PathBuf::from(need(key, val)?)),
             "transport" => self.transport = Some(need(key, val)?.to_string()),
+            "fsync" => {
+                self.ordered_fsync = match need(key, val)? {
+                    "ordered" => true,
+                    "durable" => false,
+                    v => {
+                        return Err(Failure::new(format!(
+                            "fsync={v}: use fsync=durable or fsync=ordered"
+                        )))
+                    }
+                }
+            }
             "read_ahead_kb" => m.read_ahead_kb = Some(number(key, val)?),
             // FUSE options the kernel shows in /proc/mounts (mount(8) passes them on a remount).
             "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fd" => {
@@ -215,6 +229,14 @@ mod tests {
     fn atime_sync_and_read_only() {
         let p = parse(Origin::Cli, "ro,noatime,lazytime,sync").unwrap();
         assert!(p.mount.read_only && p.mount.noatime && p.mount.lazytime && p.mount.sync);
+        assert!(!p.ordered_fsync);
+        assert!(parse(Origin::Cli, "fsync=ordered").unwrap().ordered_fsync);
+        assert!(
+            !parse(Origin::Cli, "fsync=ordered,fsync=durable")
+                .unwrap()
+                .ordered_fsync
+        );
+        assert!(parse(Origin::Cli, "fsync=sometimes").is_err());
         let p = parse(Origin::Cli, "noatime,strictatime").unwrap();
         assert!(!p.mount.noatime && p.mount.strictatime);
         let p = parse(Origin::Cli, "strictatime,relatime,dirsync").unwrap();

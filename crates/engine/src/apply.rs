@@ -11,11 +11,14 @@ use std::sync::atomic::Ordering;
 
 use crate::error::{Error, Result};
 use crate::msg::PointOp;
-use crate::ops::{self, Op};
+use crate::ops::{self, GroupMark, Op};
 use crate::prefix;
 use crate::read::Target;
 use crate::tree::{Msg, Tree};
 use crate::wal::{Log, Lsn};
+
+/// An atomic-group record's mark and its gate (see [`apply_ops`]).
+pub(crate) type Gate<'a> = (GroupMark, &'a mut dyn FnMut(Lsn) -> Result<()>);
 
 /// Messages per injection when a prefix move or copy is expanded.
 const EXPAND_CHUNK: usize = 2048;
@@ -26,13 +29,22 @@ const EXPAND_CHUNK: usize = 2048;
 /// record is logged (or, replaying, once the first message is applied), any failure is one the
 /// engine must stop for: it is returned as an I/O, checksum or corruption error, which makes the
 /// engine refuse further writes.
+///
+/// A record of an atomic group carries `group`'s mark; its gate is called with the LSN the record
+/// is about to get, under the root latch (so in log order), and refusing there leaves nothing
+/// logged or applied.
 pub(crate) fn apply_ops(
     tree: &Tree,
     log: Option<&Log>,
     ops: Vec<Op>,
     replay_first_msn: Option<u64>,
+    group: Option<Gate<'_>>,
 ) -> Result<Option<Lsn>> {
-    let mut record = log.map(|_| ops::encode_record(&ops));
+    let (mark, mut gate) = match group {
+        Some((mark, gate)) => (Some(mark), Some(gate)),
+        None => (None, None),
+    };
+    let mut record = log.map(|_| ops::encode_marked_record(&ops, mark));
     let mut lsn = None;
     let mut started = false;
     let mut check_first = replay_first_msn;
@@ -45,8 +57,15 @@ pub(crate) fn apply_ops(
             }
         }
         if let (Some(log), Some(mut rec)) = (log, record.take()) {
+            let predicted = log.next_lsn();
+            if let Some(gate) = gate.as_mut() {
+                gate(predicted)?;
+            }
             rec[..8].copy_from_slice(&first.to_le_bytes());
-            lsn = Some(log.append(&rec)?);
+            let got = log.append(&rec)?;
+            // Appends happen under the root latch, so the gate saw the record's real position.
+            assert_eq!(got, predicted, "a log append outside the root latch");
+            lsn = Some(got);
         }
         started = true;
         Ok(())
@@ -187,7 +206,7 @@ pub(crate) fn replay_record(
     if *skipped > 0 {
         tree.next_msn.fetch_max(first_msn, Ordering::Relaxed);
     }
-    match apply_ops(tree, None, ops, Some(first_msn)) {
+    match apply_ops(tree, None, ops, Some(first_msn), None) {
         Err(e) if prefix::is_refusal(&e) => {
             skip(lsn, &e, skipped);
             Ok(())

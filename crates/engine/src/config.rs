@@ -170,6 +170,9 @@ pub struct Options {
     /// [`crate::Engine::salvage_report`]); replay what the redo log still holds even if later
     /// records are damaged. The checkpoint that follows clears the damage flag. Read-write only.
     pub salvage: bool,
+    /// The longest an atomic group may stay open (see [`crate::Engine::begin_atomic`]): past it,
+    /// anyone waiting for the group commits it as it stands and its later changes fail.
+    pub atomic_group_timeout: Duration,
 }
 
 impl Default for Options {
@@ -184,6 +187,7 @@ impl Default for Options {
             fallback_superblock: false,
             check_invariants: false,
             salvage: false,
+            atomic_group_timeout: Duration::from_secs(10),
         }
     }
 }

@@ -28,6 +28,8 @@ use crate::superblock::{backup_blocks, Extent, Superblock, FORMAT_VERSION};
 use crate::tree::Tree;
 use crate::wal::{self, Log, LogPosition, LogStats, Lsn, Space};
 
+mod atomic;
+
 /// The log buffer is written (not synced) once it holds this much.
 const LOG_WRITE_THRESHOLD: usize = 1 << 20;
 /// How often the cleaner hands the allocator's free pages back to the system.
@@ -85,6 +87,8 @@ struct Inner {
     superblock_notes: Vec<String>,
     /// What a repair open found and did.
     salvaged: Option<SalvageReport>,
+    /// Atomic groups (`engine/atomic.rs`).
+    groups: atomic::Groups,
 }
 
 #[derive(Default)]
@@ -330,6 +334,9 @@ impl Inner {
                 if self.options.background_threads {
                     self.request(false, true);
                     Ok(())
+                } else if self.groups.has_records() {
+                    // Not needed yet; it would wait for the open atomic group.
+                    Ok(())
                 } else {
                     self.checkpoint(false)
                 }
@@ -357,12 +364,17 @@ impl Inner {
     }
 
     fn write_ops(&self, ops: Vec<Op>) -> Result<Lsn> {
+        self.write_marked(ops, None)
+    }
+
+    /// Validates, admits, logs and applies a batch; `group` marks a record of an atomic group.
+    fn write_marked(&self, ops: Vec<Op>, group: Option<apply::Gate<'_>>) -> Result<Lsn> {
         let _mode = self.mode.read();
         self.check_writable()?;
         for op in &ops {
             op.validate(&self.tree.format)?;
         }
-        let estimate = ops::record_bytes(&ops);
+        let estimate = ops::record_bytes(&ops) + if group.is_some() { ops::MARK_BYTES } else { 0 };
         if estimate > self.log.max_record() {
             return Err(Error::InvalidArgument(format!(
                 "a batch of {estimate} bytes exceeds the largest log record ({} bytes)",
@@ -375,7 +387,7 @@ impl Inner {
             .iter()
             .filter(|o| matches!(o, Op::RangeDelete { .. } | Op::MovePrefix { .. }))
             .count() as u64;
-        let r = apply_ops(&self.tree, Some(&self.log), ops, None);
+        let r = apply_ops(&self.tree, Some(&self.log), ops, None, group);
         let lsn = match r {
             Ok(l) => l.expect("a logged batch has an LSN"),
             Err(e) => {
@@ -471,8 +483,13 @@ impl Inner {
         // Records buffered now are covered by this checkpoint; writing them first lets the log's
         // tail move past them.
         self.log.flush(false)?;
-        let (tail_voff, tail_lsn, ckpt_lsn, next_msn, next_node_id, pending) = {
+        let (tail_voff, tail_lsn, ckpt_lsn, next_msn, next_node_id, pending) = loop {
+            // A checkpoint keeps no part of an uncommitted atomic group (engine/atomic.rs).
+            self.settle_for_checkpoint()?;
             let _w = tree.writers.write();
+            if self.groups.has_records() {
+                continue;
+            }
             let (tail_voff, tail_lsn) = self.log.replay_start();
             let ckpt_lsn = self.log.next_lsn();
             let mut btt = tree.store.btt.lock();
@@ -487,14 +504,14 @@ impl Inner {
                     pending.push(cn);
                 }
             }
-            (
+            break (
                 tail_voff,
                 tail_lsn,
                 ckpt_lsn,
                 tree.next_msn.load(Ordering::Relaxed),
                 tree.next_node_id.load(Ordering::Relaxed),
                 pending,
-            )
+            );
         };
         let mut table_ext: Option<Extent> = None;
         let mut pending = pending;
@@ -952,6 +969,7 @@ impl Engine {
         let mut skipped = 0u64;
         // A repair replays what it can: a record whose application hits damage ends the replay.
         let mut replay_stop: Option<String> = None;
+        let mut replay = atomic::Replay::default();
         let recovered = wal::recover(
             &*dev,
             region_start,
@@ -961,18 +979,31 @@ impl Engine {
             sb.log_tail_lsn,
             !sb.clean,
             |lsn, payload| {
-                if lsn < ckpt_lsn || replay_stop.is_some() {
-                    return Ok(());
-                }
-                match apply::replay_record(&tree, lsn, payload, &mut skipped) {
-                    Err(e) if options.salvage && e.is_damage() => {
-                        replay_stop = Some(format!("log record {lsn} could not be replayed: {e}"));
-                        Ok(())
+                replay.record(lsn, payload, &mut |lsn, payload| {
+                    if lsn < ckpt_lsn || replay_stop.is_some() {
+                        return Ok(());
                     }
-                    r => r,
-                }
+                    match apply::replay_record(&tree, lsn, payload, &mut skipped) {
+                        Err(e) if options.salvage && e.is_damage() => {
+                            replay_stop =
+                                Some(format!("log record {lsn} could not be replayed: {e}"));
+                            Ok(())
+                        }
+                        r => r,
+                    }
+                })
             },
         )?;
+        let dropped = match replay.finish() {
+            Some((group, records)) => {
+                log::warn!(
+                    "amaranth engine: atomic group {group} never committed: its records and \
+                     everything logged after its first one ({records} records) were dropped"
+                );
+                records as u64
+            }
+            None => 0,
+        };
         if skipped > 0 {
             // Kept in the superblock (the next checkpoint writes it) until a check clears it.
             sb.needs_check = true;
@@ -989,9 +1020,12 @@ impl Engine {
         if let (Some(report), Some(stop)) = (&mut salvaged, replay_stop) {
             report.log = Some(stop);
         }
-        let replayed = recovered
-            .records
-            .min(recovered.next_lsn.saturating_sub(ckpt_lsn));
+        let replayed = (recovered.records - dropped).min(
+            recovered
+                .next_lsn
+                .saturating_sub(ckpt_lsn)
+                .saturating_sub(dropped),
+        );
         let epoch = if options.read_only {
             sb.log_epoch
         } else {
@@ -1064,6 +1098,7 @@ impl Engine {
                 damage_detail: Mutex::new(None),
                 superblock_notes: Vec::new(),
                 salvaged: None,
+                groups: atomic::Groups::default(),
             }),
             threads: Mutex::new(Vec::new()),
         }
@@ -1190,16 +1225,22 @@ impl Engine {
         RangeIter::new(self, lo, hi, false)
     }
 
-    /// Returns once every operation acknowledged before the call is on stable storage.
+    /// Returns once every operation acknowledged before the call is on stable storage (and will
+    /// survive a crash: if an atomic group's first record precedes the call, this waits for the
+    /// group's commit, see [`Engine::begin_atomic`]).
     pub fn sync(&self) -> Result<()> {
+        self.inner.settle_before(self.inner.log.next_lsn())?;
         self.inner.sync()
     }
 
-    /// Returns once the operation with LSN `lsn` (and everything before it) is on stable storage.
+    /// Returns once the operation with LSN `lsn` (and everything before it) is on stable storage
+    /// (waiting, like [`Engine::sync`], for an atomic group that began before it).
     pub fn sync_to(&self, lsn: Lsn) -> Result<()> {
+        self.inner.settle_before(lsn + 1)?;
+        let target = self.inner.log.next_lsn();
         self.inner
             .log
-            .flush_to(lsn + 1, true)
+            .flush_to(target, true)
             .inspect_err(|e| self.inner.fail(e))
     }
 
@@ -1452,15 +1493,17 @@ impl Engine {
                 None => Ok(()),
             }
         } else {
+            // An atomic group still open is cut first: nothing after it may wait for it.
+            let cut = self.inner.cut_open_group();
             // Leave no deleted data behind in the image: the next session would not know it is
             // there (only deletes it applies itself trigger the passes that push them down).
-            if self.inner.deletes_pending() {
+            if cut.is_ok() && self.inner.deletes_pending() {
                 match self.inner.push_deletes_down(|| false) {
                     Ok(_) | Err(Error::NoSpace(_)) => {}
                     Err(e) => self.inner.fail(&e),
                 }
             }
-            self.inner.checkpoint(true)
+            cut.and_then(|()| self.inner.checkpoint(true))
         };
         self.inner.closed.store(true, Ordering::Release);
         r

@@ -81,6 +81,22 @@ pub enum Error {
     /// The engine is closed.
     #[error("the engine is closed")]
     Closed,
+    /// A change would make an atomic group larger than its limit (nothing of it was applied).
+    #[error(
+        "atomic group {group} would hold {bytes} bytes of log records, above its limit of {max}"
+    )]
+    GroupTooLarge {
+        /// The group.
+        group: u64,
+        /// Its size with the refused change.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// An atomic group was committed as it stood when it outlived its time limit (or the engine
+    /// closed); later changes in it are refused.
+    #[error("atomic group {0} was committed at its time limit; it takes no more changes")]
+    GroupExpired(u64),
 }
 
 /// Result type of the engine.
@@ -109,6 +125,8 @@ impl Error {
             Error::NoSpace(_) => libc::ENOSPC,
             Error::ReadOnly(_) => libc::EROFS,
             Error::Closed => libc::ESHUTDOWN,
+            Error::GroupTooLarge { .. } => libc::EFBIG,
+            Error::GroupExpired(_) => libc::ETIMEDOUT,
             Error::BadMagic(_)
             | Error::UnsupportedVersion { .. }
             | Error::Checksum { .. }
@@ -169,6 +187,12 @@ impl Clone for Error {
             Error::InvalidConfig(s) => Error::InvalidConfig(s.clone()),
             Error::ReadOnly(s) => Error::ReadOnly(s.clone()),
             Error::Closed => Error::Closed,
+            Error::GroupTooLarge { group, bytes, max } => Error::GroupTooLarge {
+                group: *group,
+                bytes: *bytes,
+                max: *max,
+            },
+            Error::GroupExpired(g) => Error::GroupExpired(*g),
         }
     }
 }

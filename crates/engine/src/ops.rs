@@ -277,13 +277,46 @@ const TAG_UPSERT: u8 = 3;
 const TAG_RANGE_DELETE: u8 = 4;
 const TAG_MOVE_PREFIX: u8 = 5;
 const TAG_COPY_PREFIX: u8 = 6;
+const TAG_GROUP_MEMBER: u8 = 7;
+const TAG_GROUP_COMMIT: u8 = 8;
+/// Bytes a group mark adds to a record (its tag and the group id).
+pub(crate) const MARK_BYTES: usize = 9;
+
+/// How a log record belongs to an atomic group (see `engine/atomic.rs`). Encoded as the record's
+/// first operation (tag 7 or 8, then the group id), which produces no message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GroupMark {
+    /// The record's operations are part of the group.
+    Member(u64),
+    /// The group is complete (a record with no operations of its own).
+    Commit(u64),
+}
 
 /// Encodes a log record payload: `first_msn` (8 bytes, filled in when the record is appended), the
 /// operation count, then each operation.
-pub fn encode_record(ops: &[Op]) -> Vec<u8> {
-    let mut e = Enc::with_capacity(16 + ops.iter().map(|o| o.user_bytes() + 16).sum::<usize>());
+#[cfg(test)]
+pub(crate) fn encode_record(ops: &[Op]) -> Vec<u8> {
+    encode_marked_record(ops, None)
+}
+
+/// [`encode_record`] with an atomic-group mark as the first operation.
+pub(crate) fn encode_marked_record(ops: &[Op], mark: Option<GroupMark>) -> Vec<u8> {
+    let mut e = Enc::with_capacity(
+        16 + MARK_BYTES + ops.iter().map(|o| o.user_bytes() + 16).sum::<usize>(),
+    );
     e.u64(0);
-    e.u32(ops.len() as u32);
+    e.u32((ops.len() + usize::from(mark.is_some())) as u32);
+    match mark {
+        Some(GroupMark::Member(g)) => {
+            e.u8(TAG_GROUP_MEMBER);
+            e.u64(g);
+        }
+        Some(GroupMark::Commit(g)) => {
+            e.u8(TAG_GROUP_COMMIT);
+            e.u64(g);
+        }
+        None => {}
+    }
     for op in ops {
         match op {
             Op::Put { key, value } => {
@@ -320,7 +353,24 @@ pub fn encode_record(ops: &[Op]) -> Vec<u8> {
     e.buf
 }
 
-/// Decodes a log record payload into its first MSN and operations.
+/// The atomic-group mark of a record payload, if it has one (a payload too short to hold one has
+/// none; decoding it fails later).
+pub(crate) fn record_mark(payload: &[u8]) -> Option<GroupMark> {
+    let id = |at: usize| -> Option<u64> {
+        Some(u64::from_le_bytes(
+            payload.get(at..at + 8)?.try_into().ok()?,
+        ))
+    };
+    let count = u32::from_le_bytes(payload.get(8..12)?.try_into().ok()?);
+    match (count, payload.get(12)?) {
+        (1.., &TAG_GROUP_MEMBER) => id(13).map(GroupMark::Member),
+        (1.., &TAG_GROUP_COMMIT) => id(13).map(GroupMark::Commit),
+        _ => None,
+    }
+}
+
+/// Decodes a log record payload into its first MSN and operations (an atomic-group mark, which
+/// may only come first, is checked and left out).
 pub fn decode_record(payload: &[u8], f: &Format) -> Result<(u64, Vec<Op>)> {
     let mut d = Dec::new(payload, "log record");
     let first_msn = d.u64()?;
@@ -330,8 +380,12 @@ pub fn decode_record(payload: &[u8], f: &Format) -> Result<(u64, Vec<Op>)> {
     }
     let mut ops = Vec::with_capacity(n);
     let (mk, mv) = (f.max_key_len + 1, f.max_value_len);
-    for _ in 0..n {
+    for i in 0..n {
         let op = match d.u8()? {
+            TAG_GROUP_MEMBER | TAG_GROUP_COMMIT if i == 0 => {
+                d.u64()?;
+                continue;
+            }
             TAG_PUT => Op::Put {
                 key: d.bytes(mk)?.to_vec(),
                 value: d.bytes(mv)?.to_vec(),
@@ -398,6 +452,30 @@ mod tests {
         rec[..8].copy_from_slice(&42u64.to_le_bytes());
         assert_eq!(decode_record(&rec, &f).unwrap(), (42, ops));
         assert!(decode_record(&rec[..rec.len() - 1], &f).is_err());
+        assert_eq!(record_mark(&rec), None);
+    }
+
+    #[test]
+    fn group_marks_round_trip_and_come_only_first() {
+        let f = Format::small_for_tests();
+        let ops = vec![Op::Put {
+            key: b"a".to_vec(),
+            value: b"1".to_vec(),
+        }];
+        let member = encode_marked_record(&ops, Some(GroupMark::Member(7)));
+        assert_eq!(record_mark(&member), Some(GroupMark::Member(7)));
+        assert_eq!(decode_record(&member, &f).unwrap(), (0, ops.clone()));
+        let commit = encode_marked_record(&[], Some(GroupMark::Commit(7)));
+        assert_eq!(record_mark(&commit), Some(GroupMark::Commit(7)));
+        assert_eq!(decode_record(&commit, &f).unwrap(), (0, vec![]));
+        // A mark after an operation is not a mark: the record does not decode.
+        let mut late = encode_record(&ops);
+        late[8..12].copy_from_slice(&2u32.to_le_bytes());
+        late.push(TAG_GROUP_COMMIT);
+        late.extend_from_slice(&7u64.to_le_bytes());
+        assert!(decode_record(&late, &f).is_err());
+        assert_eq!(record_mark(&late), None);
+        assert_eq!(record_mark(&member[..15]), None);
     }
 
     #[test]

@@ -45,7 +45,13 @@ errnos!(
     ELOOP,
     E2BIG,
     ENODEV,
-    ESTALE
+    ESTALE,
+    EBUSY,
+    ESRCH,
+    EMFILE,
+    ENFILE,
+    ETIMEDOUT,
+    ENOTTY
 );
 
 impl From<Error> for Errno {
@@ -53,6 +59,7 @@ impl From<Error> for Errno {
         match &e {
             Error::NoSpace(_) => {}
             Error::KeyTooLong { .. } => {}
+            Error::GroupExpired(_) | Error::GroupTooLarge { .. } => {}
             _ => log::error!("amaranth: engine error: {e}"),
         }
         Errno(e.errno())

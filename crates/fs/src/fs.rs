@@ -19,6 +19,7 @@ use crate::acl;
 use crate::error::{Errno, Result};
 use crate::inode::{Inode, Kind, Meta, Time};
 use crate::keys::{self, BLOCK};
+use crate::patchgroup::{CallerScope, Patchgroups, ProcessModel};
 use crate::space::{self, RESERVED_BLOCK_COST};
 use crate::table::{Table, ROOT_INO};
 
@@ -149,6 +150,12 @@ pub struct FsOptions {
     pub lazytime: bool,
     /// Every change is durable before the call that made it returns (`sync`, `dirsync`).
     pub sync: bool,
+    /// `fsync`, `fdatasync` and `fsyncdir` make everything before them durable before they return
+    /// (the default). Off: they are ordering points that return at once, durable with the next
+    /// background log flush (about a second); the order of operations is kept either way.
+    pub durable_fsync: bool,
+    /// How patchgroup callers are identified (real processes through `/proc`, or declared).
+    pub processes: ProcessModel,
 }
 
 impl Default for FsOptions {
@@ -159,6 +166,8 @@ impl Default for FsOptions {
             strictatime: false,
             lazytime: false,
             sync: false,
+            durable_fsync: true,
+            processes: ProcessModel::Linux,
         }
     }
 }
@@ -233,6 +242,8 @@ pub struct Fs {
     schema: AtomicU32,
     /// Counters.
     pub counters: FsCounters,
+    /// Patchgroups (patchgroup.rs): every batch is logged through them.
+    pg: Arc<Patchgroups>,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -302,6 +313,7 @@ impl Fs {
         let modes = Mutex::new(times::Modes::from_options(&opts));
         let reserved = u64_value(engine.get(&keys::system_key("reserved"))?).unwrap_or(0);
         let fs = Fs {
+            pg: Patchgroups::new(engine.clone(), opts.processes),
             engine,
             opts,
             ns: RwLock::new(()),
@@ -346,6 +358,17 @@ impl Fs {
     /// The engine underneath.
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
+    }
+
+    /// The patchgroups (docs/PATCHGROUPS.md).
+    pub fn patchgroups(&self) -> &Patchgroups {
+        &self.pg
+    }
+
+    /// Attributes the operations this thread calls while the scope lives to the caller `pid` (a
+    /// FUSE request's pid: a thread id), so that they join its process's patchgroups.
+    pub fn caller(&self, pid: u32) -> CallerScope {
+        CallerScope::enter(pid)
     }
 
     /// Number of inodes the kernel knows (cached in the table).
@@ -408,13 +431,13 @@ impl Fs {
                     }
                 }
             }
-            let lsn = self.engine.write(b)?;
+            let lsn = self.pg.write(b)?;
             for (counter, v) in now {
                 counter.store(v, Ordering::Relaxed);
             }
             self.sync_if_wanted(lsn)?;
         } else {
-            let lsn = self.engine.write(b)?;
+            let lsn = self.pg.write(b)?;
             self.sync_if_wanted(lsn)?;
         }
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
@@ -1589,10 +1612,21 @@ impl Fs {
     }
 
     /// Makes everything acknowledged so far durable (the log is global: any fsync syncs all).
+    /// Without `durable_fsync`, an ordering point that returns at once. Inside an atomic
+    /// patchgroup, everything before the group (the group itself becomes durable with its
+    /// commit).
     pub fn fsync(&self) -> Result<()> {
         self.write_lazy_atimes();
-        self.engine.sync()?;
-        Ok(())
+        if !self.opts.durable_fsync {
+            return Ok(());
+        }
+        self.pg.fsync()
+    }
+
+    /// `syncfs`: like a durable `fsync` in every mode (an explicit request for the whole file
+    /// system, not the per-file habit `fsync=ordered` is for).
+    pub fn syncfs(&self) -> Result<()> {
+        self.pg.fsync()
     }
 
     // ----- directories: opendir, readdir, releasedir are in fs/readdir.rs --------------------

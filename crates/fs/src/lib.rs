@@ -17,6 +17,7 @@ mod fs;
 mod inode;
 pub mod keys;
 mod memory;
+pub mod patchgroup;
 mod space;
 mod table;
 

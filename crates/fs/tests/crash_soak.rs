@@ -1,6 +1,7 @@
 //! `make crash-soak`: power cuts through the file system for as long as asked
 //! (AMARANTH_CRASH_SOAK_SECONDS, default 600). Prints how many crash states it checked and how
 //! many failed (a failure panics with its seed, so the count of failures printed is always zero).
+//! One workload in four has patchgroups (common/pg.rs).
 
 mod common;
 
@@ -30,6 +31,19 @@ fn crash_soak() {
     let mut seed = base;
     while Instant::now() < deadline {
         seed += 1;
+        // One workload in four uses patchgroups (several processes, dependencies, atomic groups).
+        if seed % 4 == 1 {
+            let plan = common::pg::generate(seed, 200);
+            let run = common::pg::record_pg(&plan);
+            states += common::pg::check_pg_run(
+                &run,
+                seed,
+                40,
+                &format!("soak patchgroup workload seed {seed}"),
+            );
+            workloads += 1;
+            continue;
+        }
         // Alternate long random workloads with random sequences of three ACE operations.
         let (ops, what) = if seed.is_multiple_of(4) {
             (

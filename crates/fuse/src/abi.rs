@@ -184,6 +184,8 @@ pod! {
     struct LseekOut { offset: u64 }
     struct CopyFileRangeIn { fh_in: u64, off_in: u64, nodeid_out: u64, fh_out: u64,
         off_out: u64, len: u64, flags: u64 }
+    struct IoctlIn { fh: u64, flags: u32, cmd: u32, arg: u64, in_size: u32, out_size: u32 }
+    struct IoctlOut { result: i32, flags: u32, in_iovs: u32, out_iovs: u32 }
     struct Dirent { ino: u64, off: u64, namelen: u32, typ: u32 }
     struct NotifyInvalInodeOut { ino: u64, off: i64, len: i64 }
     struct NotifyInvalEntryOut { parent: u64, namelen: u32, flags: u32 }
@@ -199,6 +201,8 @@ mod tests {
     fn struct_sizes_match_the_kernel() {
         assert_eq!(size_of::<InHeader>(), 40);
         assert_eq!(size_of::<OutHeader>(), 16);
+        assert_eq!(size_of::<IoctlIn>(), 32);
+        assert_eq!(size_of::<IoctlOut>(), 16);
         assert_eq!(size_of::<NotifyInvalEntryOut>(), 16);
         assert_eq!(size_of::<InitOut>(), 64);
         assert_eq!(size_of::<Attr>(), 88);

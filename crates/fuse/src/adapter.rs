@@ -133,6 +133,8 @@ impl Adapter {
     pub(crate) fn handle(&self, h: &InHeader, arg: &[u8], payload: &[u8], r: &mut Reply) {
         self.counts.count(h.opcode);
         r.start(h.unique);
+        // Patchgroups: every change this request makes is its caller's (a thread id).
+        let _caller = self.fs.caller(h.pid);
         if let Err(e) = self.dispatch(h, arg, payload, r) {
             r.error(e);
         }
@@ -232,7 +234,8 @@ impl Adapter {
             }
             op::FLUSH => Ok(()), // Every write is in the engine when acknowledged.
             op::RELEASE => fs.release(ino, arg::<ReleaseIn>(a)?.fh).map_err(err),
-            op::FSYNC | op::FSYNCDIR | op::SYNCFS => fs.fsync().map_err(err),
+            op::FSYNC | op::FSYNCDIR => fs.fsync().map_err(err),
+            op::SYNCFS => fs.syncfs().map_err(err),
             op::OPENDIR => {
                 let fh = fs.opendir(ino).map_err(err)?;
                 r.push(&OpenOut {
@@ -282,7 +285,7 @@ impl Adapter {
                 r.push(&self.open_out(fh));
                 Ok(())
             }
-            op::IOCTL => Err(libc::ENOTTY),
+            op::IOCTL => self.ioctl(h, arg(a)?, p, r),
             op::FALLOCATE => {
                 let f: FallocateIn = arg(a)?;
                 fs.fallocate(ino, f.offset, f.length, f.mode as i32)
@@ -462,6 +465,18 @@ impl Adapter {
         } else {
             Err(libc::EACCES)
         }
+    }
+
+    /// Restricted ioctls on any file or directory: only the patchgroup commands (pg_ioctl.rs).
+    fn ioctl(&self, h: &InHeader, x: IoctlIn, p: &[u8], r: &mut Reply) -> R<()> {
+        if !crate::pg_ioctl::is_patchgroup(x.cmd) {
+            return Err(libc::ENOTTY);
+        }
+        let input = p.get(..x.in_size as usize).ok_or(libc::EINVAL)?;
+        let out = crate::pg_ioctl::handle(&self.fs, h.pid, x.cmd, input).map_err(err)?;
+        r.push(&IoctlOut::default());
+        r.extend(&out[..(x.out_size as usize).min(out.len())]);
+        Ok(())
     }
 
     fn lseek(&self, ino: u64, l: LseekIn, r: &mut Reply) -> R<()> {

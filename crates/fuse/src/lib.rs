@@ -30,6 +30,7 @@ mod adapter;
 mod counters;
 mod dev;
 mod forget;
+pub mod pg_ioctl;
 mod reply;
 mod session;
 mod uring;

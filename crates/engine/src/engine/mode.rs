@@ -43,6 +43,9 @@ impl Engine {
 
     fn make_read_only(&self) -> Result<()> {
         self.stop_threads();
+        // An open atomic group is committed as it stands (its later changes fail): the last
+        // checkpoint below must not wait for it, and read-only it could never commit.
+        self.inner.cut_open_group()?;
         // Every modification holds `mode` shared from its check to its end: once we hold it, none
         // is in progress and every later one sees the flag.
         let _mode = self.inner.mode.write();

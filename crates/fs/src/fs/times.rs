@@ -119,7 +119,7 @@ impl Fs {
     /// On a `sync` mount, waits until the batch `lsn` is durable.
     pub(super) fn sync_if_wanted(&self, lsn: Lsn) -> Result<()> {
         if self.modes().sync {
-            self.engine.sync_to(lsn)?;
+            self.pg.sync_to(lsn)?;
         }
         Ok(())
     }

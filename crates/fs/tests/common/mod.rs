@@ -10,6 +10,8 @@
 
 #![allow(dead_code)]
 
+pub mod pg;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

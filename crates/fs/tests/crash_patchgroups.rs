@@ -1,0 +1,29 @@
+//! Power cuts with patchgroups through the operation layer: random workloads of several
+//! processes (common/pg.rs), and the rules' error cases.
+
+mod common;
+
+use common::pg::*;
+
+#[test]
+fn random_patchgroup_workloads_over_several_processes() {
+    let runs: u64 = std::env::var("AMARANTH_PG_CRASH_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
+    let mut states = 0;
+    for seed in 0..runs {
+        let plan = generate(seed, 120);
+        let windows = plan.windows.len();
+        let run = record_pg(&plan);
+        let n = check_pg_run(&run, seed, 30, &format!("patchgroup workload seed {seed}"));
+        eprintln!(
+            "seed {seed}: {} steps, {} dependencies, {windows} atomic groups, {} syncs, {n} crash states",
+            plan.steps.len(),
+            plan.deps.len(),
+            plan.promises.len()
+        );
+        states += n;
+    }
+    eprintln!("patchgroup workloads: {runs} workloads, {states} crash states checked");
+}
