@@ -1017,6 +1017,7 @@ impl Fs {
                 self.delete_file_ops(b, &home, &found.inode);
                 handles::index_drop(b, ino);
                 self.count_inodes(b, -1);
+                after.homed = false;
             } else {
                 b.put(keys::meta_key(&home), after.encode());
             }
@@ -1053,8 +1054,8 @@ impl Fs {
         let mut t = self.table.lock();
         if homed {
             t.set_homed(ino);
-        } else if !found.redirect {
-            t.detach(ino);
+        } else {
+            t.set_deleted(ino);
         }
     }
 
@@ -1289,7 +1290,7 @@ impl Fs {
             } else if replaced.as_ref().is_some_and(|r| r.homed) {
                 t.set_homed(d.inode.ino);
             } else {
-                t.detach(d.inode.ino);
+                t.set_deleted(d.inode.ino);
             }
         }
         if exchange {
@@ -1387,11 +1388,24 @@ impl Fs {
 
     // ----- open files ---------------------------------------------------------------------
 
+    /// A new handle of `ino`. Ordered by the namespace lock against the removal of its last name
+    /// (which deletes it at once when it has no handle) and by its inode lock against the last
+    /// close (which deletes it when its last name is gone): an inode is opened before it is
+    /// deleted, or found deleted (`ESTALE`), never reopened after.
     fn open_handle(&self, ino: u64, flags: i32) -> Result<u64> {
+        let _ns = self.ns.read();
+        let shared = self.node_inode(ino)?;
+        let inode = shared.lock();
+        if inode.is_deleted() {
+            // The kernel resolved a name before it went (or this is a file that was unlinked
+            // while open and closed since). ESTALE: a path open is retried with a fresh lookup.
+            return Err(Errno::ESTALE);
+        }
         let mut t = self.table.lock();
         let n = t.get_mut(ino).ok_or(Errno::ENOENT)?;
         n.opens += 1;
         drop(t);
+        drop(inode);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.files.lock().insert(
             fh,
@@ -1427,31 +1441,52 @@ impl Fs {
 
     /// Closes a file handle; a file unlinked while open is deleted at its last close.
     pub fn release(&self, ino: u64, fh: u64) -> Result<()> {
-        self.files.lock().remove(&fh);
+        if self.files.lock().remove(&fh).is_none() {
+            log::warn!("amaranth: release of an unknown file handle {fh} (inode {ino})");
+            return Ok(());
+        }
         let _ns = self.ns.read();
-        let (opens, shared) = {
+        let Some(shared) = self.table.lock().inode(ino) else {
+            return Ok(());
+        };
+        // The handle count falls, and the file goes when it was the last handle, under the inode
+        // lock: a concurrent close or open of the same inode comes wholly before or after.
+        let mut inode = shared.lock();
+        let opens = {
             let mut t = self.table.lock();
             let Some(n) = t.get_mut(ino) else {
                 return Ok(());
             };
             n.opens = n.opens.saturating_sub(1);
-            (n.opens, n.inode.clone())
+            n.opens
         };
-        let orphan = {
-            let inode = shared.lock();
-            let gone = opens == 0 && inode.nlink == 0 && inode.homed && inode.kind != Kind::Dir;
-            gone.then(|| inode.clone())
+        let deleted = if opens == 0 {
+            self.delete_orphan(ino, &mut inode)
+        } else {
+            Ok(())
         };
+        drop(inode);
         if opens == 0 {
             self.table.lock().reap(ino);
         }
-        if let Some(inode) = orphan {
-            let mut b = Batch::new();
-            self.delete_file_ops(&mut b, &keys::home_key(ino), &inode);
-            handles::index_drop(&mut b, ino);
-            self.count_inodes(&mut b, -1);
-            self.commit(&mut b)?;
+        deleted
+    }
+
+    /// Deletes `ino` (locked by the caller, who saw its last handle go) if its last name is gone:
+    /// its home record, data and extended attributes, and one inode from the counter. The inode
+    /// then says it is deleted, so this happens once, however many closes follow.
+    fn delete_orphan(&self, ino: u64, inode: &mut Inode) -> Result<()> {
+        if inode.nlink != 0 || !inode.homed || inode.kind == Kind::Dir {
+            return Ok(());
         }
+        let mut b = Batch::new();
+        self.delete_file_ops(&mut b, &keys::home_key(ino), inode);
+        handles::index_drop(&mut b, ino);
+        self.count_inodes(&mut b, -1);
+        self.commit(&mut b)?;
+        inode.homed = false;
+        debug_assert!(inode.is_deleted());
+        self.table.lock().set_deleted(ino);
         Ok(())
     }
 

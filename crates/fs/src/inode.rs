@@ -252,6 +252,13 @@ impl Inode {
         }
     }
 
+    /// Its record is gone: no name and no home holds it (link count 0, not homed). What the
+    /// daemon still remembers of a deleted inode that the kernel knows; nothing opens, changes or
+    /// deletes it again.
+    pub(crate) fn is_deleted(&self) -> bool {
+        self.nlink == 0 && !self.homed
+    }
+
     /// `st_mode`.
     pub fn mode(&self) -> u32 {
         self.kind.mode_bits() | self.perm as u32

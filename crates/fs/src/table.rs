@@ -365,6 +365,16 @@ impl Table {
         self.detach(ino);
     }
 
+    /// Marks an inode whose record was deleted (its last name removed, or its last close after
+    /// that) and detaches it: it has no key any more, so nothing reads or writes it, and it keeps
+    /// its entry only while the kernel knows it.
+    pub fn set_deleted(&mut self, ino: u64) {
+        if let Some(n) = self.nodes.get_mut(&ino) {
+            n.homed = false;
+        }
+        self.detach(ino);
+    }
+
     /// The shared attributes of a cached inode.
     pub fn inode(&self, ino: u64) -> Option<Arc<Mutex<Inode>>> {
         self.nodes.get(&ino).map(|n| n.inode.clone())

@@ -1,22 +1,23 @@
-//! Operations that run concurrently under the shared namespace lock and change the used-inode
-//! counter (the last release of files unlinked while open) must leave it exact: the checker finds
-//! no `InodeCount` problem after many such releases from several threads at once.
+//! The used-inode counter stays exact: the checker finds no `InodeCount` problem after many last
+//! releases of unlinked files from several threads at once (they run under the shared namespace
+//! lock), after an open that the kernel sends once the file's last release deleted it, and after
+//! several clients create, open, unlink, rename over, link and close at once.
 
 mod common;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 
 use amaranth_device::MemDevice;
 use amaranth_engine::{Engine, Options};
-use amaranth_fs::{check, Ctx, Fs, ROOT_INO};
+use amaranth_fs::{check, Ctx, Errno, Fs, ROOT_INO};
 use common::{engine_options, format, fs_options};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 #[test]
 fn concurrent_last_releases_keep_the_inode_counter_exact() {
-    let dev = Arc::new(MemDevice::new(64 << 20));
-    let engine = Engine::create(dev.clone(), format(), engine_options()).unwrap();
-    Fs::mkfs(&engine, 0, 0).unwrap();
-    let fs = Arc::new(Fs::new(Arc::new(engine), fs_options()).unwrap());
+    let (fs, dev) = new_fs();
     let threads = 8;
     let rounds = 1000;
     for round in 0..rounds {
@@ -53,6 +54,12 @@ fn concurrent_last_releases_keep_the_inode_counter_exact() {
             h.join().unwrap();
         }
     }
+    close_and_check(fs, dev, "last releases");
+}
+
+/// Closes `fs` and runs the checker on its image: it must find nothing (the counter exact, no
+/// orphan left).
+fn close_and_check(fs: Arc<Fs>, dev: Arc<MemDevice>, what: &str) {
     let engine = Arc::try_unwrap(fs)
         .ok()
         .expect("sole owner")
@@ -69,5 +76,209 @@ fn concurrent_last_releases_keep_the_inode_counter_exact() {
     };
     let engine = Engine::open(dev, ro).unwrap();
     let report = check::check(&engine, false, |_| {});
-    assert_eq!(report.exit_code(), 0, "checker: {report:?}");
+    assert_eq!(report.exit_code(), 0, "{what}: checker: {report:?}");
+}
+
+fn new_fs() -> (Arc<Fs>, Arc<MemDevice>) {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let engine = Engine::create(dev.clone(), format(), engine_options()).unwrap();
+    Fs::mkfs(&engine, 0, 0).unwrap();
+    let fs = Arc::new(Fs::new(Arc::new(engine), fs_options()).unwrap());
+    (fs, dev)
+}
+
+/// The kernel can send OPEN for an inode after the file was deleted: a process resolved the name
+/// before another removed it. Deleted at that removal (no handle: its last name, possibly the
+/// last of two hard links) or at the last close after it (unlinked or replaced by a rename while
+/// open), the file must not come back, and a close of the late handle must not delete it (and
+/// count it) a second time.
+#[test]
+fn an_open_after_a_file_was_deleted_deletes_nothing_twice() {
+    for how in [
+        "unlink",
+        "rename over",
+        "last of two names",
+        "unlink, no handle",
+    ] {
+        let (fs, dev) = new_fs();
+        let ctx = Ctx::default();
+        let (i, fh) = fs.create(ROOT_INO, b"f", 0o644, libc::O_RDWR, ctx).unwrap();
+        fs.write(i.ino, fh, 0, b"old contents", false).unwrap();
+        // Another process's path walk resolves the name (the kernel holds the inode)...
+        assert_eq!(fs.lookup(ROOT_INO, b"f").unwrap().ino, i.ino);
+        // ...the name goes while the first process holds the file open, or after it closed...
+        match how {
+            "unlink" => fs.unlink(ROOT_INO, b"f").unwrap(),
+            "rename over" => {
+                let (n, nfh) = fs
+                    .create(ROOT_INO, b"new", 0o644, libc::O_RDWR, ctx)
+                    .unwrap();
+                fs.release(n.ino, nfh).unwrap();
+                fs.rename(ROOT_INO, b"new", ROOT_INO, b"f", 0).unwrap();
+            }
+            "last of two names" => {
+                fs.link(i.ino, ROOT_INO, b"g").unwrap();
+                fs.release(i.ino, fh).unwrap();
+                fs.unlink(ROOT_INO, b"g").unwrap();
+                fs.unlink(ROOT_INO, b"f").unwrap();
+            }
+            _ => {
+                fs.release(i.ino, fh).unwrap();
+                fs.unlink(ROOT_INO, b"f").unwrap();
+            }
+        }
+        // ...the holder closes: the file is deleted...
+        if matches!(how, "unlink" | "rename over") {
+            fs.release(i.ino, fh).unwrap();
+        }
+        // ...and the other process's OPEN arrives.
+        let late = fs.open(i.ino, libc::O_RDONLY, ctx);
+        if let Ok(fh) = late {
+            // (Before the fix: the open succeeded and this close deleted the file again.)
+            let _ = fs.read(i.ino, 0, 100);
+            fs.release(i.ino, fh).unwrap();
+        }
+        close_and_check(fs, dev, how);
+        // The kernel retries an open that fails with ESTALE with a fresh lookup of the name.
+        assert_eq!(late, Err(Errno::ESTALE), "{how}: open of a deleted file");
+    }
+}
+
+/// Errors a racing operation may legitimately get.
+fn racy(r: Result<(), Errno>, what: &str, seed: u64) {
+    if let Err(e) = r {
+        assert!(
+            [
+                Errno::ENOENT,
+                Errno::EEXIST,
+                Errno::ENOTEMPTY,
+                Errno::EISDIR,
+                Errno::ENOTDIR,
+                Errno::ESTALE,
+                Errno::EPERM,
+            ]
+            .contains(&e),
+            "seed {seed}: {what}: {e:?}"
+        );
+    }
+}
+
+/// Several clients at once, on shared directories: creates that keep files open, opens of inodes
+/// looked up earlier (some since unlinked or replaced, as the kernel may send them), unlinks,
+/// renames over files and empty directories, hard links (homes) and their removal, mkdir/rmdir,
+/// and closes in any order. The used-inode counter must match the inodes found afterwards.
+#[test]
+fn concurrent_names_opens_and_last_releases_keep_the_inode_counter_exact() {
+    let seed = std::env::var("AMARANTH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("seed {seed} (replay with AMARANTH_SEED={seed})");
+    let (fs, dev) = new_fs();
+    let ctx = Ctx::default();
+    let dirs: Vec<u64> = (0..2)
+        .map(|d| {
+            fs.mkdir(ROOT_INO, format!("d{d}").as_bytes(), 0o755, ctx)
+                .unwrap()
+                .ino
+        })
+        .collect();
+    let threads = 4u64;
+    let go = Arc::new(Barrier::new(threads as usize));
+    // Opens of inodes found deleted (the race this test is about), and successful removals.
+    let stale = Arc::new(AtomicU64::new(0));
+    let removed = Arc::new(AtomicU64::new(0));
+    let hs: Vec<_> = (0..threads)
+        .map(|t| {
+            let (fs, go, dirs) = (fs.clone(), go.clone(), dirs.clone());
+            let (stale, removed) = (stale.clone(), removed.clone());
+            std::thread::spawn(move || {
+                let mut rng = SmallRng::seed_from_u64(seed ^ t.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                let mut held: Vec<(u64, u64)> = Vec::new();
+                let mut known: Vec<u64> = Vec::new();
+                let place = |rng: &mut SmallRng| {
+                    let d = dirs[rng.gen_range(0..dirs.len())];
+                    (d, format!("n{}", rng.gen_range(0..12)).into_bytes())
+                };
+                go.wait();
+                for _ in 0..1500 {
+                    match rng.gen_range(0..10) {
+                        0 | 1 => {
+                            let (d, n) = place(&mut rng);
+                            match fs.create(d, &n, 0o644, libc::O_RDWR, ctx) {
+                                Ok((i, fh)) => {
+                                    let r = fs.write(i.ino, fh, 0, &[t as u8; 100], false);
+                                    racy(r.map(|_| ()), "write", seed);
+                                    held.push((i.ino, fh));
+                                }
+                                Err(e) => racy(Err(e), "create", seed),
+                            }
+                        }
+                        2 => {
+                            let (d, n) = place(&mut rng);
+                            if let Ok(i) = fs.lookup(d, &n) {
+                                known.push(i.ino);
+                            }
+                        }
+                        3 if !known.is_empty() => {
+                            let ino = known[rng.gen_range(0..known.len())];
+                            match fs.open(ino, libc::O_RDONLY, ctx) {
+                                Ok(fh) => held.push((ino, fh)),
+                                Err(Errno::ESTALE) => {
+                                    stale.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Err(e) => racy(Err(e), "open", seed),
+                            }
+                        }
+                        4 | 5 if !held.is_empty() => {
+                            let (ino, fh) = held.swap_remove(rng.gen_range(0..held.len()));
+                            fs.release(ino, fh).unwrap();
+                        }
+                        6 => {
+                            let (d, n) = place(&mut rng);
+                            let r = fs.unlink(d, &n);
+                            removed.fetch_add(r.is_ok() as u64, Ordering::Relaxed);
+                            racy(r, "unlink", seed);
+                        }
+                        7 => {
+                            let ((d1, n1), (d2, n2)) = (place(&mut rng), place(&mut rng));
+                            let r = fs.rename(d1, &n1, d2, &n2, 0);
+                            removed.fetch_add(r.is_ok() as u64, Ordering::Relaxed);
+                            racy(r, "rename", seed);
+                        }
+                        8 if !known.is_empty() => {
+                            let ino = known[rng.gen_range(0..known.len())];
+                            let (d, n) = place(&mut rng);
+                            racy(fs.link(ino, d, &n).map(|_| ()), "link", seed);
+                        }
+                        _ => {
+                            let (d, n) = place(&mut rng);
+                            if rng.gen_bool(0.5) {
+                                racy(fs.mkdir(d, &n, 0o755, ctx).map(|_| ()), "mkdir", seed);
+                            } else {
+                                racy(fs.rmdir(d, &n), "rmdir", seed);
+                            }
+                        }
+                    }
+                }
+                for (ino, fh) in held {
+                    fs.release(ino, fh).unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    eprintln!(
+        "{} unlinks and renames, {} opens of deleted inodes refused",
+        removed.load(Ordering::Relaxed),
+        stale.load(Ordering::Relaxed)
+    );
+    close_and_check(fs, dev, &format!("seed {seed}"));
 }
