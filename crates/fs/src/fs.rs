@@ -1419,7 +1419,12 @@ impl Fs {
 
     /// Opens a file (with `O_TRUNC`, truncates it). Returns a file handle.
     pub fn open(&self, ino: u64, flags: i32, ctx: Ctx) -> Result<u64> {
-        let kind = self.getattr(ino)?.kind;
+        let inode = self.getattr(ino)?;
+        if inode.is_deleted() {
+            // As in `open_handle`, before an `O_TRUNC` finds no key to truncate.
+            return Err(Errno::ESTALE);
+        }
+        let kind = inode.kind;
         if kind == Kind::Dir && flags & libc::O_ACCMODE != libc::O_RDONLY {
             return Err(Errno::EISDIR);
         }
