@@ -4,7 +4,9 @@
 //! (read, write, setattr, xattrs) and exclusive by those that do (create, unlink, rename, link...),
 //! so a path's key cannot change under an operation that uses it. An inode's attribute lock is held
 //! from reading its attributes until the batch that changes them is submitted, so changes to one
-//! inode reach the log in the order they were made. The table lock is innermost and brief.
+//! inode reach the log in the order they were made; its key is read under that lock too, because
+//! the last release of an unlinked file deletes it under the shared namespace lock, holding the
+//! inode lock, and a deleted inode has no key. The table lock is innermost and brief.
 
 use std::collections::HashMap;
 use std::ops::Bound;
@@ -1559,8 +1561,8 @@ impl Fs {
             .lock()
             .get(&fh)
             .is_some_and(|h| h.append && h.ino == ino);
-        let fk = self.file_key(ino)?;
         let mut inode = shared.lock();
+        let fk = self.file_key(ino)?;
         if inode.kind != Kind::File {
             return Err(Errno::EINVAL);
         }
@@ -1704,9 +1706,9 @@ impl Fs {
         }
         let _ns = self.ns.read();
         let shared = self.node_inode(ino)?;
+        let mut inode = shared.lock();
         let fk = self.file_key(ino)?;
         let key = keys::xattr_key(&fk, name);
-        let mut inode = shared.lock();
         let exists = self.engine.get(&key)?.is_some();
         if flags & libc::XATTR_CREATE != 0 && exists {
             return Err(Errno::EEXIST);
@@ -1767,9 +1769,9 @@ impl Fs {
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
         let _ns = self.ns.read();
         let shared = self.node_inode(ino)?;
+        let mut inode = shared.lock();
         let fk = self.file_key(ino)?;
         let key = keys::xattr_key(&fk, name);
-        let mut inode = shared.lock();
         if self.engine.get(&key)?.is_none() {
             return Err(Errno::ENODATA);
         }
@@ -1805,8 +1807,8 @@ impl Fs {
         }
         let _ns = self.ns.read();
         let shared = self.node_inode(ino)?;
-        let fk = self.file_key(ino)?;
         let mut inode = shared.lock();
+        let fk = self.file_key(ino)?;
         if inode.kind != Kind::File {
             return Err(if inode.kind == Kind::Dir {
                 Errno::EISDIR
