@@ -658,23 +658,40 @@ impl Mount {
         v[v.len().saturating_sub(lines)..].join("\n")
     }
     /// `amaranth umount`; asserts that it worked, that the daemon exited and closed cleanly.
+    ///
+    /// A mount found busy is retried for up to 10 s, naming the processes that hold it: programs
+    /// outside the test (a `du` or `find` over /var/tmp by someone else on a shared machine) can
+    /// hold it for a moment; the test's own open files are all closed by then.
     pub fn umount(mut self) {
         let t = Instant::now();
-        let out = Command::new(BIN)
-            .env("AMARANTH_RUN_DIR", &self.run_dir)
-            .args([
-                "umount".as_ref(),
-                self.mp.as_os_str(),
-                "--timeout".as_ref(),
-                "300".as_ref(),
-            ])
-            .output()
-            .unwrap();
+        let out = loop {
+            let out = Command::new(BIN)
+                .env("AMARANTH_RUN_DIR", &self.run_dir)
+                .args([
+                    "umount".as_ref(),
+                    self.mp.as_os_str(),
+                    "--timeout".as_ref(),
+                    "300".as_ref(),
+                ])
+                .output()
+                .unwrap();
+            let busy = String::from_utf8_lossy(&out.stderr).contains("is busy");
+            if out.status.success() || !busy || t.elapsed() > Duration::from_secs(10) {
+                break out;
+            }
+            eprintln!(
+                "umount {}: busy, held by {:?}; retrying",
+                self.mp.display(),
+                holders(&self.mp)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
         assert!(
             out.status.success(),
-            "umount {} failed: {}",
+            "umount {} failed: {} (held by {:?})",
             self.mp.display(),
-            String::from_utf8_lossy(&out.stderr)
+            String::from_utf8_lossy(&out.stderr),
+            holders(&self.mp)
         );
         assert!(!is_mounted(&self.mp), "still mounted after umount");
         let pid = self.pid.take().unwrap();
@@ -1201,4 +1218,31 @@ pub fn report(line: &str) {
             .unwrap_or(0);
         let _ = writeln!(f, "{now} {line}");
     }
+}
+
+/// The processes (pid, command) with an open file, working directory or root under `mp`.
+pub fn holders(mp: &Path) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return found;
+    };
+    for p in procs.flatten() {
+        let Ok(pid) = p.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let dir = p.path();
+        let mut links: Vec<PathBuf> = vec![dir.join("cwd"), dir.join("root")];
+        if let Ok(fds) = fs::read_dir(dir.join("fd")) {
+            links.extend(fds.flatten().map(|f| f.path()));
+        }
+        if links
+            .iter()
+            .filter_map(|l| fs::read_link(l).ok())
+            .any(|t| t.starts_with(mp))
+        {
+            let comm = fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            found.push((pid, comm.trim().to_string()));
+        }
+    }
+    found
 }
