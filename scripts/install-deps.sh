@@ -11,7 +11,10 @@ want_engine_bench=0
 [[ "${1:-}" == "--engine-bench" ]] && want_engine_bench=1
 
 # linux-source-6.1: the Linux tar the mount tests (programs, crash_mount) unpack and compare.
-apt_pkgs=(fuse3 pkg-config build-essential sqlite3 rsync git xz-utils linux-source-6.1)
+# nfs-ganesha + nfs-ganesha-vfs + libnfs-utils: the NFS export test (crates/cli/tests/nfs.rs) runs a
+# user-space NFS server over a mount and reads and writes through a user-space NFS client.
+apt_pkgs=(fuse3 pkg-config build-essential sqlite3 rsync git xz-utils linux-source-6.1
+  nfs-ganesha nfs-ganesha-vfs libnfs-utils)
 if (( want_bench )); then
   apt_pkgs+=(fio xfsprogs btrfs-progs e2fsprogs dovecot-imapd postmark linux-source-6.1 time)
 fi
