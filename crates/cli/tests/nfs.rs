@@ -46,9 +46,14 @@ fn nfs_tools_ok() {
                 .unwrap_or(true)
         })
         .collect();
-    let vfs = ["/usr/lib/x86_64-linux-gnu/ganesha", "/usr/lib/ganesha"]
+    // /usr/lib/<multiarch triplet>/ganesha on Debian, /usr/lib64/ganesha elsewhere.
+    let mut libs: Vec<PathBuf> = vec!["/usr/lib".into(), "/usr/lib64".into()];
+    if let Ok(dirs) = fs::read_dir("/usr/lib") {
+        libs.extend(dirs.flatten().map(|e| e.path()));
+    }
+    let vfs = libs
         .iter()
-        .any(|d| Path::new(d).join("libfsalvfs.so").exists());
+        .any(|d| d.join("ganesha/libfsalvfs.so").exists());
     assert!(
         missing.is_empty() && vfs,
         "the NFS export test needs {missing:?}{}: run scripts/install-deps.sh (nfs-ganesha, \
