@@ -85,60 +85,69 @@ struct Ganesha {
 
 impl Ganesha {
     /// Writes the configuration under `dir` and starts the server in the foreground; returns
-    /// once it accepts connections.
+    /// once it accepts connections. A server that exits at start is tried again on another port
+    /// (twice: the free port it was given can be taken in between).
     fn start(dir: &Path, export: &Path) -> Ganesha {
         fs::create_dir_all(dir.join("recovery")).unwrap();
-        let port = free_port();
         let conf = dir.join("ganesha.conf");
-        fs::write(&conf, config(dir, export, port)).unwrap();
         let log = dir.join("ganesha.log");
-        let child = Command::new("ganesha.nfsd")
-            .arg("-F")
-            .arg("-f")
-            .arg(&conf)
-            .arg("-L")
-            .arg(&log)
-            .arg("-p")
-            .arg(dir.join("ganesha.pid"))
-            .args(["-N", "NIV_EVENT"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start ganesha.nfsd");
-        let mut g = Ganesha {
-            child: Some(child),
-            port,
-            log,
-        };
-        g.wait_ready();
-        eprintln!(
-            "ganesha.nfsd {} serves {} on port {port}",
-            g.pid(),
-            export.display()
-        );
-        g
+        for attempt in 1..=3 {
+            let port = free_port();
+            fs::write(&conf, config(dir, export, port)).unwrap();
+            // A fresh log: readiness is read from it.
+            let _ = fs::remove_file(&log);
+            let child = Command::new("ganesha.nfsd")
+                .arg("-F")
+                .arg("-f")
+                .arg(&conf)
+                .arg("-L")
+                .arg(&log)
+                .arg("-p")
+                .arg(dir.join("ganesha.pid"))
+                .args(["-N", "NIV_EVENT"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start ganesha.nfsd");
+            let mut g = Ganesha {
+                child: Some(child),
+                port,
+                log: log.clone(),
+            };
+            if g.wait_ready() {
+                eprintln!(
+                    "ganesha.nfsd {} serves {} on port {port}",
+                    g.pid(),
+                    export.display()
+                );
+                return g;
+            }
+            eprintln!(
+                "ganesha.nfsd exited at start (attempt {attempt}, port {port}):\n{}",
+                g.log_tail(30)
+            );
+        }
+        panic!("ganesha.nfsd did not start in 3 attempts");
     }
 
     fn pid(&self) -> i32 {
         self.child.as_ref().unwrap().id() as i32
     }
 
-    fn wait_ready(&mut self) {
+    /// Waits until the server serves (true) or exits (false); panics after 30 s.
+    fn wait_ready(&mut self) -> bool {
         let t = Instant::now();
         loop {
-            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
+            if self.child.as_mut().unwrap().try_wait().unwrap().is_some() {
                 self.child = None;
-                panic!(
-                    "ganesha.nfsd exited at start ({st}):\n{}",
-                    self.log_tail(30)
-                );
+                return false;
             }
             let up = fs::read_to_string(&self.log)
                 .unwrap_or_default()
                 .contains("NFS SERVER INITIALIZED");
             if up && TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
+                return true;
             }
             assert!(
                 t.elapsed() < Duration::from_secs(30),
