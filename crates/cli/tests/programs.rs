@@ -295,9 +295,11 @@ fn linux_tree_programs(label: &str, tar: &Path, reference: &Path) {
     let used_after = used_bytes(&m.mp);
     s.finish(m);
     // The space comes back: the unmount pushed the deletes down (before, 626 MiB stayed used
-    // for 240 MiB of live data after copies, renames and rm -rf, also after a remount).
+    // for 240 MiB of live data after copies, renames and rm -rf, also after a remount). Emptied
+    // leaves that later flushes have not merged yet may stay (measured 1-9 MiB of 4 MiB nodes;
+    // DESIGN.md "Space comes back" bounds them by 16 nodes): allow four nodes.
     assert!(
-        used_after <= used_empty + (8 << 20),
+        used_after <= used_empty + (16 << 20),
         "{label}: statfs used {} MiB after rm -rf and a remount ({} MiB when empty)",
         used_after >> 20,
         used_empty >> 20
