@@ -42,6 +42,8 @@ mod inject;
 mod load;
 mod split_merge;
 
+pub(crate) use load::check_header;
+
 /// A message before it gets its sequence number.
 #[derive(Clone, Debug)]
 pub enum Msg {

@@ -8,8 +8,10 @@ use super::{Need, Tree};
 use crate::cache::CachedNode;
 use crate::error::{Error, Result};
 use crate::msg::{EncodedBuffer, Msn};
+use crate::node::NodeHeader;
 use crate::node::{self, Body, BufSlot, Node, NodeId};
 use crate::superblock::Extent;
+use amaranth_device::AlignedBuf;
 
 impl Tree {
     /// The node, loading it if needed (pinned by the returned `Arc`). Call without holding latches.
@@ -44,38 +46,37 @@ impl Tree {
             Error::Corrupt(format!("node {id} is referenced but has no location"))
         })?;
         let what = format!("node {id}");
-        let first_len = if whole {
-            ext.len()
+        let image = if whole {
+            let image = self.store.read(ext.offset(), ext.len(), &what)?;
+            // As for a skeleton: a header whose span cannot be read is refused here.
+            node::header_span(&image, &what, ext.offset())?;
+            image
         } else {
-            amaranth_device::BLOCK_SIZE
-        };
-        let first = self.store.read(ext.offset(), first_len, &what)?;
-        let span = node::header_span(&first, &what, ext.offset())?;
-        let image = if whole || span <= first.len() {
-            first
-        } else {
-            let len = amaranth_device::round_up(span);
-            if len > ext.len() {
-                return Err(Error::Corrupt(format!(
-                    "{what}: header larger than its extent"
-                )));
-            }
-            self.store.read(ext.offset(), len, &what)?
+            self.read_header_image(ext, &what)?
         };
         let h = node::parse_header(&image, &self.format, &what, ext.offset())?;
-        if h.id != id {
-            return Err(Error::Corrupt(format!(
-                "{what}: extent holds node {} instead",
-                h.id
-            )));
-        }
-        if h.image_len > ext.len() {
-            return Err(Error::Corrupt(format!(
-                "{what}: image longer than its extent"
-            )));
-        }
+        check_header(&h, id, Some(ext), &what)?;
         let full = if whole { Some(&image[..]) } else { None };
         Ok((node::build_node(&h, full, &self.format, ext.offset())?, ext))
+    }
+
+    /// Reads the start of the image at `ext` that holds its whole header: one block, or more
+    /// when the header is longer (never past the extent).
+    pub(crate) fn read_header_image(&self, ext: Extent, what: &str) -> Result<AlignedBuf> {
+        let first = self
+            .store
+            .read(ext.offset(), amaranth_device::BLOCK_SIZE, what)?;
+        let span = node::header_span(&first, what, ext.offset())?;
+        if span <= first.len() {
+            return Ok(first);
+        }
+        let len = amaranth_device::round_up(span);
+        if len > ext.len() {
+            return Err(Error::Corrupt(format!(
+                "{what}: header larger than its extent"
+            )));
+        }
+        self.store.read(ext.offset(), len, what)
     }
 
     /// Loads missing partitions of a leaf, or missing buffers of an internal node: sub-block
@@ -318,4 +319,26 @@ impl Tree {
             }
         }
     }
+}
+
+/// Checks that a header read from node `id`'s extent is that node's, and (given the extent) that
+/// its image fits in it.
+pub(crate) fn check_header(
+    h: &NodeHeader,
+    id: NodeId,
+    ext: Option<Extent>,
+    what: &str,
+) -> Result<()> {
+    if h.id != id {
+        return Err(Error::Corrupt(format!(
+            "{what}: extent holds node {} instead",
+            h.id
+        )));
+    }
+    if ext.is_some_and(|ext| h.image_len > ext.len()) {
+        return Err(Error::Corrupt(format!(
+            "{what}: image longer than its extent"
+        )));
+    }
+    Ok(())
 }
