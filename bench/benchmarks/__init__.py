@@ -1,8 +1,11 @@
 """The benchmarks. Each module has NAMES (the benchmark names it serves; names of one module share
-one fresh file system per repetition), INFO (report metadata per name), NEEDS (prepared inputs),
-check(env, names) and run(ctx, names)."""
+one fresh file system per repetition), GROUP (see GROUPS), optionally ALIASES (name -> comma-separated
+benchmark names), INFO (report metadata per name), NEEDS (prepared inputs), check(env, names) and
+run(ctx, names), and is listed once in REGISTRY. Its parameters, if any, are fields of bench/config.py's
+Params (and QUICK)."""
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 
 
@@ -28,23 +31,39 @@ class Info:
     secondary: list[Metric] = field(default_factory=list)  # more rows for the table (not charted)
 
 
-from . import (aging_git, aging_interfile, aging_intrafile, aging_mail, dirclone, dirrename, git,  # noqa: E402
-               imapcrash, imapmove, largefile, linuxtree, mailserver, nanobench, rename, rsync, space, tar,
-               tokubench)
+# The registry: every benchmark module, in canonical order (the order of runs and reports). Adding a benchmark
+# is one module file (NAMES, GROUP, optional ALIASES, INFO, NEEDS, check, run) and one entry here.
+REGISTRY = ["largefile", "tokubench", "rename", "dirrename", "linuxtree", "dirclone", "git", "tar", "rsync",
+            "mailserver", "imapmove", "nanobench", "space",
+            "aging_git", "aging_mail", "aging_intrafile", "aging_interfile",
+            "imapcrash"]
 
-MODULES = [largefile, tokubench, rename, dirrename, linuxtree, dirclone, git, tar, rsync, mailserver, imapmove,
-           nanobench, space]
-# the FAST'17 aging experiments (hours at full size): selected by name or `aging`, not part of `all`
-AGING_MODULES = [aging_git, aging_mail, aging_intrafile, aging_interfile]
-# crash tests with a benchmark's workload (imapcrash: Amaranth only): selected by name, not part of `all`
-EXTRA_MODULES = [imapcrash]
-ORDER: list[str] = [n for m in MODULES + AGING_MODULES + EXTRA_MODULES for n in m.NAMES]
-BY_NAME = {n: m for m in MODULES + AGING_MODULES + EXTRA_MODULES for n in m.NAMES}
-INFO: dict[str, Info] = {n: m.INFO[n] for m in MODULES + AGING_MODULES + EXTRA_MODULES for n in m.NAMES}
-ALIASES = {"rename-by-size": "rename", "grep": "linuxtree", "largefile": "seqwrite,seqread,randwrite",
-           "all": ",".join(n for m in MODULES for n in m.NAMES), "imap": "mailserver", "clone": "dirclone",
-           "nano": "nanobench", "aging": ",".join(n for m in AGING_MODULES for n in m.NAMES),
-           "aging-micro": "aging-intrafile,aging-interfile"}
+# What a module's GROUP means:
+GROUPS = {
+    "main": "part of `all`",
+    # the FAST'17 aging experiments (hours at full size)
+    "aging": "selected by name or `aging`, not part of `all`",
+    # crash tests with a benchmark's workload (imapcrash: Amaranth only)
+    "extra": "selected by name only, not part of `all`",
+}
+
+_ALL = [importlib.import_module(f".{name}", __name__) for name in REGISTRY]
+for _m in _ALL:
+    assert _m.GROUP in GROUPS, f"{_m.__name__}: unknown GROUP {_m.GROUP!r}"
+MODULES = [m for m in _ALL if m.GROUP == "main"]
+AGING_MODULES = [m for m in _ALL if m.GROUP == "aging"]
+EXTRA_MODULES = [m for m in _ALL if m.GROUP == "extra"]
+# canonical order: the main benchmarks, then the aging experiments, then the extra ones
+_ORDERED = MODULES + AGING_MODULES + EXTRA_MODULES
+ORDER: list[str] = [n for m in _ORDERED for n in m.NAMES]
+BY_NAME = {n: m for m in _ORDERED for n in m.NAMES}
+INFO: dict[str, Info] = {n: m.INFO[n] for m in _ORDERED for n in m.NAMES}
+ALIASES = {"all": ",".join(n for m in MODULES for n in m.NAMES),
+           "aging": ",".join(n for m in AGING_MODULES for n in m.NAMES)}
+for _m in _ORDERED:
+    for _k, _v in getattr(_m, "ALIASES", {}).items():
+        assert _k not in ALIASES, f"{_m.__name__}: alias {_k!r} defined twice"
+        ALIASES[_k] = _v
 
 
 def expand(spec: str) -> list[str]:
@@ -65,7 +84,7 @@ def expand(spec: str) -> list[str]:
 def groups(names: list[str]):
     """[(module, [names])] in canonical order: one fresh FS per module per repetition."""
     out = []
-    for m in MODULES + AGING_MODULES + EXTRA_MODULES:
+    for m in _ORDERED:
         sel = [n for n in m.NAMES if n in names]
         if sel:
             out.append((m, sel))

@@ -11,6 +11,7 @@ from ..runner import BenchFailure
 from ..util import CMDLOG, PROGRESS, run as sh
 
 NAMES = ["aging-git"]
+GROUP = "aging"  # see GROUPS in __init__.py
 NEEDS = {"git_history"}
 
 INFO = {

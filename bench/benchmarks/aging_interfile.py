@@ -11,6 +11,7 @@ from ._common import need
 from ..aging import Eta, fresh_fs, grep_point, point_log
 
 NAMES = ["aging-interfile"]
+GROUP = "aging"  # see GROUPS in __init__.py
 NEEDS = {"tree"}
 
 INFO = {

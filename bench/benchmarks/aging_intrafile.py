@@ -9,6 +9,8 @@ from . import Info, Metric
 from ..aging import Eta, fresh_fs, grep_point, point_log
 
 NAMES = ["aging-intrafile"]
+GROUP = "aging"  # see GROUPS in __init__.py
+ALIASES = {"aging-micro": "aging-intrafile,aging-interfile"}
 NEEDS: set[str] = set()
 
 INFO = {

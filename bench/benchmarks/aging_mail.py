@@ -12,6 +12,7 @@ from .mailserver import IMAP_BIN, USER
 from ..aging import Eta, aged_and_unaged, point_log
 
 NAMES = ["aging-mail"]
+GROUP = "aging"  # see GROUPS in __init__.py
 NEEDS = {"mail_user"}
 HERE = Path(__file__).resolve().parents[2]
 

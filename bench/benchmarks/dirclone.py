@@ -4,6 +4,8 @@ from __future__ import annotations
 from . import Info, Metric
 
 NAMES = ["dirclone"]
+GROUP = "main"  # see GROUPS in __init__.py
+ALIASES = {"clone": "dirclone"}
 NEEDS: set[str] = set()
 
 INFO = {

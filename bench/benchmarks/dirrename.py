@@ -5,6 +5,7 @@ from . import Info, Metric
 from ._common import need, untar_tree
 
 NAMES = ["dirrename"]
+GROUP = "main"  # see GROUPS in __init__.py
 NEEDS = {"tree"}
 
 INFO = {

@@ -7,6 +7,7 @@ from . import Info, Metric
 from ._common import need
 
 NAMES = ["git"]
+GROUP = "main"  # see GROUPS in __init__.py
 NEEDS = {"tree", "git"}
 
 INFO = {

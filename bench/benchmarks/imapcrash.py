@@ -26,6 +26,7 @@ from ..util import PROGRESS
 from ..util import run as sh
 
 NAMES = ["imapcrash"]
+GROUP = "extra"  # see GROUPS in __init__.py
 # Seconds between messages: the move spans several of the daemon's 1 s log flushes, so a kill finds
 # part of it durable (without any fsync) and part of it lost.
 PACE = 0.01

@@ -15,6 +15,7 @@ from ..util import PROGRESS
 from ..util import run as sh
 
 NAMES = ["imapmove"]
+GROUP = "main"  # see GROUPS in __init__.py
 NEEDS = {"mail_user"}
 IMAP_BIN = Path("/usr/lib/dovecot/imap")
 REPO = Path(__file__).resolve().parents[2]

@@ -6,6 +6,8 @@ from . import Info, Metric
 from ._common import MiB
 
 NAMES = ["seqwrite", "seqread", "randwrite"]
+GROUP = "main"  # see GROUPS in __init__.py
+ALIASES = {"largefile": "seqwrite,seqread,randwrite"}
 NEEDS: set[str] = set()
 
 INFO = {

@@ -5,6 +5,8 @@ from . import Info, Metric
 from ._common import need, untar_tree
 
 NAMES = ["linuxtree"]
+GROUP = "main"  # see GROUPS in __init__.py
+ALIASES = {"grep": "linuxtree"}
 NEEDS = {"tree"}
 
 INFO = {

@@ -11,6 +11,8 @@ from ._common import need
 from ..util import PROGRESS
 
 NAMES = ["mailserver"]
+GROUP = "main"  # see GROUPS in __init__.py
+ALIASES = {"imap": "mailserver"}
 NEEDS = {"mail_user"}
 USER = "amabench"
 IMAP_BIN = Path("/usr/lib/dovecot/imap")

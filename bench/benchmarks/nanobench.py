@@ -4,6 +4,8 @@ from __future__ import annotations
 from . import Info, Metric
 
 NAMES = ["nanobench"]
+GROUP = "main"  # see GROUPS in __init__.py
+ALIASES = {"nano": "nanobench"}
 NEEDS: set[str] = set()
 OPS = ["open", "read", "stat", "chmod", "mkdir", "rmdir", "unlink", "write"]
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 from . import Info, Metric
 
 NAMES = ["rename"]
+GROUP = "main"  # see GROUPS in __init__.py
+ALIASES = {"rename-by-size": "rename"}
 NEEDS: set[str] = set()
 
 INFO = {

@@ -5,6 +5,7 @@ from . import Info, Metric
 from ._common import need
 
 NAMES = ["rsync"]
+GROUP = "main"  # see GROUPS in __init__.py
 NEEDS = {"tree", "tree_tmpfs"}
 
 INFO = {

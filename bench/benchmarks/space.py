@@ -7,6 +7,7 @@ from . import Info, Metric
 from ..util import PROGRESS
 
 NAMES = ["space"]
+GROUP = "main"  # see GROUPS in __init__.py
 NEEDS: set[str] = set()
 
 INFO = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 from . import Info, Metric
 
 NAMES = ["tokubench"]
+GROUP = "main"  # see GROUPS in __init__.py
 NEEDS: set[str] = set()
 
 INFO = {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use amaranth_device::{BlockDevice, FileDevice};
-use amaranth_engine::{Damage, DamagedPart, Engine, Error, Options, SalvageReport, Superblock};
+use amaranth_engine::{Damage, DamagedPart, Engine, Error, ImageInfo, Options, SalvageReport};
 use amaranth_fs::check::{self, CheckReport, Severity};
 use amaranth_fs::describe;
 
@@ -36,7 +36,7 @@ const FILES_SHOWN: usize = 1000;
 pub fn run(image: &Path, repair: bool, fallback_superblock: bool) -> CliResult<i32> {
     let t0 = Instant::now();
     let dev: Arc<dyn BlockDevice> = Arc::new(open_device(image, repair)?);
-    let located = Superblock::locate(&*dev, fallback_superblock).map_err(|e| {
+    let located = ImageInfo::read(&*dev, fallback_superblock).map_err(|e| {
         let code = match e {
             Error::BadMagic(_) | Error::UnsupportedVersion { .. } => OPERATIONAL,
             _ => UNCORRECTED,
@@ -47,18 +47,18 @@ pub fn run(image: &Path, repair: bool, fallback_superblock: bool) -> CliResult<i
         }
         Failure::with_code(code, msg)
     })?;
-    let sb = &located.sb;
+    let sb = &located;
     note!(
         "fsck: {}: format {}, generation {}, {}{}",
         image.display(),
-        sb.version,
-        sb.generation,
-        if sb.clean {
+        sb.version(),
+        sb.generation(),
+        if sb.clean() {
             "closed cleanly"
         } else {
             "not closed cleanly (the log will be replayed)"
         },
-        if sb.damaged {
+        if sb.damaged() {
             "; damage was recorded by an earlier read"
         } else {
             ""
@@ -66,14 +66,14 @@ pub fn run(image: &Path, repair: bool, fallback_superblock: bool) -> CliResult<i
     );
     let opts = engine_options(sb, repair, fallback_superblock)?;
     let sb_problems: Vec<String> = located
-        .problems
+        .problems()
         .iter()
         .map(|(b, m)| format!("superblock copy at block {b}: {m}"))
         .collect();
     let code = if repair {
         repair_image(image, dev, opts, &sb_problems)?
     } else {
-        check_image(image, dev, opts, &sb_problems, sb.damaged)?
+        check_image(image, dev, opts, &sb_problems, sb.damaged())?
     };
     note!("fsck: done in {:.1} s", t0.elapsed().as_secs_f64());
     Ok(code)
@@ -97,7 +97,7 @@ fn open_device(image: &Path, repair: bool) -> CliResult<FileDevice> {
     })
 }
 
-fn engine_options(sb: &Superblock, repair: bool, fallback: bool) -> CliResult<Options> {
+fn engine_options(sb: &ImageInfo, repair: bool, fallback: bool) -> CliResult<Options> {
     let format = sb
         .format()
         .map_err(|e| Failure::with_code(UNCORRECTED, format!("the superblock is damaged: {e}")))?;

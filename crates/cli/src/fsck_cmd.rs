@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 
 use amaranth_device::FileDevice;
-use amaranth_engine::Superblock;
+use amaranth_engine::ImageInfo;
 
 use crate::fsck::{self, CLEAN, OPERATIONAL};
 use crate::release;
@@ -137,22 +137,22 @@ fn wait_for_release(image: &Path) -> CliResult {
 /// damage, skipped log records, or superblock copies damaged, overwritten or used as a fallback.
 fn clean_at_once(image: &Path) -> Option<i32> {
     let dev = FileDevice::open_read_only(image).ok()?;
-    let located = Superblock::locate(&dev, false).ok()?;
-    let sb = &located.sb;
-    if !sb.clean {
+    let located = ImageInfo::read(&dev, false).ok()?;
+    let sb = &located;
+    if !sb.clean() {
         return None;
     }
-    let why_check = if sb.damaged {
+    let why_check = if sb.damaged() {
         "damage was recorded by a read"
-    } else if sb.needs_check {
+    } else if sb.needs_check() {
         "log records were skipped at an open"
-    } else if !located.problems.is_empty() || located.fell_back {
+    } else if !located.problems().is_empty() || located.fell_back() {
         "superblock copies are damaged or overwritten"
     } else {
         say!(
             "{}: clean (closed cleanly at generation {}; use -f to check it anyway)",
             image.display(),
-            sb.generation
+            sb.generation()
         );
         return Some(CLEAN);
     };

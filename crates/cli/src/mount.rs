@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use amaranth_device::{BlockDevice, FileDevice};
-use amaranth_engine::{Engine, Error, Format, Options, Superblock};
+use amaranth_engine::{Engine, Error, Format, ImageInfo, Options};
 use amaranth_fs::{Fs, FsOptions};
 use amaranth_fuse::{MountOptions, Transport, Unmounter};
 
@@ -170,18 +170,18 @@ fn open_image(image: &Path, read_only: bool) -> CliResult<(PathBuf, FileDevice, 
                 _ => format!("cannot open image {}: {e}", abs.display()),
             })
         })?;
-    let located = Superblock::locate(&dev, false)
+    let located = ImageInfo::read(&dev, false)
         .map_err(|e| Failure::new(superblock_error(&abs, &dev, &e, "cannot mount")))?;
     // A fallback to a backup copy, or damaged copies: say so here (the terminal); the daemon says
     // it again in its log.
     for line in located.describe() {
         note!("amaranth: {}: {line}", abs.display());
     }
-    let sb = located.sb;
-    if sb.damaged && !read_only {
+    let sb = located;
+    if sb.damaged() && !read_only {
         let e = Error::Damaged(format!(
             "recorded by checkpoint {} when a read found a damaged node",
-            sb.generation
+            sb.generation()
         ));
         return Err(Failure::new(superblock_error(
             &abs,

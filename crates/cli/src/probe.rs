@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use amaranth_device::FileDevice;
-use amaranth_engine::Superblock;
+use amaranth_engine::ImageInfo;
 
 /// How much of the start is read to look for our magic and for data.
 const HEAD: u64 = 1 << 20;
@@ -52,8 +52,8 @@ pub fn existing(path: &Path) -> io::Result<Option<Found>> {
     if magic_at(0) || magic_at(4096) {
         let generation = FileDevice::open_read_only(path)
             .ok()
-            .and_then(|dev| Superblock::read_newest(&dev, true).ok())
-            .map(|sb| sb.generation);
+            .and_then(|dev| ImageInfo::read(&dev, true).ok())
+            .map(|sb| sb.generation());
         return Ok(Some(Found::Amaranth(generation)));
     }
     if let Some(what) = blkid(path) {

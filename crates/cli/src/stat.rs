@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use amaranth_device::{BlockDevice, FileDevice};
-use amaranth_engine::{Engine, Options, Stats, Superblock};
+use amaranth_engine::{Engine, ImageInfo, Options, Stats};
 use amaranth_fs::Fs;
 use amaranth_fuse::{RequestCounts, Transport};
 use serde_json::{json, Value};
@@ -331,7 +331,7 @@ fn offline(image: &Path, as_json: bool) -> CliResult {
             )))
         }
     };
-    let sb = Superblock::read_newest(&dev, false)
+    let sb = ImageInfo::read(&dev, false)
         .map_err(|e| Failure::new(format!("{}: {e}", image.display())))?;
     let format = sb
         .format()
@@ -357,10 +357,10 @@ fn offline(image: &Path, as_json: bool) -> CliResult {
     let o = v.as_object_mut().expect("an object");
     o.insert("image".into(), json!(image.display().to_string()));
     o.insert("uuid".into(), json!(uuid));
-    o.insert("label".into(), json!(sb.label));
-    o.insert("clean".into(), json!(sb.clean));
-    o.insert("created_unix".into(), json!(sb.created_unix));
-    o.insert("checkpoint_unix".into(), json!(sb.checkpoint_unix));
+    o.insert("label".into(), json!(sb.label()));
+    o.insert("clean".into(), json!(sb.clean()));
+    o.insert("created_unix".into(), json!(sb.created_unix()));
+    o.insert("checkpoint_unix".into(), json!(sb.checkpoint_unix()));
     o.insert("inodes".into(), json!(inodes));
     o.insert(
         "format".into(),
@@ -380,7 +380,7 @@ fn offline(image: &Path, as_json: bool) -> CliResult {
     }
     say!("image:           {} ({})", image.display(), human(len));
     say!("uuid:            {uuid}");
-    say!("label:           {}", sb.label);
+    say!("label:           {}", sb.label());
     say!(
         "format:          {} nodes, {} partitions, fanout {}, {} log, compression {:?}",
         human(format.node_size as u64),
@@ -391,8 +391,8 @@ fn offline(image: &Path, as_json: bool) -> CliResult {
     );
     say!(
         "state:           generation {}, {}",
-        sb.generation,
-        if sb.clean {
+        sb.generation(),
+        if sb.clean() {
             "clean (unmounted properly)"
         } else {
             "not clean (the log will be replayed at the next mount)"

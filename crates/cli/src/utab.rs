@@ -33,6 +33,18 @@ fn escape(p: &[u8]) -> String {
     s
 }
 
+/// Opens (creating it, mode 0644) a file of utab's for reading and writing, never through a link.
+fn open_rw(path: impl AsRef<Path>) -> io::Result<std::fs::File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)
+}
+
 /// Runs `f` on utab's contents under libmount's lock and writes back what it returns.
 fn edit(f: impl FnOnce(String) -> String) -> io::Result<()> {
     let path = utab_path();
@@ -41,26 +53,12 @@ fn edit(f: impl FnOnce(String) -> String) -> io::Result<()> {
     }
     let mut lock_path = path.clone().into_os_string();
     lock_path.push(".lock");
-    let lock = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(&lock_path)?;
+    let lock = open_rw(&lock_path)?;
     // SAFETY: flock on a descriptor we own; released when it is closed.
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut utab = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(&path)?;
+    let mut utab = open_rw(&path)?;
     let mut text = String::new();
     utab.read_to_string(&mut text)?;
     let next = f(text);

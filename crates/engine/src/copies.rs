@@ -259,33 +259,20 @@ fn no_valid_copy(dev: &dyn BlockDevice, copies: &[(u64, Copy)]) -> Error {
     }
 }
 
-/// Rewrites the copies `located.heal` names with `located.sb`, then flushes. Called by a
-/// read-write open before anything else is written, so that every backup describes a checkpoint
-/// whose blocks are intact before the allocator may reuse older ones.
-pub fn heal(dev: &dyn BlockDevice, located: &Located) -> Result<()> {
-    if located.heal.is_empty() {
-        return Ok(());
-    }
-    for &b in &located.heal {
-        located.sb.write_at(dev, b)?;
-    }
-    dev.flush()
-        .map_err(|e| Error::io("flushing repaired superblock copies", e))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::{write_backups, write_copy, write_primary};
     use crate::superblock::tests::sample;
     use amaranth_device::MemDevice;
 
     /// A device holding checkpoint `g` (primary and backups) and `g - 1` in the other slot.
     fn image(g: u64) -> MemDevice {
         let dev = MemDevice::new(1000 * 4096);
-        sample(g - 1).write(&dev).unwrap();
+        write_primary(&dev, &sample(g - 1)).unwrap();
         let sb = sample(g);
-        sb.write(&dev).unwrap();
-        sb.write_backups(&dev).unwrap();
+        write_primary(&dev, &sb).unwrap();
+        write_backups(&dev, &sb).unwrap();
         dev
     }
 
@@ -315,7 +302,7 @@ mod tests {
         dev.with_bytes_mut(|b| b[..8192].fill(0x5a));
         assert_eq!(locate(&dev, false).unwrap().block, 250);
         // Healing restores the primaries.
-        heal(&dev, &locate(&dev, false).unwrap()).unwrap();
+        crate::engine::Checkpointer::heal_copies(&dev, &locate(&dev, false).unwrap()).unwrap();
         let l = locate(&dev, false).unwrap();
         assert!(
             l.block < 2 && l.problems.is_empty() && l.heal.is_empty(),
@@ -348,7 +335,7 @@ mod tests {
     fn lagging_backups_are_healed_without_complaint() {
         // A crash between the primary write and the backup writes of checkpoint 6.
         let dev = image(5);
-        sample(6).write(&dev).unwrap();
+        write_primary(&dev, &sample(6)).unwrap();
         let l = locate(&dev, false).unwrap();
         assert_eq!((l.sb.generation, l.block), (6, 0));
         assert!(l.problems.is_empty() && !l.fell_back);
@@ -366,7 +353,7 @@ mod tests {
             let mut sb = sample(g);
             sb.version = 1;
             sb.backups.clear();
-            sb.write(&dev).unwrap();
+            write_primary(&dev, &sb).unwrap();
         }
         assert_eq!(locate(&dev, false).unwrap().sb.generation, 5);
         dev.with_bytes_mut(|b| b[4096 + 40] ^= 1);
@@ -401,7 +388,7 @@ mod tests {
         let dev = image(5);
         let mut other = sample(9);
         other.uuid = [8; 16];
-        other.write_at(&dev, 500).unwrap();
+        write_copy(&dev, &other, 500).unwrap();
         let l = locate(&dev, false).unwrap();
         assert_eq!(l.sb.generation, 5);
         assert!(l

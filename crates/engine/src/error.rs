@@ -114,28 +114,6 @@ impl Error {
         }
     }
 
-    /// The closest `errno` for a file system to return.
-    pub fn errno(&self) -> i32 {
-        match self {
-            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
-            Error::InUse(_) => libc::EBUSY,
-            Error::KeyTooLong { .. } => libc::ENAMETOOLONG,
-            Error::ValueTooLarge { .. } => libc::EFBIG,
-            Error::InvalidArgument(_) | Error::InvalidConfig(_) => libc::EINVAL,
-            Error::NoSpace(_) => libc::ENOSPC,
-            Error::ReadOnly(_) => libc::EROFS,
-            Error::Closed => libc::ESHUTDOWN,
-            Error::GroupTooLarge { .. } => libc::EFBIG,
-            Error::GroupExpired(_) => libc::ETIMEDOUT,
-            Error::BadMagic(_)
-            | Error::UnsupportedVersion { .. }
-            | Error::Checksum { .. }
-            | Error::Corrupt(_)
-            | Error::Damaged(_)
-            | Error::TooSmall(_) => libc::EIO,
-        }
-    }
-
     /// Whether this error means the image itself is damaged (as opposed to a transient or usage error).
     pub fn is_corruption(&self) -> bool {
         matches!(

@@ -38,6 +38,7 @@ mod copies;
 mod engine;
 mod error;
 mod heap;
+mod info;
 #[cfg(test)]
 mod invariant_tests;
 mod load;
@@ -58,16 +59,19 @@ mod wal;
 mod writeback;
 
 pub use config::{Compression, Format, Options};
+#[doc(hidden)]
 pub use copies::Located;
 pub use engine::{Engine, RangeIter, Stats};
 pub use error::{Error, Result};
+pub use info::ImageInfo;
 pub use msg::Patch;
 pub use ops::{prefix_end, Batch, Op};
 pub use salvage::{Damage, DamagedPart, SalvageReport};
 pub use space::SpaceUse;
-pub use superblock::{
-    backup_blocks, check_label, format_uuid, parse_uuid, Superblock, FORMAT_VERSION, LABEL_AT,
-    LABEL_MAX,
-};
+/// The superblock itself, for tests that read or forge images byte by byte; tools read an image
+/// through [`ImageInfo`], and only the engine's checkpointer writes superblocks.
+#[doc(hidden)]
+pub use superblock::Superblock;
+pub use superblock::{backup_blocks, check_label, format_uuid, parse_uuid};
 pub use verify::Report;
 pub use wal::{LogStats, Lsn};

@@ -14,7 +14,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use amaranth_device::{round_up, AlignedBuf, BLOCK_SIZE};
+use amaranth_device::AlignedBuf;
 
 use crate::error::{Error, Result};
 use crate::msg::{Buffer, Msn};
@@ -22,7 +22,7 @@ use crate::node::{self, NodeHeader, NodeId, ROOT_ID};
 use crate::partition::Partition;
 use crate::rebuild::{restrict, Builder};
 use crate::superblock::Extent;
-use crate::tree::Tree;
+use crate::tree::{check_header, Tree};
 
 /// Which part of a node is damaged.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -201,17 +201,7 @@ impl<'t> Walker<'t> {
             )));
         }
         let h = node::parse_header(&img, &self.tree.format, &what, ext.offset())?;
-        if h.id != id {
-            return Err(Error::Corrupt(format!(
-                "{what}: extent holds node {} instead",
-                h.id
-            )));
-        }
-        if h.image_len > ext.len() {
-            return Err(Error::Corrupt(format!(
-                "{what}: image longer than its extent"
-            )));
-        }
+        check_header(&h, id, Some(ext), &what)?;
         Ok((h, img, ext))
     }
 
@@ -550,24 +540,9 @@ impl<'t> Walker<'t> {
             .location(id)
             .ok_or_else(|| Error::Corrupt(format!("node {id} has no location")))?;
         let what = format!("node {id}");
-        let first = self.tree.store.read(ext.offset(), BLOCK_SIZE, &what)?;
-        let span = node::header_span(&first, &what, ext.offset())?;
-        let img = if span <= first.len() {
-            first
-        } else if round_up(span) <= ext.len() {
-            self.tree.store.read(ext.offset(), round_up(span), &what)?
-        } else {
-            return Err(Error::Corrupt(format!(
-                "{what}: header larger than its extent"
-            )));
-        };
+        let img = self.tree.read_header_image(ext, &what)?;
         let h = node::parse_header(&img, &self.tree.format, &what, ext.offset())?;
-        if h.id != id {
-            return Err(Error::Corrupt(format!(
-                "{what}: extent holds node {} instead",
-                h.id
-            )));
-        }
+        check_header(&h, id, None, &what)?;
         Ok(h)
     }
 

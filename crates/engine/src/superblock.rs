@@ -311,7 +311,7 @@ impl Superblock {
         Ok(sb)
     }
 
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let bad = |m: &str| Err(Error::Corrupt(format!("superblock: {m}")));
         if self.log_start_block != 2 || self.log_blocks == 0 {
             return bad("log region out of place");
@@ -350,32 +350,17 @@ impl Superblock {
         Ok(())
     }
 
-    /// Writes this superblock into its primary slot (`generation % 2`).
-    pub fn write(&self, dev: &dyn BlockDevice) -> Result<()> {
-        self.write_at(dev, self.generation % 2)
+    /// Writes this superblock into its primary slot (`generation % 2`) as it is, without the
+    /// checks the engine makes before it writes one: for tests that forge or damage an image.
+    /// The engine writes superblocks only through its checkpointer (`engine/checkpoint.rs`).
+    #[doc(hidden)]
+    pub fn forge_for_tests(&self, dev: &dyn BlockDevice) -> Result<()> {
+        crate::engine::write_primary(dev, self)
     }
 
     /// The uuid in the usual text form (`8-4-4-4-12` hexadecimal digits).
     pub fn uuid_string(&self) -> String {
         format_uuid(&self.uuid)
-    }
-
-    /// Writes this superblock into its backup copies (none in version 1).
-    pub fn write_backups(&self, dev: &dyn BlockDevice) -> Result<()> {
-        for &b in &self.backups {
-            self.write_at(dev, b)?;
-        }
-        Ok(())
-    }
-
-    /// Writes this superblock at `block` (a primary slot or a backup location).
-    pub fn write_at(&self, dev: &dyn BlockDevice, block: u64) -> Result<()> {
-        assert!(
-            block < 2 || self.backups.contains(&block),
-            "block {block} is not a superblock location"
-        );
-        dev.write_at(block * BLOCK_SIZE as u64, &self.encode())
-            .map_err(|e| Error::io(format!("writing the superblock copy at block {block}"), e))
     }
 
     /// Reads the copies and returns the one to use, or the most telling error (see
@@ -450,6 +435,7 @@ pub fn parse_uuid(s: &str) -> std::result::Result<[u8; 16], String> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::engine::{write_backups, write_primary};
     use amaranth_device::MemDevice;
 
     /// A superblock of generation `generation` for a device of 1000 blocks.
@@ -608,8 +594,8 @@ pub(crate) mod tests {
     fn writes_go_to_the_slot_and_the_backups() {
         let dev = MemDevice::new(1000 * 4096);
         let sb = sample(5);
-        sb.write(&dev).unwrap();
-        sb.write_backups(&dev).unwrap();
+        write_primary(&dev, &sb).unwrap();
+        write_backups(&dev, &sb).unwrap();
         for b in [1u64, 250, 500, 750] {
             let got = dev.with_bytes_mut(|d| {
                 Superblock::decode(&d[b as usize * 4096..(b as usize + 1) * 4096], 0)

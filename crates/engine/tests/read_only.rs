@@ -196,7 +196,7 @@ fn a_format_1_image_read_only_stays_format_1_until_it_becomes_writable() {
     let backups = std::mem::take(&mut sb.backups);
     sb.version = 1;
     sb.label.clear();
-    sb.write(&*dev).unwrap();
+    sb.forge_for_tests(&*dev).unwrap();
     mem.with_bytes_mut(|b| {
         let other = (1 - sb.generation % 2) as usize;
         b[other * 4096..(other + 1) * 4096].fill(0);

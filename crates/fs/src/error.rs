@@ -62,7 +62,29 @@ impl From<Error> for Errno {
             Error::GroupExpired(_) | Error::GroupTooLarge { .. } => {}
             _ => log::error!("amaranth: engine error: {e}"),
         }
-        Errno(e.errno())
+        Errno(errno_of(&e))
+    }
+}
+
+/// The closest `errno` for an engine error.
+fn errno_of(e: &Error) -> i32 {
+    match e {
+        Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+        Error::InUse(_) => libc::EBUSY,
+        Error::KeyTooLong { .. } => libc::ENAMETOOLONG,
+        Error::ValueTooLarge { .. } => libc::EFBIG,
+        Error::InvalidArgument(_) | Error::InvalidConfig(_) => libc::EINVAL,
+        Error::NoSpace(_) => libc::ENOSPC,
+        Error::ReadOnly(_) => libc::EROFS,
+        Error::Closed => libc::ESHUTDOWN,
+        Error::GroupTooLarge { .. } => libc::EFBIG,
+        Error::GroupExpired(_) => libc::ETIMEDOUT,
+        Error::BadMagic(_)
+        | Error::UnsupportedVersion { .. }
+        | Error::Checksum { .. }
+        | Error::Corrupt(_)
+        | Error::Damaged(_)
+        | Error::TooSmall(_) => libc::EIO,
     }
 }
 

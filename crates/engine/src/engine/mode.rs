@@ -11,8 +11,8 @@
 
 use std::sync::atomic::Ordering;
 
+use super::checkpoint::Checkpointer;
 use super::Engine;
-use crate::copies;
 use crate::error::{Error, Result};
 use crate::load;
 use crate::superblock::Superblock;
@@ -89,7 +89,7 @@ impl Engine {
     /// A damaged image is never written but by a repair (as a read-write open refuses it).
     fn refuse_known_damage(&self) -> Result<()> {
         let inner = &self.inner;
-        if inner.sb.lock().damaged {
+        if inner.ckpt.superblock().damaged {
             return Err(Error::Damaged(
                 "recorded in the superblock when a read found a damaged node".into(),
             ));
@@ -110,7 +110,7 @@ impl Engine {
     fn prepare_writes(&self) -> Result<()> {
         let inner = &self.inner;
         let located = Superblock::locate(&*inner.dev, inner.options.fallback_superblock)?;
-        let mut sb = inner.sb.lock();
+        let mut sb = inner.ckpt.superblock();
         if located.sb.generation != sb.generation || located.sb.uuid != sb.uuid {
             return Err(Error::Corrupt(format!(
                 "the superblock changed while the image was open read-only (checkpoint {} \
@@ -123,7 +123,7 @@ impl Engine {
         for line in located.describe() {
             log::warn!("amaranth engine: {line}");
         }
-        copies::heal(&*inner.dev, &located)?;
+        Checkpointer::heal_copies(&*inner.dev, &located)?;
         load::upgrade_v1(&mut sb, &inner.tree.store);
         Ok(())
     }

@@ -1,0 +1,340 @@
+//! Creating an image and opening one: loading the last checkpoint, healing the superblock
+//! copies, a repair's survey and rebuild, replaying the log, and assembling the engine.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+
+use amaranth_device::{BlockDevice, BLOCK_SIZE};
+use parking_lot::{Condvar, Mutex};
+
+use super::checkpoint::Checkpointer;
+use super::{atomic, Engine, EngineCounters, Inner, WakeState};
+use crate::apply;
+use crate::config::{Format, Options};
+use crate::error::{Error, Result};
+use crate::load::{self, load_checkpoint, Loaded};
+use crate::node::{Node, ROOT_ID};
+use crate::salvage;
+use crate::store::{Allocator, Btt, Store};
+use crate::superblock::{backup_blocks, Extent, Superblock, FORMAT_VERSION};
+use crate::tree::Tree;
+use crate::wal::{self, Log, LogPosition};
+
+pub(super) fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most 8 bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 8, 0) };
+    if n != 8 {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        return t.as_nanos() as u64 ^ (std::process::id() as u64) << 32;
+    }
+    u64::from_le_bytes(b)
+}
+
+impl Engine {
+    /// Creates a new, empty store on `dev` (everything on the device is lost).
+    pub fn create(dev: Arc<dyn BlockDevice>, format: Format, options: Options) -> Result<Engine> {
+        format.validate()?;
+        options.validate(&format)?;
+        let dev_len = dev.len();
+        let dev_blocks = dev_len / BLOCK_SIZE as u64;
+        let backups = backup_blocks(dev_blocks);
+        // The log lies before the first backup copy (a quarter of the device).
+        let max_log = backups[0].saturating_sub(2) * BLOCK_SIZE as u64;
+        let log_size = format
+            .log_size
+            .unwrap_or_else(|| (dev_len / 16).clamp(4 << 20, 256 << 20).min(max_log))
+            .max(16 * BLOCK_SIZE as u64)
+            / BLOCK_SIZE as u64
+            * BLOCK_SIZE as u64;
+        let log_blocks = log_size / BLOCK_SIZE as u64;
+        let data_start = 2 + log_blocks;
+        let min_data = (8 * format.node_size / BLOCK_SIZE) as u64;
+        if dev_blocks < data_start + min_data {
+            return Err(Error::TooSmall(format!(
+                "{} has {} bytes; an image with a {} MiB log and {} KiB nodes needs at least {} bytes",
+                dev.describe(),
+                dev_len,
+                log_size >> 20,
+                format.node_size >> 10,
+                (data_start + min_data) * BLOCK_SIZE as u64
+            )));
+        }
+        if log_size > max_log {
+            return Err(Error::TooSmall(format!(
+                "{} has {} bytes; a {} KiB log must fit in the first quarter of the device (the \
+                 first backup superblock follows it), so the device needs at least {} bytes",
+                dev.describe(),
+                dev_len,
+                log_size >> 10,
+                4 * (log_size + 2 * BLOCK_SIZE as u64)
+            )));
+        }
+        // Invalidate whatever image was there before, backups included.
+        Checkpointer::clear_copies(&*dev, &backups)?;
+        let mut uuid = [0u8; 16];
+        uuid[..8].copy_from_slice(&random_u64().to_le_bytes());
+        uuid[8..].copy_from_slice(&random_u64().to_le_bytes());
+        let epoch = random_u64() >> 1;
+        let sb = Superblock {
+            version: FORMAT_VERSION,
+            generation: 0,
+            uuid,
+            device_blocks: dev_blocks,
+            node_size: format.node_size as u32,
+            partition_size: format.partition_size as u32,
+            max_fanout: format.max_fanout as u32,
+            max_key_len: format.max_key_len as u32,
+            max_value_len: format.max_value_len as u32,
+            compression: format.compression.code(),
+            clean: false,
+            needs_check: false,
+            log_start_block: 2,
+            log_blocks,
+            log_epoch: epoch,
+            log_tail_voff: 0,
+            log_tail_lsn: 1,
+            ckpt_lsn: 1,
+            next_msn: 1,
+            next_node_id: ROOT_ID + 1,
+            root_id: ROOT_ID,
+            btt: Extent {
+                block: data_start,
+                blocks: 1,
+            },
+            btt_crc: 0,
+            btt_count: 0,
+            created_unix: now_unix(),
+            checkpoint_unix: 0,
+            label: String::new(),
+            damaged: false,
+            backups: backups.clone(),
+        };
+        let mut alloc = Allocator::new(data_start, dev_blocks);
+        for &b in &backups {
+            assert!(
+                alloc.claim(Extent {
+                    block: b,
+                    blocks: 1
+                }),
+                "backup block {b} outside the free data area"
+            );
+        }
+        let btt = Btt {
+            current: HashMap::new(),
+            checkpointed: HashMap::new(),
+            in_progress: None,
+            checkpointed_table: None,
+            alloc,
+        };
+        let store = Arc::new(Store::new(dev.clone(), btt));
+        let mut tree = Tree::new(format, store, options.cache_size, ROOT_ID + 1, 1);
+        tree.check_invariants |= options.check_invariants;
+        tree.cache.insert(ROOT_ID, Node::empty_leaf(), true, 0);
+        let log = Log::new(
+            dev.clone(),
+            2 * BLOCK_SIZE as u64,
+            log_size,
+            options.checkpoint_log_fraction,
+            LogPosition {
+                epoch,
+                voff: 0,
+                next_lsn: 1,
+            },
+        );
+        let engine = Engine::assemble(dev, tree, log, options, sb, false, 0);
+        engine.inner.checkpoint(false)?;
+        engine.start_threads();
+        Ok(engine)
+    }
+
+    /// Opens an existing store, replaying the log after its last checkpoint.
+    ///
+    /// A log record that cannot be applied (it does not decode, or it would write a key or value
+    /// past the format's limits; only a writer with a bug logs one, since every batch is checked
+    /// before it is logged) does not make the image unopenable: it is skipped whole, with an error
+    /// in the log, counted in [`Stats::skipped_records`], and the image is flagged for a check
+    /// ([`Stats::needs_check`], kept in the superblock).
+    pub fn open(dev: Arc<dyn BlockDevice>, options: Options) -> Result<Engine> {
+        let Loaded {
+            located,
+            mut sb,
+            tree,
+            ..
+        } = load_checkpoint(&dev, &options)?;
+        if sb.damaged && !options.read_only && !options.salvage {
+            return Err(Error::Damaged(format!(
+                "recorded by checkpoint {} when a read found a damaged node",
+                sb.generation
+            )));
+        }
+        if !options.read_only {
+            // Before anything is written: the backups must describe this checkpoint before the
+            // allocator hands out blocks an older one still uses.
+            Checkpointer::heal_copies(&*dev, &located)?;
+            load::upgrade_v1(&mut sb, &tree.store);
+        }
+        let mut salvaged = None;
+        if options.salvage {
+            let mut report = salvage::survey(&tree)?;
+            if !report.damage.is_empty() {
+                log::warn!(
+                    "amaranth engine: {} damaged nodes, partitions or buffers; rebuilding the tree \
+                     from what is intact",
+                    report.damage.len()
+                );
+                report = salvage::rebuild(&tree)?;
+            }
+            report.superblock = located.describe();
+            salvaged = Some(report);
+        }
+        let region_start = sb.log_start_block * BLOCK_SIZE as u64;
+        let region_len = sb.log_blocks * BLOCK_SIZE as u64;
+        let ckpt_lsn = sb.ckpt_lsn;
+        let mut skipped = 0u64;
+        // A repair replays what it can: a record whose application hits damage ends the replay.
+        let mut replay_stop: Option<String> = None;
+        let mut replay = atomic::Replay::default();
+        let recovered = wal::recover(
+            &*dev,
+            region_start,
+            region_len,
+            sb.log_epoch,
+            sb.log_tail_voff,
+            sb.log_tail_lsn,
+            !sb.clean,
+            |lsn, payload| {
+                replay.record(lsn, payload, &mut |lsn, payload| {
+                    if lsn < ckpt_lsn || replay_stop.is_some() {
+                        return Ok(());
+                    }
+                    match apply::replay_record(&tree, lsn, payload, &mut skipped) {
+                        Err(e) if options.salvage && e.is_damage() => {
+                            replay_stop =
+                                Some(format!("log record {lsn} could not be replayed: {e}"));
+                            Ok(())
+                        }
+                        r => r,
+                    }
+                })
+            },
+        )?;
+        let dropped = match replay.finish() {
+            Some((group, records)) => {
+                log::warn!(
+                    "amaranth engine: atomic group {group} never committed: its records and \
+                     everything logged after its first one ({records} records) were dropped"
+                );
+                records as u64
+            }
+            None => 0,
+        };
+        if skipped > 0 {
+            // Kept in the superblock (the next checkpoint writes it) until a check clears it.
+            sb.needs_check = true;
+            log::error!(
+                "amaranth engine: {skipped} log records could not be applied; run `amaranth fsck`"
+            );
+        }
+        if let Some(e) = recovered.damage.clone() {
+            match &mut salvaged {
+                Some(report) => report.log = Some(e.to_string()),
+                None => return Err(e),
+            }
+        }
+        if let (Some(report), Some(stop)) = (&mut salvaged, replay_stop) {
+            report.log = Some(stop);
+        }
+        let replayed = (recovered.records - dropped).min(
+            recovered
+                .next_lsn
+                .saturating_sub(ckpt_lsn)
+                .saturating_sub(dropped),
+        );
+        let epoch = if options.read_only {
+            sb.log_epoch
+        } else {
+            sb.log_epoch.wrapping_add(1)
+        };
+        let log = Log::new(
+            dev.clone(),
+            region_start,
+            region_len,
+            options.checkpoint_log_fraction,
+            LogPosition {
+                epoch,
+                voff: recovered.resume_voff,
+                next_lsn: recovered.next_lsn.max(ckpt_lsn),
+            },
+        );
+        let after_crash = !sb.clean;
+        let read_only = options.read_only;
+        let damaged = sb.damaged;
+        let mut engine = Engine::assemble(dev, tree, log, options, sb, after_crash, replayed);
+        if let Some(inner) = Arc::get_mut(&mut engine.inner) {
+            inner.recovery_stop = recovered.stop_reason;
+            inner.skipped_records = skipped;
+            inner.superblock_notes = located.describe();
+            inner.damage = AtomicBool::new(damaged && !inner.options.salvage);
+            inner.salvaged = salvaged;
+        }
+        if !read_only {
+            // A checkpoint starts a new log epoch: chunks left from before can never be replayed.
+            engine.inner.checkpoint(false)?;
+            engine.inner.note_space_baseline();
+            engine.start_threads();
+        }
+        Ok(engine)
+    }
+
+    pub(super) fn assemble(
+        dev: Arc<dyn BlockDevice>,
+        tree: Tree,
+        log: Log,
+        options: Options,
+        sb: Superblock,
+        opened_after_crash: bool,
+        recovered_records: u64,
+    ) -> Engine {
+        Engine {
+            inner: Arc::new(Inner {
+                dev,
+                tree,
+                log,
+                options,
+                ckpt: Checkpointer::new(sb),
+                failed: Mutex::new(None),
+                closed: AtomicBool::new(false),
+                stop: AtomicBool::new(false),
+                wake: Condvar::new(),
+                wake_state: Mutex::new(WakeState::default()),
+                counters: EngineCounters::default(),
+                // After a crash the tree may hold range deletes nobody pushed down yet.
+                deletes_seen: AtomicU64::new(opened_after_crash as u64),
+                deletes_pushed: AtomicU64::new(0),
+                space_baseline: AtomicU64::new(0),
+                opened_after_crash,
+                recovered_records,
+                recovery_stop: String::new(),
+                skipped_records: 0,
+                mode: parking_lot::RwLock::new(()),
+                damage: AtomicBool::new(false),
+                damage_detail: Mutex::new(None),
+                superblock_notes: Vec::new(),
+                salvaged: None,
+                groups: atomic::Groups::default(),
+            }),
+            threads: Mutex::new(Vec::new()),
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! Iterating over a key range one leaf at a time ([`RangeIter`]).
+
+use std::collections::VecDeque;
+use std::ops::Bound;
+
+use super::Engine;
+use crate::error::Result;
+use crate::read::Target;
+
+/// Converts bounds to an inclusive low key and an exclusive high key (`None` low: empty range).
+pub(super) fn normalize(lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
+    let lo = match lo {
+        Bound::Included(k) => Some(k.to_vec()),
+        Bound::Excluded(k) => {
+            let mut v = k.to_vec();
+            v.push(0);
+            Some(v)
+        }
+        Bound::Unbounded => Some(Vec::new()),
+    };
+    let hi = match hi {
+        Bound::Included(k) => {
+            let mut v = k.to_vec();
+            v.push(0);
+            Some(v)
+        }
+        Bound::Excluded(k) => Some(k.to_vec()),
+        Bound::Unbounded => None,
+    };
+    match (&lo, &hi) {
+        (Some(l), Some(h)) if l >= h => (None, hi),
+        _ => (lo, hi),
+    }
+}
+
+/// An iterator over a key range, one leaf at a time.
+pub struct RangeIter<'a> {
+    engine: &'a Engine,
+    lo: Vec<u8>,
+    hi: Option<Vec<u8>>,
+    forward: bool,
+    /// Next position: forward, the inclusive start; reverse, the exclusive end.
+    cursor: Option<Option<Vec<u8>>>,
+    buf: VecDeque<(Vec<u8>, Vec<u8>)>,
+}
+
+impl<'a> RangeIter<'a> {
+    pub(super) fn new(
+        engine: &'a Engine,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        forward: bool,
+    ) -> RangeIter<'a> {
+        let (lo, hi) = normalize(lo, hi);
+        let cursor = lo
+            .as_ref()
+            .map(|l| if forward { Some(l.clone()) } else { hi.clone() });
+        RangeIter {
+            engine,
+            lo: lo.unwrap_or_default(),
+            hi,
+            forward,
+            cursor,
+            buf: VecDeque::new(),
+        }
+    }
+
+    fn refill(&mut self) -> Result<()> {
+        let tree = &self.engine.inner.tree;
+        while self.buf.is_empty() {
+            let Some(cur) = self.cursor.take() else {
+                return Ok(());
+            };
+            let buf = &mut self.buf;
+            let mut push = |k: &[u8], v: &[u8]| {
+                buf.push_back((k.to_vec(), v.to_vec()));
+                true
+            };
+            if self.forward {
+                let start = cur.expect("forward cursor");
+                let chunk = tree.chunk(Target::AtOrAfter(&start), &start, self.hi.as_deref())?;
+                chunk.walk(&start, self.hi.as_deref(), true, &mut push);
+                self.cursor = match &chunk.hi {
+                    Some(h) if self.hi.as_ref().is_none_or(|e| h < e) => Some(Some(h.clone())),
+                    _ => None,
+                };
+            } else {
+                let chunk = tree.chunk(Target::Before(cur.as_deref()), &self.lo, cur.as_deref())?;
+                chunk.walk(&self.lo, cur.as_deref(), false, &mut push);
+                self.cursor = if !chunk.lo.is_empty() && chunk.lo > self.lo {
+                    Some(Some(chunk.lo.clone()))
+                } else {
+                    None
+                };
+            }
+            tree.make_room()?;
+        }
+        Ok(())
+    }
+}
+
+impl Iterator for RangeIter<'_> {
+    type Item = Result<(Vec<u8>, Vec<u8>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.buf.is_empty() {
+            if let Err(e) = self.refill() {
+                self.engine.inner.note_damage(&e);
+                self.cursor = None;
+                return Some(Err(e));
+            }
+        }
+        self.buf.pop_front().map(Ok)
+    }
+}

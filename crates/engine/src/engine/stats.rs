@@ -1,0 +1,196 @@
+//! [`Stats`]: a snapshot of the engine's state and activity, for `amaranth stat` and benchmarks.
+
+use std::sync::atomic::Ordering;
+
+use amaranth_device::{IoStats, BLOCK_SIZE};
+
+use super::Engine;
+use crate::node::ROOT_ID;
+use crate::space::SpaceUse;
+use crate::wal::LogStats;
+
+/// A snapshot of the engine's state and activity.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    /// Height of the tree (0: the root is a leaf).
+    pub height: u32,
+    /// Nodes with an on-disk location plus nodes not yet written.
+    pub nodes: u64,
+    /// Nodes in memory.
+    pub cached_nodes: usize,
+    /// Dirty nodes in memory.
+    pub dirty_nodes: usize,
+    /// Bytes of nodes accounted in memory.
+    pub cache_bytes: usize,
+    /// Highest cache usage seen.
+    pub cache_peak_bytes: usize,
+    /// The cache bound.
+    pub cache_budget: usize,
+    /// Memory held outside the engine that the bound covers (set by
+    /// [`Engine::set_external_memory`]); the nodes get the rest, down to half the bound.
+    pub cache_external_bytes: usize,
+    /// Node loads answered from memory / from disk.
+    pub cache_hits: u64,
+    /// Node loads from disk.
+    pub cache_misses: u64,
+    /// Partition loads from disk.
+    pub partition_loads: u64,
+    /// Nodes evicted.
+    pub evictions: u64,
+    /// Dirty nodes written by eviction.
+    pub writebacks: u64,
+    /// Operations written.
+    pub writes: u64,
+    /// Bytes of keys and values the user wrote.
+    pub user_bytes_written: u64,
+    /// Device I/O.
+    pub device: IoStats,
+    /// Node images written / bytes.
+    pub node_writes: u64,
+    /// Bytes of node images written.
+    pub node_bytes_written: u64,
+    /// Node reads / bytes.
+    pub node_reads: u64,
+    /// Bytes read for nodes.
+    pub node_bytes_read: u64,
+    /// Device bytes written per byte of user data.
+    pub write_amplification: f64,
+    /// Log activity.
+    pub log: LogStats,
+    /// Buffer flushes.
+    pub flushes: u64,
+    /// Bytes moved by flushes.
+    pub bytes_flushed: u64,
+    /// Leaf pieces created by splits.
+    pub leaf_splits: u64,
+    /// Internal pieces created by splits.
+    pub internal_splits: u64,
+    /// Merges.
+    pub merges: u64,
+    /// Completed checkpoints (this session).
+    pub checkpoints: u64,
+    /// Time spent in checkpoints (this session).
+    pub checkpoint_seconds: f64,
+    /// `sync` calls.
+    pub syncs: u64,
+    /// Checkpoint generation on disk.
+    pub generation: u64,
+    /// Free bytes in the data area.
+    pub free_bytes: u64,
+    /// Size of the data area.
+    pub data_bytes: u64,
+    /// Free extents (fragmentation).
+    pub free_extents: usize,
+    /// The data area's use, dirty nodes included.
+    pub space: SpaceUse,
+    /// Size of the device.
+    pub device_bytes: u64,
+    /// The image was not closed cleanly before this open.
+    pub opened_after_crash: bool,
+    /// Log records replayed at open.
+    pub recovered_records: u64,
+    /// Why log replay stopped where it did at open.
+    pub recovery_stop: String,
+    /// Log records skipped at open because they could not be applied (only a writer with a bug
+    /// logs such a record; see [`Engine::open`]).
+    pub skipped_records: u64,
+    /// The image is flagged for a check: records were skipped at some open since the flag was
+    /// last cleared ([`Engine::clear_needs_check`]).
+    pub needs_check: bool,
+    /// The error that made the engine read-only, if any.
+    pub failure: Option<String>,
+    /// Damage is known (found by a read, or recorded in the superblock): what was found, if this
+    /// session found it.
+    pub known_damage: Option<String>,
+    /// What was wrong with the superblock copies at open (damaged or overwritten copies, a
+    /// fallback to a backup copy); empty when nothing was.
+    pub superblock_notes: Vec<String>,
+}
+
+impl Engine {
+    /// A snapshot of counters and sizes.
+    pub fn stats(&self) -> Stats {
+        let i = &self.inner;
+        let t = &i.tree;
+        let height = t.pin(ROOT_ID).map(|r| r.read().height).unwrap_or(0);
+        let (nodes_on_disk, free, total, frag) = {
+            let b = t.store.btt.lock();
+            (
+                b.current.len() as u64,
+                b.alloc.free_blocks(),
+                b.alloc.total_blocks(),
+                b.alloc.free_extents(),
+            )
+        };
+        let all = t.cache.all();
+        let dirty = all.iter().filter(|c| c.is_dirty()).count();
+        let unwritten = all
+            .iter()
+            .filter(|c| t.store.location(c.id).is_none())
+            .count() as u64;
+        let (generation, needs_check) = i.ckpt.generation_and_check();
+        let device = i.dev.io_stats();
+        let user = i.counters.user_bytes.load(Ordering::Relaxed);
+        let sc = &t.store.counters;
+        let cc = &t.cache.counters;
+        let tc = &t.counters;
+        Stats {
+            height,
+            nodes: nodes_on_disk + unwritten,
+            cached_nodes: all.len(),
+            dirty_nodes: dirty,
+            cache_bytes: t.cache.used(),
+            cache_peak_bytes: cc.peak.load(Ordering::Relaxed),
+            cache_budget: t.cache.budget(),
+            cache_external_bytes: t.cache.external(),
+            cache_hits: cc.hits.load(Ordering::Relaxed),
+            cache_misses: cc.misses.load(Ordering::Relaxed),
+            partition_loads: cc.partition_loads.load(Ordering::Relaxed),
+            evictions: cc.evictions.load(Ordering::Relaxed),
+            writebacks: cc.writebacks.load(Ordering::Relaxed),
+            writes: i.counters.writes.load(Ordering::Relaxed),
+            user_bytes_written: user,
+            device,
+            node_writes: sc.nodes_written.load(Ordering::Relaxed),
+            node_bytes_written: sc.node_bytes_written.load(Ordering::Relaxed),
+            node_reads: sc.node_reads.load(Ordering::Relaxed),
+            node_bytes_read: sc.node_bytes_read.load(Ordering::Relaxed),
+            write_amplification: if user > 0 {
+                device.bytes_written as f64 / user as f64
+            } else {
+                0.0
+            },
+            log: i.log.stats(),
+            flushes: tc.flushes.load(Ordering::Relaxed),
+            bytes_flushed: tc.bytes_flushed.load(Ordering::Relaxed),
+            leaf_splits: tc.leaf_splits.load(Ordering::Relaxed),
+            internal_splits: tc.internal_splits.load(Ordering::Relaxed),
+            merges: tc.merges.load(Ordering::Relaxed),
+            checkpoints: i.ckpt.count.load(Ordering::Relaxed),
+            checkpoint_seconds: i.ckpt.nanos.load(Ordering::Relaxed) as f64 / 1e9,
+            syncs: i.counters.syncs.load(Ordering::Relaxed),
+            generation,
+            free_bytes: free * BLOCK_SIZE as u64,
+            data_bytes: total * BLOCK_SIZE as u64,
+            free_extents: frag,
+            space: self.space_use(),
+            device_bytes: i.dev.len(),
+            opened_after_crash: i.opened_after_crash,
+            recovered_records: i.recovered_records,
+            recovery_stop: i.recovery_stop.clone(),
+            skipped_records: i.skipped_records,
+            needs_check,
+            failure: i.failure().map(|e| e.to_string()),
+            known_damage: if i.damage.load(Ordering::Acquire) {
+                Some(
+                    i.damage_detail.lock().clone().unwrap_or_else(|| {
+                        "recorded in the superblock by an earlier session".into()
+                    }),
+                )
+            } else {
+                None
+            },
+            superblock_notes: i.superblock_notes.clone(),
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The background threads: the log flusher (group commit at `Options::log_flush_interval`), the
+//! checkpointer (at `Options::checkpoint_interval` or when asked) and the cleaner (flushes an
+//! overfull root, drains heavy buffers and pushes range deletes down while idle, gives free
+//! memory back).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{Engine, Inner};
+use crate::apply::flush_root;
+
+/// How often the cleaner hands the allocator's free pages back to the system.
+const TRIM_INTERVAL: Duration = Duration::from_secs(1);
+
+impl Engine {
+    pub(super) fn start_threads(&self) {
+        if !self.inner.options.background_threads || self.inner.tree.is_read_only() {
+            return;
+        }
+        self.inner.stop.store(false, Ordering::Release);
+        let mut t = self.threads.lock();
+        let spawn = |name: &str, f: fn(&Arc<Inner>)| {
+            let inner = self.inner.clone();
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || f(&inner))
+                .expect("spawning an engine thread")
+        };
+        t.push(spawn("amaranth-log", Inner::background_log_flusher));
+        t.push(spawn("amaranth-ckpt", Inner::background_checkpointer));
+        t.push(spawn("amaranth-clean", Inner::background_cleaner));
+    }
+
+    pub(super) fn stop_threads(&self) {
+        self.inner.stop.store(true, Ordering::Release);
+        {
+            let _w = self.inner.wake_state.lock();
+            self.inner.wake.notify_all();
+        }
+        for h in self.threads.lock().drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Inner {
+    fn background_checkpointer(self: &Arc<Inner>) {
+        let mut last = Instant::now();
+        loop {
+            let wanted = {
+                let mut w = self.wake_state.lock();
+                let deadline = last + self.options.checkpoint_interval;
+                while !self.stop.load(Ordering::Acquire)
+                    && !w.checkpoint_wanted
+                    && Instant::now() < deadline
+                {
+                    self.wake.wait_until(&mut w, deadline);
+                }
+                std::mem::take(&mut w.checkpoint_wanted)
+            };
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            if self.failure().is_some() {
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+            let _ = wanted;
+            // Deleted data leaves the device only once its range deletes reach the leaves: do
+            // that before every checkpoint, so that space freed before a checkpoint starts is
+            // free when it completes (unless the log is filling up: then the checkpoint first).
+            let mut pushed = !self.deletes_pending();
+            if !pushed {
+                let log_limit = self.log.stats().capacity / 8 * 5;
+                let give_up =
+                    || self.stop.load(Ordering::Acquire) || self.log.stats().used > log_limit;
+                match self.push_deletes_down(give_up) {
+                    Ok(complete) => pushed = complete,
+                    Err(e) => self.fail(&e),
+                }
+            }
+            if self.checkpoint(false).is_ok() && pushed {
+                self.note_space_baseline();
+            }
+            last = Instant::now();
+        }
+    }
+
+    fn background_log_flusher(self: &Arc<Inner>) {
+        loop {
+            {
+                let mut w = self.wake_state.lock();
+                if !self.stop.load(Ordering::Acquire) {
+                    self.wake.wait_for(&mut w, self.options.log_flush_interval);
+                }
+            }
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let st = self.log.stats();
+            if st.durable_lsn < st.next_lsn && self.failure().is_none() {
+                let _ = self.sync();
+            }
+        }
+    }
+
+    fn background_cleaner(self: &Arc<Inner>) {
+        let node_size = self.tree.format.node_size;
+        // Where the running pass that pushes range deletes down resumes, and how many deletes
+        // had been counted when it began (those are the ones it will have pushed down).
+        let mut reclaim: Option<(Vec<u8>, u64)> = None;
+        let mut last_trim = Instant::now();
+        loop {
+            let (flush, idle) = {
+                let mut w = self.wake_state.lock();
+                // A pass pushing range deletes down goes on without pausing while idle.
+                if !self.stop.load(Ordering::Acquire) && !w.flush_wanted && reclaim.is_none() {
+                    self.wake.wait_for(&mut w, Duration::from_secs(1));
+                }
+                let idle = w
+                    .last_write
+                    .is_none_or(|t| t.elapsed() > Duration::from_secs(1));
+                (std::mem::take(&mut w.flush_wanted), idle)
+            };
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            if self.failure().is_some() {
+                continue;
+            }
+            if flush {
+                let _ = self.note(flush_root(&self.tree, false));
+            } else if idle && (reclaim.is_some() || self.deletes_pending()) {
+                // Idle after deletes: push range deletes down to the leaves, a few flushes per
+                // tick, so that the deleted data's space comes back without waiting for the
+                // next checkpoint; a checkpoint at the end of the pass frees the old images.
+                let (from, counted) = reclaim
+                    .take()
+                    .unwrap_or_else(|| (Vec::new(), self.deletes_seen.load(Ordering::Relaxed)));
+                match self.push_deletes_round(&from, 8) {
+                    Ok(Some(next)) => reclaim = Some((next, counted)),
+                    Ok(None) => {
+                        self.deletes_pushed.fetch_max(counted, Ordering::Relaxed);
+                        if self.checkpoint(false).is_ok() {
+                            self.note_space_baseline();
+                        }
+                    }
+                    Err(e) => self.fail(&e),
+                }
+            } else if idle {
+                // Idle: drain heavy buffers a little at a time (bounded work per tick).
+                for _ in 0..8 {
+                    let step = {
+                        let _w = self.tree.writers.read();
+                        self.tree.flush_step(node_size / 2)
+                    };
+                    // Each step can load a child: keep the bound between steps, not after eight.
+                    let step = step.and_then(|did| self.tree.make_room().map(|()| did));
+                    match step {
+                        Ok(true) => {}
+                        Ok(false) => break,
+                        Err(e) => {
+                            self.fail(&e);
+                            break;
+                        }
+                    }
+                    if self.stop.load(Ordering::Acquire)
+                        || self
+                            .wake_state
+                            .lock()
+                            .last_write
+                            .is_some_and(|t| t.elapsed() <= Duration::from_secs(1))
+                    {
+                        break;
+                    }
+                }
+            }
+            let _ = self.note(self.tree.make_room());
+            if last_trim.elapsed() >= TRIM_INTERVAL {
+                crate::heap::give_back_free_memory();
+                last_trim = Instant::now();
+            }
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! The write path: a batch is validated, admitted to the log (checkpointing when the log is
+//! full), logged and applied in one step; the housekeeping after a write keeps the root, the
+//! cache and the log buffer within their bounds; `sync` makes the log durable.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::Inner;
+use crate::apply::{self, apply_ops, flush_root};
+use crate::error::{Error, Result};
+use crate::ops::{self, Op};
+use crate::wal::{Lsn, Space};
+
+/// The log buffer is written (not synced) once it holds this much.
+const LOG_WRITE_THRESHOLD: usize = 1 << 20;
+
+impl Inner {
+    /// Makes room in the log for `len` more bytes, checkpointing if needed.
+    pub(super) fn admit(&self, len: usize) -> Result<()> {
+        match self.log.space(len) {
+            Space::Ok => Ok(()),
+            Space::CheckpointSoon => {
+                if self.options.background_threads {
+                    self.request(false, true);
+                    Ok(())
+                } else if self.groups.has_records() {
+                    // Not needed yet; it would wait for the open atomic group.
+                    Ok(())
+                } else {
+                    self.checkpoint(false)
+                }
+            }
+            Space::Full => {
+                if !self.options.background_threads {
+                    return self.checkpoint(false);
+                }
+                self.request(false, true);
+                match self.log.wait_space(len, Duration::from_secs(120)) {
+                    Space::Full => Err(Error::NoSpace(
+                        "the redo log stayed full (checkpoints are failing?)".into(),
+                    )),
+                    _ => Ok(()),
+                }
+            }
+        }
+    }
+
+    pub(super) fn request(&self, flush: bool, checkpoint: bool) {
+        let mut w = self.wake_state.lock();
+        w.flush_wanted |= flush;
+        w.checkpoint_wanted |= checkpoint;
+        self.wake.notify_all();
+    }
+
+    pub(super) fn write_ops(&self, ops: Vec<Op>) -> Result<Lsn> {
+        self.write_marked(ops, None)
+    }
+
+    /// Validates, admits, logs and applies a batch; `group` marks a record of an atomic group.
+    pub(super) fn write_marked(&self, ops: Vec<Op>, group: Option<apply::Gate<'_>>) -> Result<Lsn> {
+        let _mode = self.mode.read();
+        self.check_writable()?;
+        for op in &ops {
+            op.validate(&self.tree.format)?;
+        }
+        let estimate = ops::record_bytes(&ops) + if group.is_some() { ops::MARK_BYTES } else { 0 };
+        if estimate > self.log.max_record() {
+            return Err(Error::InvalidArgument(format!(
+                "a batch of {estimate} bytes exceeds the largest log record ({} bytes)",
+                self.log.max_record()
+            )));
+        }
+        self.admit(estimate)?;
+        let user_bytes: u64 = ops.iter().map(|o| o.user_bytes() as u64).sum();
+        let deletes = ops
+            .iter()
+            .filter(|o| matches!(o, Op::RangeDelete { .. } | Op::MovePrefix { .. }))
+            .count() as u64;
+        let r = apply_ops(&self.tree, Some(&self.log), ops, None, group);
+        let lsn = match r {
+            Ok(l) => l.expect("a logged batch has an LSN"),
+            Err(e) => {
+                self.fail(&e);
+                return Err(e);
+            }
+        };
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .user_bytes
+            .fetch_add(user_bytes, Ordering::Relaxed);
+        if deletes > 0 {
+            self.deletes_seen.fetch_add(deletes, Ordering::Relaxed);
+        }
+        self.after_write();
+        Ok(lsn)
+    }
+
+    /// Housekeeping after an operation was applied: flush an overfull root, keep the memory bound,
+    /// write a large log buffer. The operation is already applied and logged, so a failure here is
+    /// not the operation's failure: it is recorded (an I/O failure makes the engine refuse later
+    /// writes, and `sync` reports it) and, for lack of space, the memory bound is exceeded for a
+    /// while instead.
+    pub(super) fn after_write(&self) {
+        let node_size = self.tree.format.node_size;
+        let r = (|| -> Result<()> {
+            let root_bytes = self.tree.root_bytes()?;
+            if root_bytes > node_size {
+                if self.options.background_threads && root_bytes <= 2 * node_size {
+                    self.request(true, false);
+                } else {
+                    flush_root(&self.tree, false)?;
+                }
+            }
+            self.tree.make_room()?;
+            if self.log.buffered() > LOG_WRITE_THRESHOLD.min(self.log.max_record()) {
+                self.log.flush(false)?;
+            }
+            if self.garbage_over_bound() {
+                if self.options.background_threads {
+                    self.request(false, true);
+                } else {
+                    self.push_deletes_down(|| false)?;
+                    self.checkpoint(false)?;
+                    self.note_space_baseline();
+                }
+            }
+            Ok(())
+        })();
+        match r {
+            Ok(()) => {}
+            Err(Error::NoSpace(m)) => log::warn!(
+                "amaranth engine: cannot write back nodes ({m}); the cache is over its bound"
+            ),
+            Err(e) => self.fail(&e),
+        }
+        if self.options.background_threads {
+            self.wake_state.lock().last_write = Some(Instant::now());
+        }
+    }
+
+    pub(super) fn sync(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        if self.tree.is_read_only() {
+            return Ok(());
+        }
+        self.counters.syncs.fetch_add(1, Ordering::Relaxed);
+        let r = self.log.flush(true);
+        if let Err(e) = &r {
+            self.fail(e);
+        }
+        r
+    }
+}

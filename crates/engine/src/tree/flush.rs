@@ -1,0 +1,252 @@
+//! Flushes: moving a parent's buffer down into a child (the heaviest first), one step at a time
+//! from the root, or node by node over a key range (`drain_from`, which pushes range deletes down).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::inject::route_range;
+use super::Tree;
+use crate::cache::{CachedNode, WriteGuard};
+use crate::config::Format;
+use crate::error::{Error, Result};
+use crate::msg::Buffer;
+use crate::node::{child_index, Body, Node, ROOT_ID};
+
+impl Tree {
+    /// Flushes along the heaviest path from the root while buffers hold more than `threshold` bytes,
+    /// fixing the root's shape first. Returns whether anything changed. The caller holds `writers`
+    /// shared (or exclusive) and no latch.
+    pub fn flush_step(&self, threshold: usize) -> Result<bool> {
+        let mut pins: Vec<Arc<CachedNode>> = Vec::new();
+        let mut did = false;
+        'retry: for _ in 0..256 {
+            let root = self.pin(ROOT_ID)?;
+            let mut pg = root.write();
+            if !pg.fully_resident() {
+                drop(pg);
+                self.load_partitions(&root, None)?;
+                pins.push(root);
+                continue 'retry;
+            }
+            match self.fix_root(&root, &mut pg)? {
+                Ok(changed) => did |= changed,
+                Err(need) => {
+                    drop(pg);
+                    pins.push(self.satisfy(need)?);
+                    continue 'retry;
+                }
+            }
+            let mut pcn = root;
+            loop {
+                let (c, cid) = match &pg.body {
+                    Body::Internal(n) if n.buffered_bytes() > threshold => {
+                        let c = n.heaviest_child();
+                        (c, n.children[c])
+                    }
+                    _ => return Ok(did),
+                };
+                // Below the root the child is loaded while this node stays latched (only readers
+                // passing through this node wait); at the root, let go and start again instead.
+                let at_root = pcn.id == ROOT_ID;
+                let ccn = match self.cache.get(cid) {
+                    Some(c) => c,
+                    None if at_root => {
+                        drop(pg);
+                        pins.push(self.load_with(cid, true)?);
+                        continue 'retry;
+                    }
+                    None => self.load_with(cid, true)?,
+                };
+                if !ccn.read().fully_resident() {
+                    if at_root {
+                        drop(pg);
+                        self.load_partitions(&ccn, None)?;
+                        pins.push(ccn);
+                        continue 'retry;
+                    }
+                    self.load_partitions(&ccn, None)?;
+                }
+                let mut cg = ccn.write();
+                if !cg.fully_resident() {
+                    // Evicted again between the load and the latch (tiny cache): start over.
+                    drop(cg);
+                    drop(pg);
+                    pins.push(ccn);
+                    continue 'retry;
+                }
+                let child_alive = self.flush_into_child(&pcn, &mut pg, c, &ccn, &mut cg)?;
+                did = true;
+                let child_over = child_alive
+                    && matches!(&cg.body, Body::Internal(n) if n.buffered_bytes() > threshold);
+                if child_over {
+                    // Go down: the child must drain before more is pushed into it.
+                    drop(pg);
+                    pg = cg;
+                    pcn = ccn;
+                }
+                // Otherwise stay at this node and flush its next heaviest buffer if it is still over.
+            }
+        }
+        Err(Error::Corrupt(
+            "a flush could not keep its path in memory (cache too small for the tree?)".into(),
+        ))
+    }
+
+    /// Flushes buffers down to the leaves, depth first in key order, starting with the subtree
+    /// holding `from` and stopping after about `max_flushes` flushes. Returns where to resume
+    /// (`None`: the end of the tree was reached). Holds the write latches of the path it works on,
+    /// so readers wait: a maintenance operation (reclaiming the space of deleted data), not for the
+    /// fast path. The caller holds `writers` shared. With `deletes_only`, only buffers that hold a
+    /// range delete are flushed (what frees the space of deleted data).
+    pub fn drain_from(
+        &self,
+        from: &[u8],
+        max_flushes: usize,
+        deletes_only: bool,
+    ) -> Result<(usize, Option<Vec<u8>>)> {
+        let root = self.pin(ROOT_ID)?;
+        self.load_partitions(&root, None)?;
+        let mut g = root.write();
+        if !g.fully_resident() {
+            return Ok((0, Some(from.to_vec())));
+        }
+        let mut work = DrainWork {
+            max_flushes,
+            deletes_only,
+            flushes: 0,
+        };
+        let resume = self.drain_node(&root, &mut g, from, None, &mut work)?;
+        Ok((work.flushes, resume))
+    }
+
+    pub(super) fn drain_node(
+        &self,
+        cn: &Arc<CachedNode>,
+        g: &mut WriteGuard,
+        from: &[u8],
+        node_hi: Option<&[u8]>,
+        work: &mut DrainWork,
+    ) -> Result<Option<Vec<u8>>> {
+        let mut i = match &g.body {
+            Body::Internal(n) => child_index(&n.pivots, from),
+            Body::Leaf(_) => return Ok(None),
+        };
+        loop {
+            let (cid, pending, lo, hi) = match &g.body {
+                Body::Internal(n) if i < n.children.len() => {
+                    let (l, h) = n.child_bounds(i, &[], node_hi);
+                    let pending = if work.deletes_only {
+                        n.buffers[i].data().is_some_and(|b| b.counts().1 > 0)
+                    } else {
+                        !n.buffers[i].is_empty()
+                    };
+                    (n.children[i], pending, l.to_vec(), h.map(|h| h.to_vec()))
+                }
+                _ => return Ok(None),
+            };
+            if work.flushes >= work.max_flushes {
+                return Ok(Some(lo));
+            }
+            if !pending && g.height == 1 {
+                // A leaf with nothing to receive: no need to read it.
+                i += 1;
+                continue;
+            }
+            let ccn = match self.cache.get(cid) {
+                Some(c) => c,
+                None => self.load_with(cid, true)?,
+            };
+            if !ccn.read().fully_resident() {
+                self.load_partitions(&ccn, None)?;
+            }
+            // A pass pushing range deletes down empties leaves: keep a sibling in memory so that
+            // the emptied child can merge into it (merges only take resident siblings).
+            let _sibling = if pending && work.deletes_only {
+                self.pin_sibling(g, i)?
+            } else {
+                None
+            };
+            let mut cg = ccn.write();
+            if pending {
+                let alive = self.flush_into_child(cn, g, i, &ccn, &mut cg)?;
+                work.flushes += 1;
+                if !alive {
+                    // Merged into its left sibling: look at that one again.
+                    i = i.saturating_sub(1);
+                    continue;
+                }
+            }
+            if matches!(cg.body, Body::Internal(_)) {
+                let start = if from > lo.as_slice() {
+                    from
+                } else {
+                    lo.as_slice()
+                };
+                if let Some(resume) = self.drain_node(&ccn, &mut cg, start, hi.as_deref(), work)? {
+                    return Ok(Some(resume));
+                }
+            }
+            i += 1;
+        }
+    }
+
+    /// Moves buffer `c` of the parent into the child, then restructures the child (split or merge).
+    /// Returns whether the child still exists (a merge may fold it into its left sibling).
+    pub(super) fn flush_into_child(
+        &self,
+        pcn: &Arc<CachedNode>,
+        pg: &mut WriteGuard,
+        c: usize,
+        ccn: &Arc<CachedNode>,
+        cg: &mut WriteGuard,
+    ) -> Result<bool> {
+        self.begin_modify(pcn, pg)?;
+        self.begin_modify(ccn, cg)?;
+        let Body::Internal(pn) = &mut pg.body else {
+            unreachable!("flush from a leaf")
+        };
+        let buf = pn.buffers[c].take();
+        self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .bytes_flushed
+            .fetch_add(buf.bytes() as u64, Ordering::Relaxed);
+        deliver(buf, cg, &self.format);
+        // The buffer left the parent: count that before the child's growth, or the accounted
+        // usage holds the messages twice (measured: 13 MiB above the eviction point in one step).
+        self.cache.remeasure(pcn, pg);
+        self.end_modify(ccn, cg);
+        let alive = self.restructure_child(pg, c, ccn, cg)?;
+        self.end_modify(pcn, pg);
+        Ok(alive)
+    }
+}
+
+/// Applies a parent's buffer to a child (internal: into its buffers; leaf: into its entries).
+pub(super) fn deliver(buf: Buffer, node: &mut Node, format: &Format) {
+    let max = buf.max_msn();
+    let (mut ranges, points) = buf.into_parts();
+    match &mut node.body {
+        Body::Internal(n) => {
+            // Ranges are independent of each other; deliver them in MSN order so each buffer sees
+            // increasing numbers, then the point messages (newer than the ranges they overlap).
+            ranges.sort_by_key(|r| r.msn);
+            for r in ranges {
+                route_range(n, r.msn, &r.lo, &r.hi);
+            }
+            for (k, km) in points {
+                let c = child_index(&n.pivots, &k);
+                n.buffers[c].mutate(|b| b.add_key_msgs(k, km));
+            }
+        }
+        Body::Leaf(l) => l.apply(&ranges, &points, format),
+    }
+    node.max_msn = node.max_msn.max(max);
+}
+
+/// The budget and filter of one [`Tree::drain_from`] round.
+pub(super) struct DrainWork {
+    max_flushes: usize,
+    /// Flush only buffers holding a range delete.
+    deletes_only: bool,
+    flushes: usize,
+}
