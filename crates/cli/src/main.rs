@@ -17,6 +17,7 @@
 #[macro_use]
 mod out;
 
+mod alloc;
 mod control;
 mod files;
 mod fsck;
