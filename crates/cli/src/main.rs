@@ -17,7 +17,6 @@
 #[macro_use]
 mod out;
 
-mod alloc;
 mod control;
 mod files;
 mod fsck;
