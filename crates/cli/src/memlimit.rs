@@ -12,7 +12,7 @@ use crate::util::{self, human};
 /// the log buffer, node images being written, thread stacks, the program itself and what the
 /// allocator keeps (freed partitions in the middle of its heaps; the largest part). Measured with
 /// `--cache-size 256M` and the io_uring transport: up to ~100 MiB above the cache in a 120,000-file
-/// create and read-back (83–106 MiB with 64M and 256M on 2026-11-25). jemalloc set to give freed
+/// create and read-back (82–106 MiB with 64M and 256M on 2026-11-25). jemalloc set to give freed
 /// memory back at once stays within 64 MiB but costs 17–65% more CPU per file created, so glibc's
 /// malloc is kept. See docs/DESIGN.md (the daemon's memory bound).
 pub const DAEMON_OVERHEAD: u64 = 128 << 20;
