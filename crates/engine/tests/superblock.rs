@@ -107,19 +107,27 @@ fn a_backup_is_usable_at_every_crash_point() {
     eprintln!("checked {states} crash states without primaries");
 }
 
-/// Flips a byte in the last block of some non-root node: a partition or buffer, not its header.
+/// Flips the last byte of some non-root node's image, past its first block: a partition or
+/// buffer, not its header. (Not a fixed offset in the last block: an image may end a few bytes
+/// into it, and the padding after it is covered by no checksum.)
 fn damage_a_node(dev: &MemDevice) -> u64 {
     let ro = Options {
         read_only: true,
         ..small_options()
     };
     let e = Engine::open(Arc::new(MemDevice::from_bytes(dev.to_bytes())), ro).unwrap();
-    let (id, block, blocks) = e
+    let bytes = dev.to_bytes();
+    let (id, at) = e
         .node_extents()
         .into_iter()
-        .find(|&(id, _, blocks)| id != 1 && blocks > 1)
-        .expect("a node of several blocks");
-    let at = ((block + blocks - 1) * 4096 + 100) as usize;
+        .filter(|&(id, _, blocks)| id != 1 && blocks > 1)
+        .find_map(|(id, block, blocks)| {
+            let start = ((block + 1) * 4096) as usize;
+            let end = ((block + blocks) * 4096) as usize;
+            let last = bytes[start..end].iter().rposition(|&x| x != 0)?;
+            Some((id, start + last))
+        })
+        .expect("a node whose image goes past its first block");
     dev.with_bytes_mut(|b| b[at] ^= 0xff);
     id
 }

@@ -16,7 +16,7 @@ use std::ops::Bound;
 use amaranth_engine::{Batch, Engine, Op};
 
 use crate::check_fix::{Fixer, Found};
-use crate::inode::{Inode, Kind, Meta, Reserved};
+use crate::inode::{Inode, Kind, Meta, Reserved, Time};
 use crate::keys::{self, BLOCK};
 use crate::table::ROOT_INO;
 
@@ -178,6 +178,8 @@ pub(crate) struct Info {
     /// Data blocks found, and those inside each reserved range.
     pub found_blocks: u64,
     pub found_in_reserved: Vec<u64>,
+    /// Last status change: of two names claiming one number, the older is the stale one.
+    pub ctime: Time,
 }
 
 impl Info {
@@ -193,6 +195,7 @@ impl Info {
             reserved: i.reserved.clone(),
             found_blocks: 0,
             found_in_reserved: vec![0; i.reserved.len()],
+            ctime: i.ctime,
         }
     }
 }
@@ -392,8 +395,11 @@ impl<'e> Checker<'e> {
 
     /// Records that inode `ino` lives at meta key `key`. A second place for one number is a
     /// duplicate: if one of the two is the inode's home, the name is a stale copy of the inode
-    /// (a hard link whose redirect was lost) and becomes a redirect; otherwise the second path gets
-    /// a new number.
+    /// (a hard link whose redirect was lost) and becomes a redirect; otherwise the path whose
+    /// inode changed last keeps the number and the other gets a new one. Two paths with one number
+    /// come from a lost delete (a rename or unlink whose delete of the old name sat in a damaged
+    /// node): the old name is the stale copy, and its status changed before the rename or unlink
+    /// wrote the live one, so the live file, whose records may all be intact, keeps its number.
     fn note_ino(&mut self, ino: u64, key: &[u8], meta: &Meta) {
         let Some(prev) = self.seen_inos.insert(ino, key.to_vec()) else {
             return;
@@ -407,7 +413,7 @@ impl<'e> Checker<'e> {
         let stale_path = if is_home(key) {
             Some(prev.clone())
         } else if is_home(&prev) {
-            self.seen_inos.insert(ino, prev);
+            self.seen_inos.insert(ino, prev.clone());
             Some(key.to_vec())
         } else {
             None
@@ -422,12 +428,38 @@ impl<'e> Checker<'e> {
                     meta: Some(Meta::Redirect(ino)),
                 }
             }
-            None => Found {
-                key: key.to_vec(),
-                meta: Some(meta.clone()),
-            },
+            None => self.stale_of_two_paths(ino, prev, key, meta),
         };
         self.bad_meta.push((Class::DuplicateInode, detail, found));
+    }
+
+    /// Of two path names claiming inode `ino`, the one that gets a new number: `key` (seen
+    /// second, holding `meta`) unless its inode changed after the one at `prev` (then `prev`, and
+    /// `key` keeps the number). On a tie, or when `prev` cannot be read again, `key`.
+    fn stale_of_two_paths(&mut self, ino: u64, prev: Vec<u8>, key: &[u8], meta: &Meta) -> Found {
+        let second = Found {
+            key: key.to_vec(),
+            meta: Some(meta.clone()),
+        };
+        let Meta::Inode(new) = meta else {
+            return second;
+        };
+        let prev_ctime = self.paths.get(&prev[1..]).map(|i| i.ctime);
+        if prev_ctime.is_none_or(|t| t >= new.ctime) {
+            self.seen_inos.insert(ino, prev);
+            return second;
+        }
+        let old = self.engine.get(&prev).ok().flatten();
+        match old.map(|v| Meta::decode(&v)) {
+            Some(Ok(old @ Meta::Inode(_))) => Found {
+                key: prev,
+                meta: Some(old),
+            },
+            _ => {
+                self.seen_inos.insert(ino, prev);
+                second
+            }
+        }
     }
 
     fn meta_entry(&mut self, k: &[u8], v: &[u8]) {

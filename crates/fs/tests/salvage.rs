@@ -628,6 +628,50 @@ fn names_and_inodes_lost_separately_are_repaired() {
 }
 
 #[test]
+fn a_stale_name_back_from_a_lost_delete_leaves_the_live_file_its_number() {
+    // A rename whose delete of the old name was lost (it sat in a damaged buffer, as in seed 5 of
+    // the aged-image test) brings the old name back with the file's number. The live file's
+    // records are all intact: it keeps its number, whichever name comes first in key order, and
+    // the stale copy (changed before the rename) gets a new one.
+    let key_of = |n: &[u8]| keys::meta_key(&keys::path_key(&[n]));
+    let live: &[u8] = b"live";
+    for stale_first in [true, false] {
+        let (engine, fs) = small_fs();
+        let old = (0..)
+            .map(|i| format!("old{i}").into_bytes())
+            .find(|n| (key_of(n) < key_of(live)) == stale_first)
+            .unwrap();
+        let ctx = Ctx::default();
+        let (a, fh) = fs.create(ROOT_INO, &old, 0o644, libc::O_RDWR, ctx).unwrap();
+        fs.write(a.ino, fh, 0, &[5u8; 5000], false).unwrap();
+        fs.release(a.ino, fh).unwrap();
+        let stale = engine.get(&key_of(&old)).unwrap().unwrap();
+        // The rename's ctime is later than the stale copy's even on a coarse clock.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        fs.rename(ROOT_INO, &old, ROOT_INO, live, 0).unwrap();
+        let before = walk(&fs);
+        drop(fs);
+        write(&engine, |b| {
+            b.put(key_of(&old), stale);
+        });
+        let (classes, after) = repair_clean(&engine);
+        assert!(classes.contains("DuplicateInode"), "{classes:?}");
+        assert_eq!(
+            path(&after, a.ino),
+            vec!["/live".to_string()],
+            "{stale_first}"
+        );
+        assert_eq!(after[&a.ino].2, before[&a.ino].2, "{stale_first}");
+        let copy = after
+            .iter()
+            .find(|(_, v)| v.0 == vec![vec![old.clone()]])
+            .map(|(k, _)| *k)
+            .expect("the stale name is kept");
+        assert_ne!(copy, a.ino);
+    }
+}
+
+#[test]
 fn root_records_and_sizes_are_rebuilt() {
     let (engine, fs) = small_fs();
     let before = walk(&fs);
