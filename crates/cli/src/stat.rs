@@ -107,12 +107,18 @@ pub fn live_json(
         .into_iter()
         .map(|(name, n)| (name.to_string(), json!(n)))
         .collect();
+    let ns_by_op: serde_json::Map<String, Value> = counts
+        .time_snapshot()
+        .into_iter()
+        .map(|(name, n)| (name.to_string(), json!(n)))
+        .collect();
     o.insert(
         "fuse".into(),
         json!({
             "transport": transport.name(),
             "requests": counts.total(),
             "requests_by_opcode": by_op,
+            "handler_ns_by_opcode": ns_by_op,
         }),
     );
     o.insert("read_only".into(), json!(fs.is_read_only()));

@@ -72,6 +72,12 @@ fn uring_serves_requests_one_write_per_call_and_no_flush() {
     let after = stat_json(&s, &m.mp);
     assert_eq!(requests(&after, "WRITE") - requests(&before, "WRITE"), 100);
     assert_eq!(requests(&after, "FLUSH"), 0, "close sent FLUSH: {after}");
+    // The handler time of the writes is counted too (bench/tools/floor.py reads it).
+    let ns = |v: &serde_json::Value| v["fuse"]["handler_ns_by_opcode"]["WRITE"].as_u64();
+    assert!(
+        ns(&after).unwrap_or(0) > ns(&before).unwrap_or(0),
+        "no handler time for WRITE: {after}"
+    );
     assert_eq!(fs::read(m.p("f")).unwrap(), vec![7u8; 409600]);
     s.finish(m);
 }

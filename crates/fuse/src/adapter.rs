@@ -131,6 +131,7 @@ impl Adapter {
     /// Serves one request: `arg` is the operation's fixed header, `payload` what follows it
     /// (names, data). Fills `r` (or marks it as needing no reply).
     pub(crate) fn handle(&self, h: &InHeader, arg: &[u8], payload: &[u8], r: &mut Reply) {
+        let started = std::time::Instant::now();
         self.counts.count(h.opcode);
         r.start(h.unique);
         // Patchgroups: every change this request makes is its caller's (a thread id).
@@ -138,6 +139,8 @@ impl Adapter {
         if let Err(e) = self.dispatch(h, arg, payload, r) {
             r.error(e);
         }
+        self.counts
+            .add_time(h.opcode, started.elapsed().as_nanos() as u64);
     }
 
     fn dispatch(&self, h: &InHeader, a: &[u8], p: &[u8], r: &mut Reply) -> R<()> {

@@ -1,5 +1,7 @@
 //! Requests served, by FUSE opcode: the daemon's side of "how many round trips does a system call
-//! cost". Read by `amaranth stat` (live) and by the request tables in docs/DESIGN.md.
+//! cost", and the time the daemon spent handling them (from the request in hand to the reply
+//! built, transport excluded). Read by `amaranth stat` (live), by the request tables in
+//! docs/DESIGN.md and by `bench/tools/floor.py` (the FUSE floor against our handler time).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -61,28 +63,50 @@ const NAMES: [&str; 54] = [
     "COPY_FILE_RANGE_64",
 ];
 
-/// One counter per opcode (anything unknown counts as opcode 0).
+/// One counter and one time sum per opcode (anything unknown counts as opcode 0).
 pub struct RequestCounts {
     counts: [AtomicU64; NAMES.len()],
+    nanos: [AtomicU64; NAMES.len()],
 }
 
 impl Default for RequestCounts {
     fn default() -> RequestCounts {
         RequestCounts {
             counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            nanos: std::array::from_fn(|_| AtomicU64::new(0)),
         }
+    }
+}
+
+fn index(opcode: u32) -> usize {
+    if (opcode as usize) < NAMES.len() {
+        opcode as usize
+    } else {
+        0
     }
 }
 
 impl RequestCounts {
     /// Counts one request with `opcode`.
     pub fn count(&self, opcode: u32) {
-        let i = if (opcode as usize) < NAMES.len() {
-            opcode as usize
-        } else {
-            0
-        };
-        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.counts[index(opcode)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds `nanos` of handling time to `opcode`'s sum.
+    pub fn add_time(&self, opcode: u32, nanos: u64) {
+        self.nanos[index(opcode)].fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// Handling time so far by opcode name, in nanoseconds (the opcodes of [`Self::snapshot`]).
+    pub fn time_snapshot(&self) -> Vec<(&'static str, u64)> {
+        let mut out = Vec::new();
+        for (i, c) in self.counts.iter().enumerate() {
+            if c.load(Ordering::Relaxed) > 0 {
+                let name = if i == 0 { "UNKNOWN" } else { NAMES[i] };
+                out.push((name, self.nanos[i].load(Ordering::Relaxed)));
+            }
+        }
+        out
     }
 
     /// Every opcode seen so far with its count, by name (unknown opcodes as `UNKNOWN`).
@@ -120,6 +144,13 @@ mod tests {
             vec![("UNKNOWN", 1), ("LOOKUP", 2), ("CREATE", 1)]
         );
         assert_eq!(c.total(), 4);
+        c.add_time(op::LOOKUP, 700);
+        c.add_time(op::LOOKUP, 300);
+        c.add_time(9999, 5);
+        assert_eq!(
+            c.time_snapshot(),
+            vec![("UNKNOWN", 5), ("LOOKUP", 1000), ("CREATE", 0)]
+        );
         assert_eq!(NAMES[op::READDIRPLUS as usize], "READDIRPLUS");
         assert_eq!(NAMES[op::COPY_FILE_RANGE as usize], "COPY_FILE_RANGE");
         assert_eq!(NAMES[op::FSYNCDIR as usize], "FSYNCDIR");
