@@ -238,3 +238,103 @@ fn lazy_unmount_under_load_on_uring() {
     }
     s.finish(m);
 }
+
+/// Pins the calling thread to CPU 0; returns the mask it had.
+fn pin_to_cpu0() -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t values on the stack, applied to the calling thread.
+    unsafe {
+        let mut old: libc::cpu_set_t = std::mem::zeroed();
+        libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut old);
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+        old
+    }
+}
+
+fn restore_affinity(old: &libc::cpu_set_t) {
+    // SAFETY: a mask read by sched_getaffinity, applied to the calling thread.
+    unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), old) };
+}
+
+/// A request that blocks in the daemon (an fsync held there by the test hook
+/// `AMARANTH_TEST_HOLD_FSYNC`) does not hold up the other requests issued on the same CPU: on
+/// io_uring another thread of that CPU's queue serves them, on /dev/fuse another reader. A
+/// watchdog releases the hold after 30 s, so a stall fails the test instead of hanging it.
+#[test]
+fn a_blocked_request_does_not_stall_its_cpu() {
+    if !mount_env_ok() {
+        return;
+    }
+    let _g = serial();
+    let mut transports = vec!["dev"];
+    if uring_in_kernel() {
+        transports.push("uring");
+    }
+    for t in transports {
+        let s = Scratch::new(&format!("hold-{t}"));
+        let img = s.mkfs("a.img", "1G");
+        let hold = s.path("hold");
+        let o = MountOpts {
+            env: vec![(
+                amaranth_fuse::HOLD_FSYNC_ENV.to_string(),
+                hold.display().to_string(),
+            )],
+            ..with_transport(t)
+        };
+        let m = s.mount(&img, "mnt", &o);
+        assert_eq!(stat_json(&s, &m.mp)["fuse"]["transport"], t);
+        let f = File::create(m.p("f")).unwrap();
+        fs::write(&hold, b"").unwrap();
+        let synced = Arc::new(AtomicBool::new(false));
+        let watchdog = {
+            let hold = hold.clone();
+            let synced = synced.clone();
+            std::thread::spawn(move || {
+                let t0 = std::time::Instant::now();
+                while !synced.load(Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(30) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let _ = fs::remove_file(&hold);
+            })
+        };
+        let syncer = {
+            let synced = synced.clone();
+            std::thread::spawn(move || {
+                pin_to_cpu0();
+                f.sync_all().unwrap();
+                synced.store(true, Ordering::Relaxed);
+            })
+        };
+        // Wait until the daemon holds the FSYNC.
+        let t0 = std::time::Instant::now();
+        while requests(&stat_json(&s, &m.mp), "FSYNC") == 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "no FSYNC reached the daemon"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let old = pin_to_cpu0();
+        for i in 0..20 {
+            let p = m.p(&format!("n{i}"));
+            fs::write(&p, b"served").unwrap();
+            assert_eq!(fs::read(&p).unwrap(), b"served");
+        }
+        fs::create_dir(m.p("d")).unwrap();
+        fs::rename(m.p("n0"), m.p("d/n0")).unwrap();
+        let held_meanwhile = !synced.load(Ordering::Relaxed);
+        restore_affinity(&old);
+        fs::remove_file(&hold).ok();
+        syncer.join().unwrap();
+        watchdog.join().unwrap();
+        assert!(
+            held_meanwhile,
+            "{t}: requests on the fsync's CPU waited for it (served only after the hold ended)"
+        );
+        s.finish(m);
+    }
+}

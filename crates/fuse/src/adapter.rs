@@ -28,6 +28,8 @@ pub(crate) struct Adapter {
     pub(crate) counts: Arc<RequestCounts>,
     /// The generation of every inode of the image (file handles: see `amaranth_fs` handles).
     pub(crate) generation: u64,
+    /// Test hook ([`crate::HOLD_FSYNC_ENV`]): syncs wait while this path exists.
+    pub(crate) hold_fsync: Option<std::path::PathBuf>,
 }
 
 type R<T> = Result<T, i32>;
@@ -237,8 +239,14 @@ impl Adapter {
             }
             op::FLUSH => Ok(()), // Every write is in the engine when acknowledged.
             op::RELEASE => fs.release(ino, arg::<ReleaseIn>(a)?.fh).map_err(err),
-            op::FSYNC | op::FSYNCDIR => fs.fsync().map_err(err),
-            op::SYNCFS => fs.syncfs().map_err(err),
+            op::FSYNC | op::FSYNCDIR => {
+                self.test_hold();
+                fs.fsync().map_err(err)
+            }
+            op::SYNCFS => {
+                self.test_hold();
+                fs.syncfs().map_err(err)
+            }
             op::OPENDIR => {
                 let fh = fs.opendir(ino).map_err(err)?;
                 r.push(&OpenOut {
@@ -313,6 +321,17 @@ impl Adapter {
             // always ready), BMAP, TMPFILE, STATX and anything newer: not implemented, and the
             // kernel remembers that for the rest of the mount.
             _ => Err(libc::ENOSYS),
+        }
+    }
+
+    /// The test hook of [`crate::HOLD_FSYNC_ENV`].
+    fn test_hold(&self) {
+        let Some(p) = &self.hold_fsync else {
+            return;
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(60);
+        while p.exists() && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 

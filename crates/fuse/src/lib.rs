@@ -3,9 +3,10 @@
 //! The adapter is thin on purpose: each request becomes one call on [`Fs`](amaranth_fs::Fs) and
 //! one reply, whichever transport carried it. Two transports speak the FUSE protocol (this crate
 //! implements it; no FUSE library is used):
-//! - FUSE-over-io_uring ([`Transport::Uring`]): one ring queue per CPU, served by a thread pinned
+//! - FUSE-over-io_uring ([`Transport::Uring`]): one ring queue per CPU, served by threads pinned
 //!   to that CPU, so a request is answered on the CPU that issued it (a wake-up across vCPUs costs
-//!   30–80 µs on the VMs measured, `shared/notes/fuse.md`);
+//!   30–80 µs on the VMs measured, `shared/notes/fuse.md`); several threads per queue, so a
+//!   request that blocks does not hold up the others of its CPU;
 //! - `/dev/fuse` ([`Transport::Dev`]): threads reading requests and writing replies, the fallback
 //!   when the kernel does not offer io_uring. FORGET, INTERRUPT and notifications use it always.
 //!
@@ -62,6 +63,11 @@ const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 /// Test hook: with this environment variable set to 1 the daemon acts as if the kernel had no
 /// FUSE-over-io_uring (to test the fallback on kernels that have it).
 pub const NO_URING_ENV: &str = "AMARANTH_FUSE_NO_URING";
+
+/// Test hook: with this environment variable naming a path, every FSYNC, FSYNCDIR and SYNCFS
+/// waits (at most a minute) while that path exists before it syncs: a request that blocks in the
+/// daemon for as long as a test wants (tests that other requests are served meanwhile).
+pub const HOLD_FSYNC_ENV: &str = "AMARANTH_TEST_HOLD_FSYNC";
 
 /// How requests travel between the kernel and the daemon.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,12 +130,14 @@ pub struct MountOptions {
     /// Type shown as `fuse.SUBTYPE` (`amaranth`, or `amaranth-NAME`).
     pub subtype: String,
     /// Threads serving `/dev/fuse` (each with its own descriptor when more than one); with
-    /// io_uring, one thread per CPU serves the ring and one thread `/dev/fuse`.
+    /// io_uring, `ring_threads` threads per CPU serve the ring and one thread `/dev/fuse`.
     pub threads: usize,
     /// Which transport to use.
     pub transport: Transport,
-    /// Entries registered per io_uring queue (requests one CPU can have in flight).
-    pub ring_depth: usize,
+    /// Threads per io_uring queue (one queue per CPU), each with one registered entry: the
+    /// requests one CPU serves at once. A request that blocks (an fsync waiting for the log's
+    /// flush, a read from the device) holds one thread; the others keep serving that CPU.
+    pub ring_threads: usize,
     /// Let other users use the mount (`allow_other`).
     pub allow_other: bool,
     /// Let the kernel check permissions from the mode bits (`default_permissions`).
@@ -167,7 +175,7 @@ impl Default for MountOptions {
             subtype: SUBTYPE.into(),
             threads: 2,
             transport: Transport::Auto,
-            ring_depth: 8,
+            ring_threads: 4,
             allow_other: true,
             default_permissions: true,
             read_only: false,
@@ -275,6 +283,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Resu
         dev: fd.clone(),
         counts: counts.clone(),
         generation: fs.generation(),
+        hold_fsync: std::env::var_os(HOLD_FSYNC_ENV).map(PathBuf::from),
     });
     let mut threads = Vec::new();
     let mut transport = Transport::Dev;
@@ -295,7 +304,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Resu
         match uring::start(
             fd.clone(),
             adapter.clone(),
-            options.ring_depth.max(1),
+            options.ring_threads.max(1),
             payload,
         ) {
             Ok(t) => {

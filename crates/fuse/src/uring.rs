@@ -1,13 +1,20 @@
-//! FUSE-over-io_uring (Linux 6.14+, `fuse.enable_uring`): one ring queue per possible CPU, each
-//! served by a thread pinned to that CPU, so a request is answered on the CPU that made it
-//! without a cross-CPU wake-up. Each queue registers `depth` entries with the kernel
-//! (`FUSE_IO_URING_CMD_REGISTER`); an entry is a 288-byte header area (`fuse_in_header` or
-//! `fuse_out_header`, the operation's fixed argument, and the entry's commit id and payload
-//! size) plus a payload buffer as large as the largest request (1 MiB). A request arrives as a
-//! completion of the entry's command; the reply goes back in the same entry with
-//! `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`, which also re-arms it for the next request. The kernel
-//! switches to the ring only once every queue has an entry.
-
+//! FUSE-over-io_uring (Linux 6.14+, `fuse.enable_uring`): one ring queue per possible CPU,
+//! served by threads pinned to that CPU, so a request is answered on the CPU that made it without
+//! a cross-CPU wake-up. Each thread owns one io_uring (single issuer) and registers one entry with
+//! the kernel for its CPU's queue (`FUSE_IO_URING_CMD_REGISTER`); an entry is a 288-byte header
+//! area (`fuse_in_header` or `fuse_out_header`, the operation's fixed argument, and the entry's
+//! commit id and payload size) plus a payload buffer as large as the largest request (1 MiB). A
+//! request arrives as a completion of the entry's command; the reply goes back in the same entry
+//! with `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`, which also re-arms it for the next request. The
+//! kernel switches to the ring only once every queue has an entry.
+//!
+//! Why one entry per thread: the kernel hands a new request to the entry that became available
+//! last (LIFO), and the completion is delivered as task work of the thread that owns the entry's
+//! ring. A thread holding several entries would get requests on its idle entries while it is busy
+//! with a slow one (an fsync waiting for the log's flush, a read from the device), and they would
+//! wait for it. With one entry per thread a busy thread has no entry available, so the next
+//! request on that CPU goes to another thread of the queue; in the common case (one request at a
+//! time per CPU) the same, warm, thread serves them all (LIFO), and the others sleep.
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::mpsc;
@@ -182,15 +189,20 @@ fn sqe(
     e
 }
 
-/// Starts one pinned thread per possible CPU, each registering `depth` entries with payload
-/// buffers of `payload_len` bytes. Returns once every queue has registered (or the first error:
+/// Entries each queue thread registers (see the module documentation: one, so that a busy thread
+/// is never handed another request).
+const ENTRIES_PER_THREAD: usize = 1;
+
+/// Starts `per_queue` pinned threads per possible CPU, each registering its entries with payload
+/// buffers of `payload_len` bytes. Returns once every thread has registered (or the first error:
 /// then the threads that started wind down when the connection ends).
 pub(crate) fn start(
     fd: Arc<OwnedFd>,
     adapter: Arc<Adapter>,
-    depth: usize,
+    per_queue: usize,
     payload_len: usize,
 ) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
+    assert!(per_queue >= 1);
     let queues = possible_cpus();
     let online = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -198,19 +210,22 @@ pub(crate) fn start(
     let (tx, rx) = mpsc::channel();
     let mut threads = Vec::new();
     for qid in 0..queues {
-        let (fd, adapter, tx) = (fd.clone(), adapter.clone(), tx.clone());
-        let t = std::thread::Builder::new()
-            .name(format!("amaranth-ring{qid}"))
-            .spawn(move || {
-                if qid < online {
-                    pin_to(qid);
-                }
-                serve_queue(&fd, &adapter, qid as u16, depth, payload_len, &tx)
-            })?;
-        threads.push(t);
+        for k in 0..per_queue {
+            let (fd, adapter, tx) = (fd.clone(), adapter.clone(), tx.clone());
+            let t = std::thread::Builder::new()
+                .name(format!("amaranth-q{qid}-{k}"))
+                .spawn(move || {
+                    if qid < online {
+                        pin_to(qid);
+                    }
+                    let depth = ENTRIES_PER_THREAD;
+                    serve_queue(&fd, &adapter, qid as u16, depth, payload_len, &tx)
+                })?;
+            threads.push(t);
+        }
     }
     drop(tx);
-    for _ in 0..queues {
+    for _ in 0..queues * per_queue {
         match rx.recv() {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(e),
