@@ -694,6 +694,9 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
         log::warn!("amaranth: the FUSE session ended with: {e}");
     }
     log::info!("amaranth: {} unmounted; closing", mountpoint.display());
+    if let Err(e) = fs.end_session() {
+        log::warn!("amaranth: deleting files unlinked while in use: {e} (the next mount does)");
+    }
     drop(control);
     let leftover = Arc::strong_count(&fs) - 1;
     drop(fs);

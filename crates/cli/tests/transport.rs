@@ -42,9 +42,9 @@ fn with_transport(t: &str) -> MountOpts {
 }
 
 /// On io_uring: files work, `stat` names the transport, one WRITE per 4 KiB `pwrite`, and no
-/// FLUSH on close (FOPEN_NOFLUSH).
+/// OPEN, FLUSH or RELEASE requests for an open and close.
 #[test]
-fn uring_serves_requests_one_write_per_call_and_no_flush() {
+fn uring_serves_requests_one_write_per_call_and_no_open_or_flush() {
     if !mount_env_ok() || !uring_in_kernel() {
         return;
     }
@@ -66,12 +66,22 @@ fn uring_serves_requests_one_write_per_call_and_no_flush() {
         f.write_at(&block, i * 4096).unwrap();
     }
     drop(f);
+    drop(File::open(m.p("f")).unwrap());
+    let opened = stat_json(&s, &m.mp);
     for _ in 0..10 {
         drop(File::open(m.p("f")).unwrap());
     }
     let after = stat_json(&s, &m.mp);
     assert_eq!(requests(&after, "WRITE") - requests(&before, "WRITE"), 100);
-    assert_eq!(requests(&after, "FLUSH"), 0, "close sent FLUSH: {after}");
+    // OPEN and FLUSH are answered ENOSYS once and never sent again; RELEASE never.
+    for op in ["OPEN", "FLUSH", "RELEASE"] {
+        assert_eq!(
+            requests(&after, op),
+            requests(&opened, op),
+            "open/close sent {op}: {after}"
+        );
+        assert!(requests(&after, op) <= 1, "{op}: {after}");
+    }
     // The handler time of the writes is counted too (bench/tools/floor.py reads it).
     let ns = |v: &serde_json::Value| v["fuse"]["handler_ns_by_opcode"]["WRITE"].as_u64();
     assert!(
@@ -337,4 +347,90 @@ fn a_blocked_request_does_not_stall_its_cpu() {
         );
         s.finish(m);
     }
+}
+
+fn inodes_used(v: &serde_json::Value) -> u64 {
+    v["fs"]["inodes_used"].as_u64().expect("fs.inodes_used")
+}
+
+/// Waits (at most 30 s) until the daemon counts `want` inodes in use.
+fn wait_inodes(s: &Scratch, mp: &Path, want: u64) -> u64 {
+    let t0 = std::time::Instant::now();
+    loop {
+        let n = inodes_used(&stat_json(s, mp));
+        if n == want || t0.elapsed() > Duration::from_secs(30) {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Without OPEN and RELEASE, a file unlinked while open lives until the kernel forgets its inode:
+/// readable through the descriptor until the close, deleted (inode count back) right after it,
+/// without an unmount; one unlinked while open when the daemon is killed is gone after the next
+/// mount. A file unlinked while not open is deleted at once (the kernel forgets it at once).
+#[test]
+fn an_unlinked_open_file_lives_until_its_close() {
+    if !mount_env_ok() {
+        return;
+    }
+    let _g = serial();
+    let s = Scratch::new("unl");
+    let img = s.mkfs("a.img", "1G");
+    let m = s.mount(&img, "mnt", &MountOpts::default());
+    // The first OPEN is answered ENOSYS: from then on the kernel sends no OPEN and no RELEASE
+    // (files created and closed before it were released).
+    fs::write(m.p("first"), b"1").unwrap();
+    drop(File::open(m.p("first")).unwrap());
+    let base = stat_json(&s, &m.mp);
+    let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
+    fs::write(m.p("u"), &data).unwrap();
+    fs::write(m.p("plain"), b"x").unwrap();
+    let used = inodes_used(&stat_json(&s, &m.mp));
+    fs::remove_file(m.p("plain")).unwrap();
+    assert_eq!(wait_inodes(&s, &m.mp, used - 1), used - 1);
+    let f = File::open(m.p("u")).unwrap();
+    fs::remove_file(m.p("u")).unwrap();
+    assert!(!m.p("u").exists());
+    // Dropping the page cache makes the reads reach the daemon.
+    support::drop_cache(&f);
+    let mut back = vec![0u8; data.len()];
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert!(back == data, "the unlinked file's data changed");
+    assert_eq!(
+        inodes_used(&stat_json(&s, &m.mp)),
+        used - 1,
+        "deleted while open"
+    );
+    drop(f);
+    assert_eq!(
+        wait_inodes(&s, &m.mp, used - 2),
+        used - 2,
+        "not deleted after its close"
+    );
+    let v = stat_json(&s, &m.mp);
+    for op in ["OPEN", "RELEASE", "FLUSH"] {
+        assert_eq!(requests(&v, op), requests(&base, op), "{op}: {v}");
+    }
+    // Open and unlinked when the daemon dies: the next mount deletes it.
+    fs::write(m.p("held"), &data).unwrap();
+    let held = File::open(m.p("held")).unwrap();
+    fs::remove_file(m.p("held")).unwrap();
+    // Durable (FSYNCDIR syncs the daemon's log; syncfs does not reach FUSE daemons).
+    File::open(&m.mp).unwrap().sync_all().unwrap();
+    m.kill9();
+    drop(held);
+    let m = s.mount(&img, "mnt", &MountOpts::default());
+    let names: Vec<_> = fs::read_dir(&m.mp)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("first")]);
+    assert_eq!(
+        inodes_used(&stat_json(&s, &m.mp)),
+        used - 2,
+        "{}",
+        m.session_log()
+    );
+    s.finish(m);
 }

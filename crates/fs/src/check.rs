@@ -226,6 +226,8 @@ pub(crate) struct Checker<'e> {
     pub structural: bool,
     /// The file-system schema found (`None`: missing or unknown).
     pub schema: Option<u32>,
+    /// Path keys where files unlinked while in use keep their data, by inode (`fs/orphans.rs`).
+    pub parked_at: HashMap<Vec<u8>, u64>,
 }
 
 /// Calls `f` for every entry with the given key tag, in order.
@@ -317,6 +319,7 @@ impl<'e> Checker<'e> {
             ops: Vec::new(),
             structural: false,
             schema: None,
+            parked_at: HashMap::new(),
         }
     }
 
@@ -376,6 +379,8 @@ impl<'e> Checker<'e> {
             // and 3 have no block counts (a writable mount upgrades them).
             Ok(Some(v)) if v == 2u32.to_le_bytes() => self.schema = Some(2),
             Ok(Some(v)) if v == 3u32.to_le_bytes() => self.schema = Some(3),
+            // Schema 4 has no parked files (a writable mount records 5).
+            Ok(Some(v)) if v == 4u32.to_le_bytes() => self.schema = Some(4),
             Ok(other) => {
                 let missing = other.is_none();
                 let i = self.problem(Class::BadSchema, format!("schema record is {other:?}"));
@@ -480,6 +485,9 @@ impl<'e> Checker<'e> {
         if let Some(ino) = keys::home_ino(fk) {
             match &meta {
                 Meta::Inode(i) if i.ino == ino && i.homed => {
+                    if let Some(p) = crate::fs::parked_path(i) {
+                        self.parked_at.insert(p.to_vec(), ino);
+                    }
                     let info = Info::new(i);
                     self.homes.insert(ino, info);
                     self.note_ino(ino, k, &meta);
@@ -531,13 +539,41 @@ impl<'e> Checker<'e> {
         }
         self.r.inodes = (self.paths.len() + self.homes.len()) as u64;
         self.r.directories = self.paths.values().filter(|i| i.kind == Kind::Dir).count() as u64;
+        self.parked_names();
         true
+    }
+
+    /// A parked path is never a name (eviction moves the data first): if one is, the data there
+    /// is the name's, and the parked file's back pointer is what is wrong.
+    fn parked_names(&mut self) {
+        let mut clash: Vec<(Vec<u8>, u64)> = self
+            .parked_at
+            .iter()
+            .filter(|(p, _)| {
+                self.paths.contains_key(*p) || self.redirects.values().flatten().any(|k| k == *p)
+            })
+            .map(|(p, ino)| (p.clone(), *ino))
+            .collect();
+        clash.sort();
+        for (p, ino) in clash {
+            self.parked_at.remove(&p);
+            let d = format!(
+                "inode {ino} is parked at {}, which is a name",
+                crate::describe::describe_key(&keys::meta_key(&p))
+            );
+            let i = self.problem(Class::BadMetadata, d);
+            let ops = self.rewrite_inode(&keys::home_key(ino), |inode| inode.target.clear());
+            self.fix(i, ops);
+        }
     }
 
     fn owner(&mut self, fk: &[u8]) -> Option<&mut Info> {
         match keys::home_ino(fk) {
             Some(ino) => self.homes.get_mut(&ino),
-            None => self.paths.get_mut(fk),
+            None => match self.parked_at.get(fk) {
+                Some(ino) => self.homes.get_mut(ino),
+                None => self.paths.get_mut(fk),
+            },
         }
     }
 
@@ -764,7 +800,7 @@ impl<'e> Checker<'e> {
         for ino in unlinked {
             let i = self.problem(
                 Class::OrphanInode,
-                format!("inode {ino} was unlinked while open"),
+                format!("inode {ino} was unlinked while in use"),
             );
             let hk = keys::home_key(ino);
             let mut ops = vec![
@@ -775,9 +811,16 @@ impl<'e> Checker<'e> {
                     key: keys::ino_key(ino),
                 },
             ];
-            for p in [keys::data_prefix(&hk), keys::xattr_prefix(&hk)] {
-                let hi = amaranth_engine::prefix_end(&p, max_key);
-                ops.push(Op::RangeDelete { lo: p, hi });
+            let parked = self
+                .parked_at
+                .iter()
+                .filter(|(_, i)| **i == ino)
+                .map(|(p, _)| p.clone());
+            for fk in std::iter::once(hk.clone()).chain(parked) {
+                for p in [keys::data_prefix(&fk), keys::xattr_prefix(&fk)] {
+                    let hi = amaranth_engine::prefix_end(&p, max_key);
+                    ops.push(Op::RangeDelete { lo: p, hi });
+                }
             }
             self.fix(i, ops);
         }

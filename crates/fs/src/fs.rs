@@ -28,17 +28,22 @@ use crate::table::{Table, ROOT_INO};
 mod handles;
 
 pub(crate) use handles::{Place, INDEX_SCHEMA};
+mod orphans;
 mod readdir;
 mod times;
 mod upgrade;
 
 pub use times::Modes;
 
+pub(crate) use orphans::parked_path;
+
 /// Version of the file-system schema stored in `s/format` (2: names carry their hash, so a
 /// directory's children are in hash order; 3: the inode index, see `fs/handles.rs`; 4: inodes
-/// count their blocks and reservations). Version-1 images are refused; versions 2 and 3 are
-/// upgraded at their first writable mount or remount (`fs/upgrade.rs`).
-pub const SCHEMA_VERSION: u32 = 4;
+/// count their blocks and reservations; 5: a regular file's home with link count 0 may name, in its
+/// target field, the path where its data still is, see `fs/orphans.rs`). Version-1 images are
+/// refused; versions 2 to 4 are upgraded at their first writable mount or remount
+/// (`fs/upgrade.rs`).
+pub const SCHEMA_VERSION: u32 = 5;
 /// Longest file name.
 pub const NAME_MAX: usize = 255;
 /// Longest symlink target.
@@ -231,6 +236,10 @@ pub struct Fs {
     count_lock: Mutex<()>,
     files: Mutex<HashMap<u64, FileHandle>>,
     dirs: Mutex<HashMap<u64, readdir::DirHandle>>,
+    /// Regular files unlinked while the kernel held them, whose data stays at their last path
+    /// until the kernel forgets them (see `fs/orphans.rs`), and how many there are.
+    parked: Mutex<orphans::Parked>,
+    parked_count: std::sync::atomic::AtomicUsize,
     next_fh: AtomicU64,
     /// When space was last reclaimed, the deletion count then, and the bytes it freed.
     last_reclaim: Mutex<(Option<Instant>, u64, u64)>,
@@ -284,7 +293,7 @@ impl Fs {
         Ok(())
     }
 
-    /// Opens the file system stored in `engine`, removing files that were unlinked while open
+    /// Opens the file system stored in `engine`, removing files that were unlinked while in use
     /// when the previous session ended.
     pub fn new(engine: Arc<Engine>, opts: FsOptions) -> Result<Fs> {
         let version = engine.get(&keys::system_key("format"))?;
@@ -329,6 +338,8 @@ impl Fs {
             count_lock: Mutex::new(()),
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
+            parked: Mutex::new(orphans::Parked::default()),
+            parked_count: std::sync::atomic::AtomicUsize::new(0),
             next_fh: AtomicU64::new(1),
             last_reclaim: Mutex::new((None, 0, 0)),
             deletions: AtomicU64::new(0),
@@ -376,32 +387,6 @@ impl Fs {
     /// Number of inodes the kernel knows (cached in the table).
     pub fn cached_inodes(&self) -> usize {
         self.table.lock().len()
-    }
-
-    fn remove_orphans(&self) -> Result<()> {
-        let (lo, hi) = keys::homes_range();
-        let mut orphans = Vec::new();
-        self.engine
-            .scan(Bound::Included(&lo), Bound::Excluded(&hi), |_, v| {
-                if let Ok(Meta::Inode(i)) = Meta::decode(v) {
-                    if i.nlink == 0 {
-                        orphans.push(i);
-                    }
-                }
-                true
-            })?;
-        for i in orphans {
-            let mut b = Batch::new();
-            self.delete_file_ops(&mut b, &keys::home_key(i.ino), &i);
-            handles::index_drop(&mut b, i.ino);
-            self.count_inodes(&mut b, -1);
-            self.commit(&mut b)?;
-            log::info!(
-                "amaranth: removed inode {} (unlinked while open before the last shutdown)",
-                i.ino
-            );
-        }
-        Ok(())
     }
 
     // ----- helpers ------------------------------------------------------------------------
@@ -512,8 +497,16 @@ impl Fs {
             .ok_or(Errno::ENOENT)
     }
 
+    /// Where the data blocks and extended attributes of `ino` are (its parked path, home or
+    /// path key).
     fn file_key(&self, ino: u64) -> Result<Vec<u8>> {
-        self.table.lock().file_key(ino).ok_or(Errno::ENOENT)
+        self.data_key_of(ino).ok_or(Errno::ENOENT)
+    }
+
+    /// The metadata key of `ino` (at its home or path).
+    fn meta_of(&self, ino: u64) -> Result<Vec<u8>> {
+        let fk = self.table.lock().file_key(ino).ok_or(Errno::ENOENT)?;
+        Ok(keys::meta_key(&fk))
     }
 
     /// Reads what `key` (a meta key of a path) holds, following a redirect.
@@ -622,10 +615,7 @@ impl Fs {
     fn delete_file_ops(&self, b: &mut Batch, file_key: &[u8], inode: &Inode) {
         self.count_reserved(b, -(inode.reserved_holes() as i64));
         b.delete(keys::meta_key(file_key));
-        let d = keys::data_prefix(file_key);
-        b.range_delete(d.clone(), amaranth_engine::prefix_end(&d, self.max_key()));
-        let x = keys::xattr_prefix(file_key);
-        b.range_delete(x.clone(), amaranth_engine::prefix_end(&x, self.max_key()));
+        self.delete_data_ops(b, file_key);
     }
 
     fn max_key(&self) -> usize {
@@ -725,15 +715,6 @@ impl Fs {
         Ok(out)
     }
 
-    /// The kernel forgot `n` lookups of `ino`.
-    pub fn forget(&self, ino: u64, n: u64) {
-        if ino == ROOT_INO {
-            return;
-        }
-        self.write_lazy_atime(ino);
-        self.table.lock().forget(ino, n);
-    }
-
     /// Attributes of `ino`.
     pub fn getattr(&self, ino: u64) -> Result<Inode> {
         let inode = self.node_inode(ino)?;
@@ -747,6 +728,7 @@ impl Fs {
         let shared = self.node_inode(ino)?;
         let mut inode = shared.lock();
         let fk = self.file_key(ino)?;
+        let meta = self.meta_of(ino)?;
         let mut next = inode.clone();
         let now = Time::now();
         let mut b = Batch::new();
@@ -805,7 +787,7 @@ impl Fs {
             next.crtime = t;
         }
         next.ctime = set.ctime.unwrap_or(now);
-        b.put(keys::meta_key(&fk), next.encode());
+        b.put(meta, next.encode());
         if set.size.is_some_and(|s| s > inode.size) {
             self.check_space(0)?;
         }
@@ -853,6 +835,7 @@ impl Fs {
         self.check_space(0)?;
         let mut dir = dir_shared.lock();
         let mut b = Batch::new();
+        let evicted = self.evict_parked_ops(&mut b, &key, false);
         let ino = self.alloc_ino(&mut b);
         let NewNode {
             kind,
@@ -884,6 +867,7 @@ impl Fs {
         handles::index_at(&mut b, ino, parent, name);
         self.count_inodes(&mut b, 1);
         self.commit(&mut b)?;
+        self.note_evicted(&evicted);
         *dir = next_dir;
         drop(dir);
         self.table
@@ -994,7 +978,7 @@ impl Fs {
         let mut dir = dir_shared.lock();
         let mut b = Batch::new();
         let now = Time::now();
-        let after = self.remove_file_ops(&mut b, &found, now)?;
+        let after = self.remove_file_ops(&mut b, &found, now, false)?;
         let mut next_dir = dir.clone();
         Self::touch_dir(&mut next_dir, now);
         b.put(keys::meta_key(&dkey), next_dir.encode());
@@ -1006,16 +990,25 @@ impl Fs {
     }
 
     /// Operations removing the name `found` of a non-directory. Returns the inode's state after.
-    fn remove_file_ops(&self, b: &mut Batch, found: &Found, now: Time) -> Result<Inode> {
+    /// A file the kernel still holds keeps existing, with link count 0, until the kernel forgets
+    /// it (`fs/orphans.rs`): a regular file is parked at its path (nothing moves) or, when
+    /// `reused` (a rename puts another file at that path in the same batch), moved to its home.
+    fn remove_file_ops(
+        &self,
+        b: &mut Batch,
+        found: &Found,
+        now: Time,
+        reused: bool,
+    ) -> Result<Inode> {
         let ino = found.inode.ino;
-        let open = self.table.lock().get(ino).is_some_and(|n| n.opens > 0);
+        let known = self.kernel_knows(ino);
         let mut after = found.inode.clone();
         after.nlink = after.nlink.saturating_sub(1);
         after.ctime = now;
         if found.redirect {
             b.delete(keys::meta_key(&found.key));
             let home = keys::home_key(ino);
-            if after.nlink == 0 && !open {
+            if after.nlink == 0 && !known {
                 self.delete_file_ops(b, &home, &found.inode);
                 handles::index_drop(b, ino);
                 self.count_inodes(b, -1);
@@ -1023,10 +1016,13 @@ impl Fs {
             } else {
                 b.put(keys::meta_key(&home), after.encode());
             }
-        } else if open {
-            // Still open: move it to its home; the last release deletes it.
+        } else if known && found.inode.kind == Kind::File {
             after.homed = true;
-            self.home_ops(b, &found.key, ino);
+            if reused {
+                self.home_ops(b, &found.key, ino);
+            } else {
+                after.target = found.key.clone();
+            }
             b.delete(keys::meta_key(&found.key));
             b.put(keys::meta_key(&keys::home_key(ino)), after.encode());
             handles::index_home(b, ino);
@@ -1052,6 +1048,9 @@ impl Fs {
             return;
         };
         let homed = after.homed;
+        if let Some(p) = orphans::parked_path(&after) {
+            self.note_parked(ino, p.to_vec());
+        }
         *shared.lock() = after;
         let mut t = self.table.lock();
         if homed {
@@ -1079,6 +1078,7 @@ impl Fs {
         let mut dir = dir_shared.lock();
         let now = Time::now();
         let mut b = Batch::new();
+        let evicted = self.evict_parked_ops(&mut b, &found.key, true);
         b.delete(keys::meta_key(&found.key));
         handles::index_drop(&mut b, found.inode.ino);
         let x = keys::xattr_prefix(&found.key);
@@ -1089,6 +1089,7 @@ impl Fs {
         b.put(keys::meta_key(&dkey), next_dir.encode());
         self.count_inodes(&mut b, -1);
         self.commit(&mut b)?;
+        self.note_evicted(&evicted);
         *dir = next_dir;
         drop(dir);
         let mut after = found.inode.clone();
@@ -1194,6 +1195,14 @@ impl Fs {
         };
         let mut sdir = g1.clone();
         let mut ddir = g2.as_ref().map(|g| (**g).clone());
+        // Files parked at the destination, or below a directory that moves or is replaced, go
+        // to their homes first (`fs/orphans.rs`).
+        let mut evicted = self.evict_parked_ops(&mut b, &dst_key, false);
+        for f in std::iter::once(&src).chain(dst.as_ref()) {
+            if f.inode.kind == Kind::Dir {
+                evicted.extend(self.evict_parked_ops(&mut b, &f.key, true));
+            }
+        }
         Self::touch_dir(&mut sdir, now);
         if let Some(d) = ddir.as_mut() {
             Self::touch_dir(d, now);
@@ -1243,7 +1252,7 @@ impl Fs {
                     gone.nlink = 0;
                     replaced = Some(gone);
                 } else {
-                    replaced = Some(self.remove_file_ops(&mut b, d, now)?);
+                    replaced = Some(self.remove_file_ops(&mut b, d, now, true)?);
                 }
             }
             self.move_entry_ops(&mut b, &src, &dst_key);
@@ -1261,6 +1270,7 @@ impl Fs {
         }
         self.check_space(0)?;
         self.commit(&mut b)?;
+        self.note_evicted(&evicted);
         *g1 = sdir;
         if let (Some(g), Some(d)) = (g2.as_mut(), ddir) {
             **g = d;
@@ -1350,6 +1360,10 @@ impl Fs {
         let path = self.file_key(ino)?;
         let mut dir = dir_shared.lock();
         let mut inode = shared.lock();
+        if inode.nlink == 0 {
+            // Unlinked while in use: it cannot get a name again (as `linkat` on Linux).
+            return Err(Errno::ENOENT);
+        }
         if inode.nlink >= u32::MAX - 1 {
             return Err(Errno::EMLINK);
         }
@@ -1358,6 +1372,7 @@ impl Fs {
         next.nlink += 1;
         next.ctime = now;
         let mut b = Batch::new();
+        let evicted = self.evict_parked_ops(&mut b, &new_key, false);
         let home = keys::home_key(ino);
         if !inode.homed {
             // The first extra name: the file moves to its inode-keyed home and its path becomes a
@@ -1373,6 +1388,7 @@ impl Fs {
         Self::touch_dir(&mut next_dir, now);
         b.put(keys::meta_key(&dkey), next_dir.encode());
         self.commit(&mut b)?;
+        self.note_evicted(&evicted);
         let was_homed = inode.homed;
         *inode = next.clone();
         *dir = next_dir;
@@ -1390,24 +1406,16 @@ impl Fs {
 
     // ----- open files ---------------------------------------------------------------------
 
-    /// A new handle of `ino`. Ordered by the namespace lock against the removal of its last name
-    /// (which deletes it at once when it has no handle) and by its inode lock against the last
-    /// close (which deletes it when its last name is gone): an inode is opened before it is
-    /// deleted, or found deleted (`ESTALE`), never reopened after.
+    /// A file handle remembering `O_APPEND`. The lifetime of an unlinked file is the kernel's
+    /// lookup count, not its handles (`fs/orphans.rs`); a deleted inode (its last name went while
+    /// the kernel did not hold it, or the kernel forgot it since) is never opened: `ESTALE` (the
+    /// kernel retries a path open with a fresh lookup).
     fn open_handle(&self, ino: u64, flags: i32) -> Result<u64> {
         let _ns = self.ns.read();
         let shared = self.node_inode(ino)?;
-        let inode = shared.lock();
-        if inode.is_deleted() {
-            // The kernel resolved a name before it went (or this is a file that was unlinked
-            // while open and closed since). ESTALE: a path open is retried with a fresh lookup.
+        if shared.lock().is_deleted() {
             return Err(Errno::ESTALE);
         }
-        let mut t = self.table.lock();
-        let n = t.get_mut(ino).ok_or(Errno::ENOENT)?;
-        n.opens += 1;
-        drop(t);
-        drop(inode);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.files.lock().insert(
             fh,
@@ -1446,54 +1454,12 @@ impl Fs {
         self.open_handle(ino, flags)
     }
 
-    /// Closes a file handle; a file unlinked while open is deleted at its last close.
+    /// Closes a file handle. (A file whose last name is gone is deleted when the kernel forgets
+    /// it, not at a close: [`Fs::forget`].)
     pub fn release(&self, ino: u64, fh: u64) -> Result<()> {
         if self.files.lock().remove(&fh).is_none() {
             log::warn!("amaranth: release of an unknown file handle {fh} (inode {ino})");
-            return Ok(());
         }
-        let _ns = self.ns.read();
-        let Some(shared) = self.table.lock().inode(ino) else {
-            return Ok(());
-        };
-        // The handle count falls, and the file goes when it was the last handle, under the inode
-        // lock: a concurrent close or open of the same inode comes wholly before or after.
-        let mut inode = shared.lock();
-        let opens = {
-            let mut t = self.table.lock();
-            let Some(n) = t.get_mut(ino) else {
-                return Ok(());
-            };
-            n.opens = n.opens.saturating_sub(1);
-            n.opens
-        };
-        let deleted = if opens == 0 {
-            self.delete_orphan(ino, &mut inode)
-        } else {
-            Ok(())
-        };
-        drop(inode);
-        if opens == 0 {
-            self.table.lock().reap(ino);
-        }
-        deleted
-    }
-
-    /// Deletes `ino` (locked by the caller, who saw its last handle go) if its last name is gone:
-    /// its home record, data and extended attributes, and one inode from the counter. The inode
-    /// then says it is deleted, so this happens once, however many closes follow.
-    fn delete_orphan(&self, ino: u64, inode: &mut Inode) -> Result<()> {
-        if inode.nlink != 0 || !inode.homed || inode.kind == Kind::Dir {
-            return Ok(());
-        }
-        let mut b = Batch::new();
-        self.delete_file_ops(&mut b, &keys::home_key(ino), inode);
-        handles::index_drop(&mut b, ino);
-        self.count_inodes(&mut b, -1);
-        self.commit(&mut b)?;
-        inode.homed = false;
-        debug_assert!(inode.is_deleted());
-        self.table.lock().set_deleted(ino);
         Ok(())
     }
 
@@ -1516,7 +1482,7 @@ impl Fs {
         self.counters
             .bytes_read
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        self.touch_atime(ino, &shared, &fk);
+        self.touch_atime(ino, &shared);
         Ok(buf)
     }
 
@@ -1554,15 +1520,30 @@ impl Fs {
         data: &[u8],
         kill_suidgid: bool,
     ) -> Result<usize> {
-        let _ns = self.ns.read();
-        let shared = self.node_inode(ino)?;
         let append = self
             .files
             .lock()
             .get(&fh)
             .is_some_and(|h| h.append && h.ino == ino);
+        self.write_at(ino, offset, data, append, kill_suidgid)
+    }
+
+    /// Writes `data` at `offset`, or at the end of the file with `append` (the file's open flags
+    /// say `O_APPEND`). `kill_suidgid`: the writer is not privileged, so set-id bits are cleared.
+    /// Returns the bytes written.
+    pub fn write_at(
+        &self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        append: bool,
+        kill_suidgid: bool,
+    ) -> Result<usize> {
+        let _ns = self.ns.read();
+        let shared = self.node_inode(ino)?;
         let mut inode = shared.lock();
         let fk = self.file_key(ino)?;
+        let meta = self.meta_of(ino)?;
         if inode.kind != Kind::File {
             return Err(Errno::EINVAL);
         }
@@ -1588,11 +1569,11 @@ impl Fs {
         }
         // One request, one batch: all of it or nothing after a crash.
         let mut b = Batch::new();
-        let n = self.write_batch(&mut b, &fk, offset, data, &next)?;
+        let n = self.write_batch(&mut b, &fk, &meta, offset, data, &next)?;
         let filled = space::account_write(&self.engine, &fk, &mut next, offset, offset + n as u64)?;
         self.count_reserved(&mut b, -(filled as i64));
         next.size = inode.size.max(offset + n as u64);
-        b.put(keys::meta_key(&fk), next.encode());
+        b.put(meta, next.encode());
         self.commit(&mut b)?;
         *inode = next;
         self.counters
@@ -1611,13 +1592,14 @@ impl Fs {
         &self,
         b: &mut Batch,
         fk: &[u8],
+        meta: &[u8],
         offset: u64,
         data: &[u8],
         next: &Inode,
     ) -> Result<usize> {
         write_ops(b, fk, offset, data);
         let mut inode_op = Batch::new();
-        inode_op.put(keys::meta_key(fk), next.encode());
+        inode_op.put(meta.to_vec(), next.encode());
         // The counter of reserved holes may go with it.
         inode_op.put(keys::system_key("reserved"), vec![0; 8]);
         let room = self
@@ -1708,6 +1690,7 @@ impl Fs {
         let shared = self.node_inode(ino)?;
         let mut inode = shared.lock();
         let fk = self.file_key(ino)?;
+        let meta = self.meta_of(ino)?;
         let key = keys::xattr_key(&fk, name);
         let exists = self.engine.get(&key)?.is_some();
         if flags & libc::XATTR_CREATE != 0 && exists {
@@ -1731,7 +1714,7 @@ impl Fs {
         } else {
             b.put(key, value.to_vec());
         }
-        b.put(keys::meta_key(&fk), next.encode());
+        b.put(meta, next.encode());
         self.commit(&mut b)?;
         *inode = next;
         Ok(())
@@ -1771,6 +1754,7 @@ impl Fs {
         let shared = self.node_inode(ino)?;
         let mut inode = shared.lock();
         let fk = self.file_key(ino)?;
+        let meta = self.meta_of(ino)?;
         let key = keys::xattr_key(&fk, name);
         if self.engine.get(&key)?.is_none() {
             return Err(Errno::ENODATA);
@@ -1779,7 +1763,7 @@ impl Fs {
         next.ctime = Time::now();
         let mut b = Batch::new();
         b.delete(key);
-        b.put(keys::meta_key(&fk), next.encode());
+        b.put(meta, next.encode());
         self.commit(&mut b)?;
         *inode = next;
         Ok(())
@@ -1809,6 +1793,7 @@ impl Fs {
         let shared = self.node_inode(ino)?;
         let mut inode = shared.lock();
         let fk = self.file_key(ino)?;
+        let meta = self.meta_of(ino)?;
         if inode.kind != Kind::File {
             return Err(if inode.kind == Kind::Dir {
                 Errno::EISDIR
@@ -1850,7 +1835,7 @@ impl Fs {
             next.mtime = now;
             next.ctime = now;
         }
-        b.put(keys::meta_key(&fk), next.encode());
+        b.put(meta, next.encode());
         self.commit(&mut b)?;
         *inode = next;
         Ok(())
@@ -1930,6 +1915,7 @@ impl Fs {
         }
         let src = self.file_key(ino_in)?;
         let dst = self.file_key(ino_out)?;
+        let dst_meta = self.meta_of(ino_out)?;
         let len = len.min(size_in - off_in);
         if ino_in == ino_out && off_in < off_out.saturating_add(len) && off_out < off_in + len {
             return Err(Errno::EINVAL);
@@ -1980,7 +1966,7 @@ impl Fs {
         let now = Time::now();
         next.mtime = now;
         next.ctime = now;
-        b.put(keys::meta_key(&dst), next.encode());
+        b.put(dst_meta, next.encode());
         self.commit(&mut b)?;
         *inode = next;
         Ok(len)

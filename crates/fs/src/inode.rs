@@ -188,7 +188,8 @@ pub struct Inode {
     /// Space reserved by `fallocate` for the holes of ranges of blocks: sorted, disjoint, not
     /// adjacent, none empty, at most [`MAX_RESERVED_RANGES`].
     pub reserved: Vec<Reserved>,
-    /// Target of a symbolic link.
+    /// Target of a symbolic link; for a regular file whose last name was removed while the kernel
+    /// held it (link count 0, at its home), the path key where its data still is ("parked").
     pub target: Vec<u8>,
 }
 

@@ -35,8 +35,6 @@ pub struct Node {
     name: Box<[u8]>,
     /// Table entries whose parent is this node.
     pub children: u32,
-    /// Open file handles.
-    pub opens: u32,
     /// When the kernel last looked this inode up or was asked to forget it (a table tick): the
     /// least recent are asked to be forgotten first when the table is over its share.
     touched: u32,
@@ -124,7 +122,6 @@ impl Table {
                 name: Box::default(),
                 lookups: 1,
                 children: 0,
-                opens: 0,
                 touched: 0,
                 target_heap: 0,
                 kind,
@@ -296,7 +293,6 @@ impl Table {
                 name: nm,
                 lookups: count_lookup as u64,
                 children: 0,
-                opens: 0,
                 touched: tick,
                 target_heap,
                 kind,
@@ -413,7 +409,7 @@ impl Table {
             let Some(n) = self.nodes.get(&cur) else {
                 break;
             };
-            if n.lookups > 0 || n.children > 0 || n.opens > 0 {
+            if n.lookups > 0 || n.children > 0 {
                 break;
             }
             removed = true;
@@ -463,7 +459,7 @@ impl Table {
             .nodes
             .iter()
             .filter(|(&ino, n)| {
-                ino != ROOT_INO && n.parent != 0 && n.opens == 0 && n.children == 0 && n.lookups > 0
+                ino != ROOT_INO && n.parent != 0 && n.children == 0 && n.lookups > 0
             })
             .map(|(&ino, n)| (self.tick.wrapping_sub(n.touched), ino))
             .collect();
@@ -623,20 +619,20 @@ mod tests {
     }
 
     #[test]
-    fn forget_candidates_are_the_oldest_unopened_leaves() {
+    fn forget_candidates_are_the_least_recent_leaves() {
         let mut t = Table::new(dir(ROOT_INO));
         t.remember(ROOT_INO, b"d", dir(2), true);
         for i in 0..10u64 {
             t.remember(2, format!("f{i}").as_bytes(), file(10 + i), true);
         }
-        t.get_mut(10).unwrap().opens = 1;
         // Looked up again: now the most recent.
+        t.remember(2, b"f0", file(10), true);
         t.remember(2, b"f1", file(11), true);
         let c = t.forget_candidates(3);
         let names: Vec<&[u8]> = c.iter().map(|(_, n)| n.as_slice()).collect();
         assert_eq!(c.len(), 3);
         assert!(c.iter().all(|(p, _)| *p == 2), "{c:?}");
-        // f0 is open, f1 was just looked up, d has children.
+        // f0 and f1 were just looked up, d has children.
         for n in [&b"f2"[..], b"f3", b"f4"] {
             assert!(names.contains(&n), "{names:?}");
         }

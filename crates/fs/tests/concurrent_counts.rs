@@ -1,7 +1,7 @@
 //! The used-inode counter stays exact: the checker finds no `InodeCount` problem after many last
-//! releases of unlinked files from several threads at once (they run under the shared namespace
-//! lock), after an open that the kernel sends once the file's last release deleted it, and after
-//! several clients create, open, unlink, rename over, link and close at once.
+//! FORGETs of files unlinked while in use from several threads at once (they run under the shared
+//! namespace lock), after a second FORGET or a lookup by number once such a file was deleted, and
+//! after several clients create, look up, open, unlink, rename over, link, close and forget at once.
 
 mod common;
 
@@ -16,12 +16,12 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 #[test]
-fn concurrent_last_releases_keep_the_inode_counter_exact() {
+fn concurrent_last_forgets_keep_the_inode_counter_exact() {
     let (fs, dev) = new_fs();
     let threads = 8;
     let rounds = 1000;
     for round in 0..rounds {
-        // Every thread holds a file that is unlinked while open...
+        // Every thread holds a file that is unlinked while in use (the lookup of its creation)...
         let mut held = Vec::new();
         for t in 0..threads {
             let name = format!("r{round}-t{t}");
@@ -36,17 +36,18 @@ fn concurrent_last_releases_keep_the_inode_counter_exact() {
                 .unwrap();
             fs.write(i.ino, fh, 0, b"data", false).unwrap();
             fs.unlink(ROOT_INO, name.as_bytes()).unwrap();
-            held.push((i.ino, fh));
+            fs.release(i.ino, fh).unwrap();
+            held.push(i.ino);
         }
-        // ...and all close them at once: the deletions race.
+        // ...and the kernel forgets them all at once: the deletions race.
         let go = Arc::new(Barrier::new(threads));
         let hs: Vec<_> = held
             .into_iter()
-            .map(|(ino, fh)| {
+            .map(|ino| {
                 let (fs, go) = (fs.clone(), go.clone());
                 std::thread::spawn(move || {
                     go.wait();
-                    fs.release(ino, fh).unwrap();
+                    fs.forget(ino, 1);
                 })
             })
             .collect();
@@ -54,7 +55,7 @@ fn concurrent_last_releases_keep_the_inode_counter_exact() {
             h.join().unwrap();
         }
     }
-    close_and_check(fs, dev, "last releases");
+    close_and_check(fs, dev, "last forgets");
 }
 
 /// Closes `fs` and runs the checker on its image: it must find nothing (the counter exact, no
@@ -87,13 +88,12 @@ fn new_fs() -> (Arc<Fs>, Arc<MemDevice>) {
     (fs, dev)
 }
 
-/// The kernel can send OPEN for an inode after the file was deleted: a process resolved the name
-/// before another removed it. Deleted at that removal (no handle: its last name, possibly the
-/// last of two hard links) or at the last close after it (unlinked or replaced by a rename while
-/// open), the file must not come back, and a close of the late handle must not delete it (and
-/// count it) a second time.
+/// A file whose last name goes while the kernel holds it (unlinked, replaced by a rename, the last
+/// of two hard links; open or not) is deleted once, at the FORGET that ends the kernel's hold:
+/// until then it opens and reads, and afterwards a stray FORGET or a lookup by number (a file
+/// handle) finds nothing and deletes nothing again.
 #[test]
-fn an_open_after_a_file_was_deleted_deletes_nothing_twice() {
+fn a_file_unlinked_while_held_is_deleted_once_at_its_last_forget() {
     for how in [
         "unlink",
         "rename over",
@@ -104,9 +104,10 @@ fn an_open_after_a_file_was_deleted_deletes_nothing_twice() {
         let ctx = Ctx::default();
         let (i, fh) = fs.create(ROOT_INO, b"f", 0o644, libc::O_RDWR, ctx).unwrap();
         fs.write(i.ino, fh, 0, b"old contents", false).unwrap();
-        // Another process's path walk resolves the name (the kernel holds the inode)...
+        // Another process's path walk resolves the name (a second kernel lookup)...
         assert_eq!(fs.lookup(ROOT_INO, b"f").unwrap().ino, i.ino);
-        // ...the name goes while the first process holds the file open, or after it closed...
+        let mut lookups = 2;
+        // ...and the name goes while the first process holds the file open, or after it closed.
         match how {
             "unlink" => fs.unlink(ROOT_INO, b"f").unwrap(),
             "rename over" => {
@@ -118,6 +119,7 @@ fn an_open_after_a_file_was_deleted_deletes_nothing_twice() {
             }
             "last of two names" => {
                 fs.link(i.ino, ROOT_INO, b"g").unwrap();
+                lookups += 1;
                 fs.release(i.ino, fh).unwrap();
                 fs.unlink(ROOT_INO, b"g").unwrap();
                 fs.unlink(ROOT_INO, b"f").unwrap();
@@ -127,20 +129,18 @@ fn an_open_after_a_file_was_deleted_deletes_nothing_twice() {
                 fs.unlink(ROOT_INO, b"f").unwrap();
             }
         }
-        // ...the holder closes: the file is deleted...
         if matches!(how, "unlink" | "rename over") {
             fs.release(i.ino, fh).unwrap();
         }
-        // ...and the other process's OPEN arrives.
-        let late = fs.open(i.ino, libc::O_RDONLY, ctx);
-        if let Ok(fh) = late {
-            // (Before the fix: the open succeeded and this close deleted the file again.)
-            let _ = fs.read(i.ino, 0, 100);
-            fs.release(i.ino, fh).unwrap();
-        }
+        // Closed but still held by the kernel: it opens and reads.
+        let late = fs.open(i.ino, libc::O_RDONLY, ctx).unwrap();
+        assert_eq!(fs.read(i.ino, 0, 100).unwrap(), b"old contents", "{how}");
+        fs.release(i.ino, late).unwrap();
+        // The kernel forgets it: deleted; a stray FORGET and a file handle find nothing.
+        fs.forget(i.ino, lookups);
+        fs.forget(i.ino, 1);
+        assert_eq!(fs.lookup(i.ino, b".").err(), Some(Errno::ESTALE), "{how}");
         close_and_check(fs, dev, how);
-        // The kernel retries an open that fails with ESTALE with a fresh lookup of the name.
-        assert_eq!(late, Err(Errno::ESTALE), "{how}: open of a deleted file");
     }
 }
 
@@ -164,11 +164,12 @@ fn racy(r: Result<(), Errno>, what: &str, seed: u64) {
 }
 
 /// Several clients at once, on shared directories: creates that keep files open, opens of inodes
-/// looked up earlier (some since unlinked or replaced, as the kernel may send them), unlinks,
-/// renames over files and empty directories, hard links (homes) and their removal, mkdir/rmdir,
-/// and closes in any order. The used-inode counter must match the inodes found afterwards.
+/// the client still holds a lookup of (some since unlinked or replaced), unlinks, renames over
+/// files and empty directories, hard links (homes) and their removal, mkdir/rmdir, closes and
+/// FORGETs in any order, the last FORGET of every lookup at the end. The used-inode counter must
+/// match the inodes found afterwards, and nothing unlinked may be left.
 #[test]
-fn concurrent_names_opens_and_last_releases_keep_the_inode_counter_exact() {
+fn concurrent_names_opens_and_last_forgets_keep_the_inode_counter_exact() {
     let seed = std::env::var("AMARANTH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -215,6 +216,7 @@ fn concurrent_names_opens_and_last_releases_keep_the_inode_counter_exact() {
                                     let r = fs.write(i.ino, fh, 0, &[t as u8; 100], false);
                                     racy(r.map(|_| ()), "write", seed);
                                     held.push((i.ino, fh));
+                                    known.push(i.ino);
                                 }
                                 Err(e) => racy(Err(e), "create", seed),
                             }
@@ -235,9 +237,20 @@ fn concurrent_names_opens_and_last_releases_keep_the_inode_counter_exact() {
                                 Err(e) => racy(Err(e), "open", seed),
                             }
                         }
-                        4 | 5 if !held.is_empty() => {
+                        4 if !held.is_empty() => {
                             let (ino, fh) = held.swap_remove(rng.gen_range(0..held.len()));
                             fs.release(ino, fh).unwrap();
+                        }
+                        5 if !known.is_empty() => {
+                            // The kernel forgets one lookup (never one an open handle needs).
+                            let k = rng.gen_range(0..known.len());
+                            let ino = known[k];
+                            let opens = held.iter().filter(|(i, _)| *i == ino).count();
+                            let lookups = known.iter().filter(|i| **i == ino).count();
+                            if lookups > opens.min(1) {
+                                known.swap_remove(k);
+                                fs.forget(ino, 1);
+                            }
                         }
                         6 => {
                             let (d, n) = place(&mut rng);
@@ -254,7 +267,9 @@ fn concurrent_names_opens_and_last_releases_keep_the_inode_counter_exact() {
                         8 if !known.is_empty() => {
                             let ino = known[rng.gen_range(0..known.len())];
                             let (d, n) = place(&mut rng);
-                            racy(fs.link(ino, d, &n).map(|_| ()), "link", seed);
+                            if fs.link(ino, d, &n).map_err(|e| racy(Err(e), "link", seed)).is_ok() {
+                                known.push(ino);
+                            }
                         }
                         _ => {
                             let (d, n) = place(&mut rng);
@@ -269,6 +284,9 @@ fn concurrent_names_opens_and_last_releases_keep_the_inode_counter_exact() {
                 for (ino, fh) in held {
                     fs.release(ino, fh).unwrap();
                 }
+                for ino in known {
+                    fs.forget(ino, 1);
+                }
             })
         })
         .collect();
@@ -276,7 +294,8 @@ fn concurrent_names_opens_and_last_releases_keep_the_inode_counter_exact() {
         h.join().unwrap();
     }
     eprintln!(
-        "{} unlinks and renames, {} opens of deleted inodes refused",
+        "{} unlinks and renames, {} opens of deleted inodes refused (none expected: every open is \
+         of a held inode)",
         removed.load(Ordering::Relaxed),
         stale.load(Ordering::Relaxed)
     );

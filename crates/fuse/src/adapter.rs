@@ -212,14 +212,12 @@ impl Adapter {
                 let l: LinkIn = arg(a)?;
                 self.entry(r, fs.link(l.oldnodeid, ino, name(p)?.0))
             }
-            op::OPEN => {
-                let o: OpenIn = arg(a)?;
-                // FUSE_OPEN_KILL_SUIDGID: with FUSE_ATOMIC_O_TRUNC an O_TRUNC open truncates
-                // through Fs::setattr, which clears set-id bits for non-root callers.
-                let fh = fs.open(ino, o.flags as i32, ctx(h)).map_err(err)?;
-                r.push(&self.open_out(fh));
-                Ok(())
-            }
+            // No OPEN or RELEASE round trips: `ENOSYS` makes the kernel open files by itself for
+            // the rest of the mount (`no_open`), with handle 0 and the page cache kept. Nothing
+            // needs a handle: O_APPEND comes with every WRITE, an O_TRUNC open truncates with a
+            // SETATTR (FUSE_ATOMIC_O_TRUNC is not negotiated), and a file unlinked while open
+            // lives until the kernel forgets its inode (Fs::forget).
+            op::OPEN => Err(libc::ENOSYS),
             op::READ => {
                 let x: ReadIn = arg(a)?;
                 r.extend(&fs.read(ino, x.offset, x.size).map_err(err)?);
@@ -230,15 +228,22 @@ impl Adapter {
                 let data = p.get(..w.size as usize).ok_or(libc::EINVAL)?;
                 // With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves clearing set-id bits to us.
                 let kill = w.write_flags & WRITE_KILL_SUIDGID != 0;
-                let n = fs.write(ino, w.fh, w.offset, data, kill).map_err(err)?;
+                let append = w.flags as i32 & libc::O_APPEND != 0;
+                let n = fs
+                    .write_at(ino, w.offset, data, append, kill)
+                    .map_err(err)?;
                 r.push(&WriteOut {
                     size: n as u32,
                     padding: 0,
                 });
                 Ok(())
             }
-            op::FLUSH => Ok(()), // Every write is in the engine when acknowledged.
-            op::RELEASE => fs.release(ino, arg::<ReleaseIn>(a)?.fh).map_err(err),
+            // Every write is in the engine when acknowledged, so a flush has nothing to do;
+            // `ENOSYS` tells the kernel to send no more (`no_flush`: files opened without OPEN
+            // do not carry FOPEN_NOFLUSH).
+            op::FLUSH => Err(libc::ENOSYS),
+            // Only from kernels that still release files made by CREATE under `no_open`.
+            op::RELEASE => Ok(()),
             op::FSYNC | op::FSYNCDIR => {
                 self.test_hold();
                 fs.fsync().map_err(err)
@@ -289,11 +294,11 @@ impl Adapter {
             op::CREATE => {
                 let c: CreateIn = arg(a)?;
                 let n = name(p)?.0;
-                let (i, fh) = fs
-                    .create(ino, n, c.mode, c.flags as i32, ctx(h))
-                    .map_err(err)?;
+                // A regular file and handle 0, as OPEN would give (see OPEN above).
+                let mode = (c.mode & !libc::S_IFMT) | libc::S_IFREG;
+                let i = fs.mknod(ino, n, mode, 0, ctx(h)).map_err(err)?;
                 r.push(&self.entry_out(&i));
-                r.push(&self.open_out(fh));
+                r.push(&self.open_out(0));
                 Ok(())
             }
             op::IOCTL => self.ioctl(h, arg(a)?, p, r),

@@ -15,11 +15,12 @@
 //! Settings (see `shared/notes/fuse.md` for the measurements behind them):
 //! - kernel writeback cache off: operations reach the daemon in application order and small writes
 //!   stay small;
-//! - page cache kept across opens (`FOPEN_KEEP_CACHE`), no FLUSH on close (`FOPEN_NOFLUSH`:
-//!   every write is in the engine when it is acknowledged);
+//! - no OPEN, RELEASE or FLUSH round trips (OPEN and FLUSH answered `ENOSYS` once): files need no
+//!   handle in the daemon, and one unlinked while in use lives until the kernel forgets its inode;
+//!   the page cache is kept across opens;
 //! - 1 MiB requests, `FUSE_HANDLE_KILLPRIV_V2` (set-id bits cleared by the daemon),
 //!   readdirplus (`FUSE_DO_READDIRPLUS | FUSE_READDIRPLUS_AUTO`), `FUSE_PARALLEL_DIROPS`,
-//!   `FUSE_ATOMIC_O_TRUNC`, `FUSE_CACHE_SYMLINKS`;
+//!   `FUSE_CACHE_SYMLINKS` (not `FUSE_ATOMIC_O_TRUNC`: an `O_TRUNC` open truncates with SETATTR);
 //! - long entry and attribute lifetimes plus negative entries;
 //! - read-ahead of the mount's bdi raised to 1 MiB after mounting.
 //!

@@ -36,9 +36,10 @@ impl Negotiated {
 /// Capabilities we ask for. Not wanted: FUSE_WRITEBACK_CACHE (operations must reach us in
 /// application order and small writes must stay small), FUSE_AUTO_INVAL_DATA (would drop the page
 /// cache after our own writes), FUSE_POSIX_LOCKS/FLOCK_LOCKS (the kernel handles locks locally),
-/// FUSE_SETXATTR_EXT and the extension headers (not parsed here). FUSE_EXPORT_SUPPORT: the kernel
-/// may look up `.` in an inode it forgot (a file handle: NFS, `open_by_handle_at`), which the file
-/// system answers from its inode index.
+/// FUSE_SETXATTR_EXT and the extension headers (not parsed here), FUSE_ATOMIC_O_TRUNC (it truncates
+/// in OPEN, which we do not serve: the kernel sends a SETATTR instead). FUSE_EXPORT_SUPPORT: the
+/// kernel may look up `.` in an inode it forgot (a file handle: NFS, `open_by_handle_at`), which
+/// the file system answers from its inode index.
 fn wanted(uring: bool) -> u64 {
     let mut w = init::ASYNC_READ
         | init::BIG_WRITES
@@ -47,7 +48,6 @@ fn wanted(uring: bool) -> u64 {
         | init::DO_READDIRPLUS
         | init::READDIRPLUS_AUTO
         | init::PARALLEL_DIROPS
-        | init::ATOMIC_O_TRUNC
         | init::CACHE_SYMLINKS
         | init::EXPORT_SUPPORT
         | init::INIT_EXT;

@@ -160,6 +160,11 @@ impl Fs {
             let Some((inode, _)) = self.load(&keys::home_key(ino))? else {
                 return Ok(None);
             };
+            if inode.nlink == 0 {
+                // Unlinked, and the kernel no longer holds it (the table would): its last FORGET
+                // is deleting it (`orphans.rs`), or a crash left it for the next mount.
+                return Ok(None);
+            }
             return Ok(Some(self.remember_found(0, b"", inode, count)));
         }
         // Come back down, entering each level into the table.

@@ -55,8 +55,8 @@ impl Fs {
         }
     }
 
-    /// After a read of `ino` (whose key is `fk`): updates its access time as the options say.
-    pub(super) fn touch_atime(&self, ino: u64, shared: &Arc<Mutex<Inode>>, fk: &[u8]) {
+    /// After a read of `ino`: updates its access time as the options say.
+    pub(super) fn touch_atime(&self, ino: u64, shared: &Arc<Mutex<Inode>>) {
         let modes = self.modes();
         if !modes.relatime || self.engine.is_read_only() {
             return;
@@ -74,8 +74,12 @@ impl Fs {
             self.lazy_atimes.lock().insert(ino);
             return;
         }
+        // At its home or path (a parked file's data is elsewhere: `fs/orphans.rs`).
+        let Ok(meta) = self.meta_of(ino) else {
+            return;
+        };
         let mut b = Batch::new();
-        b.put(keys::meta_key(fk), next.encode());
+        b.put(meta, next.encode());
         if self.commit(&mut b).is_ok() {
             *i = next;
         }

@@ -1,7 +1,8 @@
 //! Bringing an image of an older schema up to [`SCHEMA_VERSION`] when the file system becomes
 //! writable (its first writable mount, or a remount read-write after a read-only mount): schema 2
 //! gets the inode index (`handles.rs`), and schemas 2 and 3 get the record of schema 4, whose
-//! inodes count their blocks and reservations. Their inodes in encoding 1 stay as they are and read
+//! inodes count their blocks and reservations (schema 5, parked files, `orphans.rs`, needs nothing
+//! but the record: older images have none). Their inodes in encoding 1 stay as they are and read
 //! as dense files (see `Meta::decode`) until rewritten, or recounted by `amaranth fsck --repair`;
 //! the record comes before the first inode in encoding 2, which older versions cannot read.
 
@@ -27,7 +28,7 @@ impl Fs {
     pub(super) fn prepare_writes(&self) -> Result<()> {
         assert!(!self.engine.is_read_only());
         self.upgrade_schema()?;
-        self.remove_orphans()
+        self.remove_orphans(true)
     }
 
     fn upgrade_schema(&self) -> Result<()> {
