@@ -171,6 +171,11 @@ impl Engine {
         self.inner.tree.cache.external_allowance()
     }
 
+    /// [`Engine::write`] of a batch the caller gives up (its keys and values are not copied).
+    pub fn write_owned(&self, batch: Batch) -> Result<Lsn> {
+        self.inner.write_ops(batch.ops)
+    }
+
     /// The value of `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         if self.inner.closed.load(Ordering::Acquire) {

@@ -338,13 +338,20 @@ impl Leaf {
                 out.keep(lo, slot);
                 continue;
             }
-            // A few point messages: patch the partition in place (one memmove per entry) instead of
-            // rebuilding it, when it stays within its size and does not become empty.
-            // The size check uses the exact new size (an overwrite of a value by one of the same
-            // length grows nothing), so a full partition is patched too.
-            if my_ranges.is_empty() && my_points.len() <= 16 {
+            // A partition wholly inside one range delete is dropped without being read.
+            // (Range deletes are older than the point messages beside them, so the base is not needed.)
+            let whole = my_ranges.iter().any(|r| {
+                lo.is_some_and(|l| r.lo.as_slice() <= l) && hi.is_some_and(|h| r.hi.as_slice() >= h)
+            });
+            // A few messages: patch the partition in place (one memmove per entry or per run a
+            // range delete removes) instead of rebuilding it, when it stays within its size and
+            // does not become empty. The size check uses the exact new size (an overwrite of a
+            // value by one of the same length grows nothing), so a full partition is patched too.
+            if !whole && my_ranges.len() <= 4 && my_points.len() <= 16 {
                 if let Some(base) = slot.data() {
-                    let (size, values) = patched_size(&base, my_points);
+                    let runs = covered_runs(&base, &my_ranges);
+                    let cut: usize = runs.iter().map(|&(a, b)| base.run_bytes(a, b)).sum();
+                    let (size, values) = patched_size(&base, cut, &my_ranges, my_points);
                     // An emptied partition (size 0) goes through the rebuild, which drops it.
                     if size > 0 && size <= format.partition_size {
                         // Without the leaf's own reference the partition is patched where it is
@@ -352,6 +359,10 @@ impl Leaf {
                         drop(slot);
                         let mut p =
                             Arc::try_unwrap(base).unwrap_or_else(|shared| (*shared).clone());
+                        // Ranges first (they are older than the point messages), last run first.
+                        for &(a, b) in runs.iter().rev() {
+                            p.remove_run(a, b);
+                        }
                         for ((k, _), v) in my_points.iter().zip(values) {
                             p.set(k, v.as_deref());
                         }
@@ -361,11 +372,6 @@ impl Leaf {
                     }
                 }
             }
-            // A partition wholly inside one range delete is dropped without being read.
-            // (Range deletes are older than the point messages beside them, so the base is not needed.)
-            let whole = my_ranges.iter().any(|r| {
-                lo.is_some_and(|l| r.lo.as_slice() <= l) && hi.is_some_and(|h| r.hi.as_slice() >= h)
-            });
             let base = if whole {
                 None
             } else {
@@ -1337,11 +1343,40 @@ pub fn decode_buffer_payload(
 }
 
 /// The encoded size of `base` after `points` (distinct keys) are applied, and the new values.
-fn patched_size(base: &Partition, points: &[(Vec<u8>, KeyMsgs)]) -> (usize, Vec<Option<Vec<u8>>>) {
-    let mut size = base.bytes();
+/// The runs of entries of `base` (by index, sorted, disjoint) that `ranges` delete.
+fn covered_runs(base: &Partition, ranges: &[&RangeDel]) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = ranges
+        .iter()
+        .map(|r| (base.lower_bound(&r.lo), base.lower_bound(&r.hi)))
+        .filter(|(a, b)| a < b)
+        .collect();
+    runs.sort_unstable();
+    let mut merged: Vec<(usize, usize)> = Vec::with_capacity(runs.len());
+    for (a, b) in runs {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    merged
+}
+
+/// The size of `base` after removing `cut` bytes of entries deleted by `ranges` and applying
+/// `points` (each key's old value is gone if a range covers it), and each key's new value.
+fn patched_size(
+    base: &Partition,
+    cut: usize,
+    ranges: &[&RangeDel],
+    points: &[(Vec<u8>, KeyMsgs)],
+) -> (usize, Vec<Option<Vec<u8>>>) {
+    let mut size = base.bytes() - cut;
     let mut values = Vec::with_capacity(points.len());
     for (k, km) in points {
-        let old = base.get(k);
+        let old = if ranges.iter().any(|r| r.covers(k)) {
+            None
+        } else {
+            base.get(k)
+        };
         if let Some(o) = old {
             size -= crate::partition::entry_size(k, o);
         }
@@ -1415,6 +1450,67 @@ mod tests {
         let p = l.parts[0].data().unwrap();
         assert_eq!(p.raw().as_ptr(), before, "the partition was rebuilt");
         assert_eq!(p.get(&key), Some(&[9u8; 50][..]));
+    }
+
+    /// Range deletes inside a partition (with point messages beside them, some in the ranges'
+    /// gaps, one for a key a range deleted) are patched in place and give what a rebuild gives.
+    #[test]
+    fn range_deletes_in_a_partition_are_patched_in_place_like_a_rebuild() {
+        let key = |i: u32| format!("key{i:05}").into_bytes();
+        let ranges = vec![
+            RangeDel {
+                msn: 2,
+                lo: key(3),
+                hi: key(7),
+            },
+            RangeDel {
+                msn: 3,
+                lo: key(5),
+                hi: key(9),
+            },
+            RangeDel {
+                msn: 4,
+                lo: key(20),
+                hi: key(21),
+            },
+        ];
+        let points = vec![
+            (
+                key(4),
+                KeyMsgs::Put {
+                    msn: 5,
+                    value: vec![1; 10],
+                },
+            ),
+            (
+                key(12),
+                KeyMsgs::Put {
+                    msn: 6,
+                    value: vec![2; 10],
+                },
+            ),
+        ];
+        let mut patched = leaf_with(300);
+        let before = patched.parts[0].data().unwrap().raw().as_ptr();
+        patched.apply(&ranges, &points, &fmt());
+        let p = patched.parts[0].data().unwrap();
+        assert_eq!(p.raw().as_ptr(), before, "the partition was rebuilt");
+        // The same messages through the rebuild.
+        let mut rebuilt = leaf_with(300);
+        let slot = &rebuilt.parts[0];
+        let base = slot.data().unwrap();
+        let refs: Vec<&RangeDel> = ranges.iter().collect();
+        let mut out = LeafBuilder::new(fmt().partition_size);
+        out.merge(None, Some(&base), &refs, &points);
+        let (_, parts) = out.finish();
+        drop(base);
+        rebuilt.parts[0] = parts.into_iter().next().unwrap();
+        let q = rebuilt.parts[0].data().unwrap();
+        assert_eq!(p.raw(), q.raw());
+        assert_eq!(p.get(&key(4)), Some(&[1u8; 10][..]));
+        assert_eq!(p.get(&key(5)), None);
+        assert_eq!(p.get(&key(9)).map(|v| v.len()), Some(50));
+        assert_eq!(p.get(&key(20)), None);
     }
 
     #[test]

@@ -123,6 +123,37 @@ impl Partition {
         }
     }
 
+    /// The entries `[a, b)` by index (as for a range delete: from `lower_bound(lo)` to
+    /// `lower_bound(hi)`), and their encoded bytes.
+    pub fn run_bytes(&self, a: usize, b: usize) -> usize {
+        assert!(
+            a <= b && b <= self.offs.len(),
+            "entry run {a}..{b} of {}",
+            self.offs.len()
+        );
+        if a == b {
+            return 0;
+        }
+        let end = if b < self.offs.len() {
+            self.offs[b] as usize
+        } else {
+            self.data.len()
+        };
+        end - self.offs[a] as usize
+    }
+
+    /// Removes the entries `[a, b)` in place (one memmove).
+    pub fn remove_run(&mut self, a: usize, b: usize) {
+        let len = self.run_bytes(a, b);
+        if len == 0 {
+            return;
+        }
+        let start = self.offs[a] as usize;
+        self.data.drain(start..start + len);
+        self.offs.drain(a..b);
+        self.shift_offsets(a, -(len as isize));
+    }
+
     fn entry_range(&self, i: usize) -> (usize, usize) {
         let start = self.offs[i] as usize;
         let end = if i + 1 < self.offs.len() {

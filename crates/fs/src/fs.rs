@@ -391,7 +391,14 @@ impl Fs {
 
     // ----- helpers ------------------------------------------------------------------------
 
+    /// Writes `b` as one atomic engine batch (taking its operations: `b` is left empty).
     fn commit(&self, b: &mut Batch) -> Result<()> {
+        let b = std::mem::take(b);
+        let deletes = b
+            .ops
+            .iter()
+            .any(|o| matches!(o, Op::RangeDelete { .. } | Op::Delete { .. }));
+        let mut b = b;
         let counters = [
             (keys::system_key("inodes"), &self.inodes_used),
             (keys::system_key("reserved"), &self.reserved_blocks),
@@ -428,10 +435,7 @@ impl Fs {
             self.sync_if_wanted(lsn)?;
         }
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        if b.ops
-            .iter()
-            .any(|o| matches!(o, Op::RangeDelete { .. } | Op::Delete { .. }))
-        {
+        if deletes {
             self.deletions.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
@@ -507,6 +511,14 @@ impl Fs {
     fn meta_of(&self, ino: u64) -> Result<Vec<u8>> {
         let fk = self.table.lock().file_key(ino).ok_or(Errno::ENOENT)?;
         Ok(keys::meta_key(&fk))
+    }
+
+    /// Where `ino`'s data and extended attributes are (as [`Fs::file_key`]) and its metadata key
+    /// (as [`Fs::meta_of`]), building its path once.
+    fn locate(&self, ino: u64) -> Result<(Vec<u8>, Vec<u8>)> {
+        let fk = self.table.lock().file_key(ino).ok_or(Errno::ENOENT)?;
+        let meta = keys::meta_key(&fk);
+        Ok((self.parked_data_key(ino).unwrap_or(fk), meta))
     }
 
     /// Reads what `key` (a meta key of a path) holds, following a redirect.
@@ -727,8 +739,7 @@ impl Fs {
         let _ns = self.ns.read();
         let shared = self.node_inode(ino)?;
         let mut inode = shared.lock();
-        let fk = self.file_key(ino)?;
-        let meta = self.meta_of(ino)?;
+        let (fk, meta) = self.locate(ino)?;
         let mut next = inode.clone();
         let now = Time::now();
         let mut b = Batch::new();
@@ -1542,8 +1553,7 @@ impl Fs {
         let _ns = self.ns.read();
         let shared = self.node_inode(ino)?;
         let mut inode = shared.lock();
-        let fk = self.file_key(ino)?;
-        let meta = self.meta_of(ino)?;
+        let (fk, meta) = self.locate(ino)?;
         if inode.kind != Kind::File {
             return Err(Errno::EINVAL);
         }
@@ -1689,8 +1699,7 @@ impl Fs {
         let _ns = self.ns.read();
         let shared = self.node_inode(ino)?;
         let mut inode = shared.lock();
-        let fk = self.file_key(ino)?;
-        let meta = self.meta_of(ino)?;
+        let (fk, meta) = self.locate(ino)?;
         let key = keys::xattr_key(&fk, name);
         let exists = self.engine.get(&key)?.is_some();
         if flags & libc::XATTR_CREATE != 0 && exists {
@@ -1753,8 +1762,7 @@ impl Fs {
         let _ns = self.ns.read();
         let shared = self.node_inode(ino)?;
         let mut inode = shared.lock();
-        let fk = self.file_key(ino)?;
-        let meta = self.meta_of(ino)?;
+        let (fk, meta) = self.locate(ino)?;
         let key = keys::xattr_key(&fk, name);
         if self.engine.get(&key)?.is_none() {
             return Err(Errno::ENODATA);
@@ -1792,8 +1800,7 @@ impl Fs {
         let _ns = self.ns.read();
         let shared = self.node_inode(ino)?;
         let mut inode = shared.lock();
-        let fk = self.file_key(ino)?;
-        let meta = self.meta_of(ino)?;
+        let (fk, meta) = self.locate(ino)?;
         if inode.kind != Kind::File {
             return Err(if inode.kind == Kind::Dir {
                 Errno::EISDIR

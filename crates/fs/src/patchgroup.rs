@@ -377,13 +377,14 @@ impl Patchgroups {
     // ----- hooks for the file-system operations ------------------------------------------
 
     /// Logs and applies a batch for the current caller, adding it to the caller's engaged groups.
-    pub(crate) fn write(&self, b: &Batch) -> Result<Lsn> {
+    /// The batch is given up (not copied) unless an atomic group takes it.
+    pub(crate) fn write(&self, b: Batch) -> Result<Lsn> {
         let tgid = match self.process(caller(), false) {
             Ok(Some(t)) => t,
-            _ => return Ok(self.engine.write(b)?),
+            _ => return Ok(self.engine.write_owned(b)?),
         };
         let Ok(gate) = self.gate(tgid) else {
-            return Ok(self.engine.write(b)?);
+            return Ok(self.engine.write_owned(b)?);
         };
         // Step 1 of the proof: engaged groups cannot change until the record is appended.
         let _shared = gate.read_recursive();
@@ -392,8 +393,8 @@ impl Patchgroups {
             None => (Vec::new(), None),
         };
         let r = match atomic {
-            Some((_, id)) => self.engine.write_atomic(id, b),
-            None => self.engine.write(b),
+            Some((_, id)) => self.engine.write_atomic(id, &b),
+            None => self.engine.write_owned(b),
         };
         let lsn = r.map_err(|e| Self::group_error(e, atomic))?;
         if !engaged.is_empty() {

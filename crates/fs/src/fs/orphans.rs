@@ -92,12 +92,16 @@ impl Fs {
     /// Where the data blocks and extended attributes of `ino` are: its parked path, or its file
     /// key (home or path).
     pub(super) fn data_key_of(&self, ino: u64) -> Option<Vec<u8>> {
-        if self.parked_count.load(Ordering::Relaxed) > 0 {
-            if let Some(p) = self.parked.lock().by_ino.get(&ino) {
-                return Some(p.clone());
-            }
+        self.parked_data_key(ino)
+            .or_else(|| self.table.lock().file_key(ino))
+    }
+
+    /// The parked path of `ino`, if it is parked.
+    pub(super) fn parked_data_key(&self, ino: u64) -> Option<Vec<u8>> {
+        if self.parked_count.load(Ordering::Relaxed) == 0 {
+            return None;
         }
-        self.table.lock().file_key(ino)
+        self.parked.lock().by_ino.get(&ino).cloned()
     }
 
     /// Whether the kernel holds `ino` (its lookup count is not zero).
