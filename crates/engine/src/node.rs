@@ -471,6 +471,9 @@ impl Leaf {
 /// Assembles the partitions of a rebuilt leaf.
 struct LeafBuilder {
     partition_size: usize,
+    /// Bytes a partition being built is filled to before the next one starts (at most
+    /// `partition_size`; less while a merge splits a partition, see [`LeafBuilder::merge`]).
+    fill: usize,
     pivots: Vec<Vec<u8>>,
     parts: Vec<PartSlot>,
     cur: Option<(Option<Vec<u8>>, PartitionBuilder)>,
@@ -481,6 +484,7 @@ impl LeafBuilder {
     fn new(partition_size: usize) -> LeafBuilder {
         LeafBuilder {
             partition_size,
+            fill: partition_size,
             pivots: Vec::new(),
             parts: Vec::new(),
             cur: None,
@@ -526,7 +530,7 @@ impl LeafBuilder {
         let full = self
             .cur
             .as_ref()
-            .is_some_and(|(_, b)| !b.is_empty() && b.bytes() + size > self.partition_size);
+            .is_some_and(|(_, b)| !b.is_empty() && b.bytes() + size > self.fill);
         if full {
             // Remember only the last key of each sealed partition (for the next pivot).
             let prev = self
@@ -571,6 +575,14 @@ impl LeafBuilder {
         let covered = |k: &[u8]| ranges.iter().any(|r| r.covers(k));
         let empty = Partition::empty();
         let base = base.unwrap_or(&empty);
+        // A partition that overflows is split into parts filled to about three quarters, not
+        // into full ones and a remainder: a full partition would be rebuilt again by the next
+        // insert into it, where one with room takes it in place (`Leaf::apply`).
+        let total = base.bytes() + points.iter().map(|(k, km)| grow_hint(k, km)).sum::<usize>();
+        if total > self.partition_size {
+            let parts = total.div_ceil(self.partition_size * 3 / 4);
+            self.fill = total.div_ceil(parts).min(self.partition_size);
+        }
         let (mut bi, mut pi) = (0usize, 0usize);
         // The first entry of this range keeps the partition's old lower bound as its pivot.
         let mut range_lo = lo;
@@ -605,6 +617,7 @@ impl LeafBuilder {
         }
         self.seal();
         self.last_key = None;
+        self.fill = self.partition_size;
     }
 
     fn finish(mut self) -> (Vec<Vec<u8>>, Vec<PartSlot>) {
@@ -1343,6 +1356,25 @@ pub fn decode_buffer_payload(
 }
 
 /// The encoded size of `base` after `points` (distinct keys) are applied, and the new values.
+/// About how many bytes the messages of `key` add to a partition (their value's size; an upsert
+/// counts its patches' data).
+fn grow_hint(key: &[u8], km: &KeyMsgs) -> usize {
+    match km {
+        KeyMsgs::Put { value, .. } => crate::partition::entry_size(key, value),
+        KeyMsgs::Delete { .. } => 0,
+        KeyMsgs::Upserts(ps) => {
+            let data: usize = ps
+                .iter()
+                .map(|(_, p)| match p {
+                    crate::msg::Patch::Write { data, .. } => data.len(),
+                    crate::msg::Patch::Truncate { .. } => 0,
+                })
+                .sum();
+            crate::partition::entry_size(key, &[]) + data
+        }
+    }
+}
+
 /// The runs of entries of `base` (by index, sorted, disjoint) that `ranges` delete.
 fn covered_runs(base: &Partition, ranges: &[&RangeDel]) -> Vec<(usize, usize)> {
     let mut runs: Vec<(usize, usize)> = ranges
@@ -1428,9 +1460,66 @@ mod tests {
 
     /// Overwriting a value with one of the same size in a full partition patches it in place
     /// (the partition's buffer stays where it was) instead of re-encoding the leaf.
+    /// Inserts keys into the first partition one at a time (each patched in place) until it is
+    /// full.
+    fn fill_first(l: &mut Leaf) {
+        for j in 0.. {
+            if l.parts[0].data().unwrap().bytes() + 70 > fmt().partition_size {
+                return;
+            }
+            let points = vec![(
+                format!("key00000.{j:04}").into_bytes(),
+                KeyMsgs::Put {
+                    msn: 2,
+                    value: vec![1u8; 40],
+                },
+            )];
+            l.apply(&[], &points, &fmt());
+        }
+    }
+
+    /// A partition split by a merge keeps room: the next insert into it is patched in place.
+    #[test]
+    fn an_overflowing_partition_splits_with_room_to_insert_in_place() {
+        let mut l = leaf_with(300);
+        let first = l.parts[0].data().unwrap();
+        assert!(
+            first.bytes() <= fmt().partition_size * 3 / 4 + 70,
+            "built partitions keep a quarter free: {} of {}",
+            first.bytes(),
+            fmt().partition_size
+        );
+        drop(first);
+        fill_first(&mut l);
+        let parts = l.parts.len();
+        // Full: the next insert splits it...
+        let put = |j: u32| {
+            vec![(
+                format!("key00000.x{j}").into_bytes(),
+                KeyMsgs::Put {
+                    msn: 3,
+                    value: vec![2u8; 40],
+                },
+            )]
+        };
+        l.apply(&[], &put(0), &fmt());
+        assert_eq!(l.parts.len(), parts + 1, "the full partition split");
+        // ...and the one after that goes in place.
+        let before = l.parts[0].data().unwrap().raw().as_ptr();
+        l.apply(&[], &put(1), &fmt());
+        let p = l.parts[0].data().unwrap();
+        assert_eq!(
+            p.raw().as_ptr(),
+            before,
+            "the split partition was rebuilt again"
+        );
+        assert!(p.get(b"key00000.x1").is_some());
+    }
+
     #[test]
     fn same_size_overwrite_in_a_full_partition_is_patched() {
         let mut l = leaf_with(300);
+        fill_first(&mut l);
         let full = l.parts[0].data().unwrap();
         assert!(
             full.bytes() + 70 > fmt().partition_size,
