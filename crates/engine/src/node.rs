@@ -312,6 +312,9 @@ impl Leaf {
     /// newer than the leaf's contents). Partitions without messages are kept as they are; the others
     /// are rebuilt and re-cut at `format.partition_size`. Every touched partition must be resident.
     pub fn apply(&mut self, ranges: &[RangeDel], points: &[(Vec<u8>, KeyMsgs)], format: &Format) {
+        if self.apply_in_place(ranges, points, format) {
+            return;
+        }
         let old_parts = std::mem::take(&mut self.parts);
         let old_pivots = std::mem::take(&mut self.pivots);
         let mut out = LeafBuilder::new(format.partition_size);
@@ -387,6 +390,84 @@ impl Leaf {
         let (pivots, parts) = out.finish();
         self.pivots = pivots;
         self.parts = parts;
+    }
+
+    /// Applies the messages by patching each partition they touch where it is, when every one of
+    /// them can be (resident, a few messages, staying non-empty and within its size): the leaf's
+    /// other partitions and its pivots are left alone, so the cost does not grow with the number
+    /// of partitions. Returns false, having changed nothing, otherwise.
+    fn apply_in_place(
+        &mut self,
+        ranges: &[RangeDel],
+        points: &[(Vec<u8>, KeyMsgs)],
+        format: &Format,
+    ) -> bool {
+        type Plan = (
+            usize,
+            Vec<(usize, usize)>,
+            Vec<Option<Vec<u8>>>,
+            usize,
+            usize,
+        );
+        let mut plan: Vec<Plan> = Vec::new();
+        let mut pi = 0usize;
+        for i in 0..self.parts.len() {
+            let lo: Option<&[u8]> = (i > 0).then(|| self.pivots[i - 1].as_slice());
+            let hi: Option<&[u8]> = self.pivots.get(i).map(|v| v.as_slice());
+            let p_start = pi;
+            while pi < points.len() && hi.is_none_or(|h| points[pi].0.as_slice() < h) {
+                pi += 1;
+            }
+            let my_points = &points[p_start..pi];
+            let my_ranges: Vec<&RangeDel> = ranges
+                .iter()
+                .filter(|r| {
+                    hi.is_none_or(|h| r.lo.as_slice() < h) && lo.is_none_or(|l| r.hi.as_slice() > l)
+                })
+                .collect();
+            if my_points.is_empty() && my_ranges.is_empty() {
+                continue;
+            }
+            if my_ranges.len() > 4 || my_points.len() > 16 {
+                return false;
+            }
+            let Some(base) = self.parts[i].data() else {
+                return false;
+            };
+            let runs = covered_runs(&base, &my_ranges);
+            let cut: usize = runs.iter().map(|&(a, b)| base.run_bytes(a, b)).sum();
+            let (size, values) = patched_size(&base, cut, &my_ranges, my_points);
+            if size == 0 || size > format.partition_size {
+                return false;
+            }
+            plan.push((i, runs, values, size, p_start));
+        }
+        assert_eq!(
+            pi,
+            points.len(),
+            "every point message belongs to a partition"
+        );
+        for (i, runs, values, size, p_start) in plan {
+            let base = self.parts[i]
+                .state
+                .lock()
+                .data
+                .take()
+                .expect("planned partitions are resident");
+            // Without the leaf's own reference the partition is patched where it is (a reader
+            // holding it meanwhile keeps its copy).
+            let mut p = Arc::try_unwrap(base).unwrap_or_else(|shared| (*shared).clone());
+            // Ranges first (they are older than the point messages), last run first.
+            for &(a, b) in runs.iter().rev() {
+                p.remove_run(a, b);
+            }
+            for ((k, _), v) in points[p_start..p_start + values.len()].iter().zip(values) {
+                p.set(k, v.as_deref());
+            }
+            assert_eq!(p.bytes(), size, "patched partition size");
+            self.parts[i] = PartSlot::resident(p);
+        }
+        true
     }
 
     /// Splits into pieces of at most about half a node each (at partition boundaries). Returns the
