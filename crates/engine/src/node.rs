@@ -1493,7 +1493,11 @@ fn patched_size(
         if let Some(o) = old {
             size -= crate::partition::entry_size(k, o);
         }
-        let new = km.apply(old.map(|v| v.to_vec()));
+        // Only upserts read the old value (a put or delete would copy it for nothing).
+        let new = match km {
+            KeyMsgs::Upserts(_) => km.apply(old.map(|v| v.to_vec())),
+            _ => km.apply(None),
+        };
         if let Some(n) = &new {
             size += crate::partition::entry_size(k, n);
         }

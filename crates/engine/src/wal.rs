@@ -44,6 +44,9 @@ pub enum Space {
 struct State {
     epoch: u64,
     buf: Vec<u8>,
+    /// The buffer of the last write, emptied, kept for the next one (so appends after a write do
+    /// not grow a new buffer from nothing, copying it at each doubling).
+    spare: Vec<u8>,
     buf_first_lsn: Lsn,
     buf_records: u32,
     next_lsn: Lsn,
@@ -58,6 +61,9 @@ struct State {
     chunks_written: u64,
     device_flushes: u64,
 }
+
+/// The largest emptied buffer kept for reuse.
+const SPARE_MAX: usize = 4 << 20;
 
 /// Counters of log activity.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -125,6 +131,7 @@ impl Log {
             state: Mutex::new(State {
                 epoch: pos.epoch,
                 buf: Vec::new(),
+                spare: Vec::new(),
                 buf_first_lsn: pos.next_lsn,
                 buf_records: 0,
                 next_lsn: pos.next_lsn,
@@ -285,7 +292,8 @@ impl Log {
                 continue;
             }
             s.leader = true;
-            let records = std::mem::take(&mut s.buf);
+            let spare = std::mem::take(&mut s.spare);
+            let mut records = std::mem::replace(&mut s.buf, spare);
             let first = s.buf_first_lsn;
             let n = std::mem::replace(&mut s.buf_records, 0);
             let end_lsn = s.next_lsn;
@@ -351,6 +359,10 @@ impl Log {
             s = self.state.lock();
             s.leader = false;
             s.inflight = None;
+            records.clear();
+            if records.capacity() <= SPARE_MAX {
+                s.spare = records;
+            }
             match result {
                 Ok(()) => {
                     s.written_lsn = end_lsn;
