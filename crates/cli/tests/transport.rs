@@ -434,3 +434,49 @@ fn an_unlinked_open_file_lives_until_its_close() {
     );
     s.finish(m);
 }
+
+fn names_of(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Directories need no OPENDIR or RELEASEDIR (answered `ENOSYS` once; offsets carry the whole
+/// position), and the kernel's cache of a listing follows every change made through the mount.
+#[test]
+fn listings_need_no_opendir_and_follow_changes() {
+    if !mount_env_ok() {
+        return;
+    }
+    let _g = serial();
+    let s = Scratch::new("ls");
+    let img = s.mkfs("a.img", "1G");
+    let m = s.mount(&img, "mnt", &MountOpts::default());
+    let d = m.p("d");
+    fs::create_dir(&d).unwrap();
+    let mut want: Vec<String> = (0..300).map(|i| format!("f{i:03}")).collect();
+    for n in &want {
+        fs::write(d.join(n), b"x").unwrap();
+    }
+    assert_eq!(names_of(&d), want);
+    let base = stat_json(&s, &m.mp);
+    for _ in 0..3 {
+        assert_eq!(names_of(&d), want);
+    }
+    fs::write(d.join("new"), b"y").unwrap();
+    fs::remove_file(d.join("f007")).unwrap();
+    fs::rename(d.join("f008"), d.join("g008")).unwrap();
+    want.retain(|n| n != "f007" && n != "f008");
+    want.extend(["g008".to_string(), "new".to_string()]);
+    want.sort();
+    assert_eq!(names_of(&d), want);
+    let v = stat_json(&s, &m.mp);
+    for op in ["OPENDIR", "RELEASEDIR"] {
+        assert_eq!(requests(&v, op), requests(&base, op), "{op}: {v}");
+        assert!(requests(&v, op) <= 1, "{op}: {v}");
+    }
+    s.finish(m);
+}

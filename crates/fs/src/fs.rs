@@ -235,7 +235,6 @@ pub struct Fs {
     /// Orders the commits that change the counters (see `count_inodes`).
     count_lock: Mutex<()>,
     files: Mutex<HashMap<u64, FileHandle>>,
-    dirs: Mutex<HashMap<u64, readdir::DirHandle>>,
     /// Regular files unlinked while the kernel held them, whose data stays at their last path
     /// until the kernel forgets them (see `fs/orphans.rs`), and how many there are.
     parked: Mutex<orphans::Parked>,
@@ -337,7 +336,6 @@ impl Fs {
             reserved_blocks: AtomicU64::new(reserved),
             count_lock: Mutex::new(()),
             files: Mutex::new(HashMap::new()),
-            dirs: Mutex::new(HashMap::new()),
             parked: Mutex::new(orphans::Parked::default()),
             parked_count: std::sync::atomic::AtomicUsize::new(0),
             next_fh: AtomicU64::new(1),

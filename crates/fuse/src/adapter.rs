@@ -252,22 +252,15 @@ impl Adapter {
                 self.test_hold();
                 fs.syncfs().map_err(err)
             }
-            op::OPENDIR => {
-                let fh = fs.opendir(ino).map_err(err)?;
-                r.push(&OpenOut {
-                    fh,
-                    open_flags: 0,
-                    backing_id: 0,
-                });
-                Ok(())
-            }
+            // Directories need no handle either (an offset says where a listing is): `ENOSYS`
+            // makes the kernel open them itself for the rest of the mount (`no_opendir`, no
+            // RELEASEDIR), and it keeps their listings in its readdir cache (FOPEN_CACHE_DIR)
+            // until they change.
+            op::OPENDIR => Err(libc::ENOSYS),
             op::READDIR | op::READDIRPLUS => {
                 self.readdir(ino, arg(a)?, h.opcode == op::READDIRPLUS, r)
             }
-            op::RELEASEDIR => {
-                fs.releasedir(arg::<ReleaseIn>(a)?.fh);
-                Ok(())
-            }
+            op::RELEASEDIR => Ok(()),
             op::STATFS => {
                 let s = fs.statfs();
                 r.push(&StatfsOut {

@@ -9,9 +9,11 @@
 //! one scan from a key computed from the offset.
 //!
 //! Two names with the same hash (a collision: 2^-56 for a given pair) share a position. The first
-//! of them gets the offset `h + 2` instead (resume *at* `h`), so a listing resumed from it in
-//! another handle repeats an entry rather than skipping one; the handle that handed the offset out
-//! remembers which name it belonged to and resumes exactly after it.
+//! of them gets the offset `h + 2` instead (resume *at* `h`), so a listing resumed from it repeats
+//! an entry rather than skipping one.
+//!
+//! Nothing is remembered per open directory: an offset says everything, so the FUSE transport
+//! serves no OPENDIR or RELEASEDIR (the handle argument is accepted and ignored).
 
 use std::ops::Bound;
 
@@ -28,24 +30,6 @@ const DOTDOT: u64 = 2;
 /// Entries read from the engine per call (one more is read to see the next entry's hash).
 const WINDOW: usize = 256;
 
-/// What an open directory remembers.
-#[derive(Debug)]
-pub(super) struct DirHandle {
-    ino: u64,
-    /// Offsets handed out in the last two calls with the encoded name (hash and escaped name)
-    /// they followed, oldest first: resuming from one of them continues after exactly that name.
-    recent: Vec<(u64, Vec<u8>)>,
-}
-
-impl DirHandle {
-    fn new(ino: u64) -> DirHandle {
-        DirHandle {
-            ino,
-            recent: Vec::new(),
-        }
-    }
-}
-
 /// The offset handed out with a child whose name hashes to `hash`; `next_same` says whether the
 /// next child's name has the same hash.
 fn offset_after(hash: u64, next_same: bool) -> u64 {
@@ -61,20 +45,15 @@ fn first_hash(offset: u64) -> Option<u64> {
 }
 
 impl Fs {
-    /// Opens a directory for listing.
+    /// Opens a directory for listing: checks that it is one. The handle carries nothing (offsets
+    /// say where a listing is).
     pub fn opendir(&self, ino: u64) -> Result<u64> {
         self.dir(ino)?;
-        let fh = self
-            .next_fh
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.dirs.lock().insert(fh, DirHandle::new(ino));
-        Ok(fh)
+        Ok(0)
     }
 
-    /// Closes a directory handle.
-    pub fn releasedir(&self, fh: u64) {
-        self.dirs.lock().remove(&fh);
-    }
+    /// Closes a directory handle (nothing to forget).
+    pub fn releasedir(&self, _fh: u64) {}
 
     /// Lists a directory from `offset`: 0 at the start, otherwise the offset of the last entry
     /// consumed, from this handle or any other, before or after the directory changed (see the
@@ -83,7 +62,7 @@ impl Fs {
     pub fn readdir(
         &self,
         ino: u64,
-        fh: u64,
+        _fh: u64,
         offset: u64,
         plus: bool,
         mut emit: impl FnMut(&DirEntry) -> bool,
@@ -96,11 +75,6 @@ impl Fs {
             .get(ino)
             .map(|n| if n.parent == 0 { ROOT_INO } else { n.parent })
             .unwrap_or(ROOT_INO);
-        let mut handles = self.dirs.lock();
-        let h = handles.entry(fh).or_insert_with(|| DirHandle::new(ino));
-        if h.ino != ino {
-            return Err(Errno::EBADF);
-        }
         let dots = [(".", ino, DOT), ("..", parent_ino, DOTDOT)];
         for (name, dino, off) in dots {
             if offset < off {
@@ -117,7 +91,7 @@ impl Fs {
             }
         }
         let prefix = keys::meta_key(&keys::children_prefix(&dkey));
-        let Some(start) = resume_key(&prefix, &h.recent, offset) else {
+        let Some(start) = resume_key(&prefix, offset) else {
             return Ok(());
         };
         let end = amaranth_engine::prefix_end(&prefix, self.max_key());
@@ -130,7 +104,6 @@ impl Fs {
                 window.len() <= WINDOW
             })?;
         let hash = |k: &[u8]| keys::hash_of(&k[prefix.len()..]).ok_or(Errno::EIO);
-        let mut handed = Vec::new();
         for i in 0..window.len().min(WINDOW) {
             let (k, v) = &window[i];
             let Some(name) = keys::name_of_child(&k[1..], prefix.len() - 1) else {
@@ -157,15 +130,10 @@ impl Fs {
             if !emit(&e) {
                 break;
             }
-            handed.push((e.offset, k[prefix.len()..].to_vec()));
             if plus {
                 self.table.lock().remember(ino, &e.name, inode, true);
             }
         }
-        // Keep the offsets of the last two calls (the kernel resumes from one of them).
-        let keep_from = h.recent.len().saturating_sub(WINDOW);
-        h.recent.drain(..keep_from);
-        h.recent.extend(handed);
         Ok(())
     }
 
@@ -188,17 +156,10 @@ impl Fs {
 }
 
 /// The first key a listing of the children under `prefix` from `offset` may return (`None`: the
-/// offset is past every possible child). `recent` holds the handle's own offsets with the encoded
-/// names they followed; the earliest match wins (for a shared offset, repeating beats skipping).
-fn resume_key(prefix: &[u8], recent: &[(u64, Vec<u8>)], offset: u64) -> Option<Vec<u8>> {
+/// offset is past every possible child).
+fn resume_key(prefix: &[u8], offset: u64) -> Option<Vec<u8>> {
     let mut start = prefix.to_vec();
     if offset <= DOTDOT {
-        return Some(start);
-    }
-    if let Some((_, comp)) = recent.iter().find(|(o, _)| *o == offset) {
-        // Just after that exact key: its successor in key order.
-        start.extend_from_slice(comp);
-        start.push(0);
         return Some(start);
     }
     keys::hash_into(first_hash(offset)?, &mut start);
@@ -221,7 +182,7 @@ mod tests {
         let p = b"mP".to_vec();
         for h in [0, 1, 77, keys::HASH_LIMIT - 1] {
             // A unique hash resumes strictly above it; a shared one resumes at it.
-            let after = resume_key(&p, &[], offset_after(h, false));
+            let after = resume_key(&p, offset_after(h, false));
             let mut want = p.clone();
             if h + 1 < keys::HASH_LIMIT {
                 keys::hash_into(h + 1, &mut want);
@@ -233,37 +194,31 @@ mod tests {
             if h > 0 {
                 keys::hash_into(h, &mut at);
             } // else the offset is `..`'s: from the first child, the same place.
-            assert_eq!(resume_key(&p, &[], offset_after(h, true)), Some(at));
+            assert_eq!(resume_key(&p, offset_after(h, true)), Some(at));
         }
-        assert_eq!(resume_key(&p, &[], DOT), Some(p.clone()));
-        assert_eq!(resume_key(&p, &[], DOTDOT), Some(p.clone()));
-        assert_eq!(resume_key(&p, &[], u64::MAX), None);
+        assert_eq!(resume_key(&p, DOT), Some(p.clone()));
+        assert_eq!(resume_key(&p, DOTDOT), Some(p.clone()));
+        assert_eq!(resume_key(&p, u64::MAX), None);
     }
 
     #[test]
-    fn a_collision_resumes_exactly_in_its_handle_and_never_skips_elsewhere() {
+    fn a_collision_resumes_at_the_shared_hash_and_never_skips() {
         let p = b"mP".to_vec();
         // Two names with hash 9 and one with hash 8: the first of the pair shares its offset
-        // (9 + 2) with the entry of hash 8.
-        let a = comp(8, b"a");
-        let b = comp(9, b"b");
-        let c = comp(9, b"c");
+        // (9 + 2) with the entry of hash 8, and resuming from it lists both names of hash 9.
         assert_eq!(offset_after(8, false), offset_after(9, true));
-        let recent = vec![
-            (offset_after(8, false), a.clone()),
-            (offset_after(9, true), b.clone()),
-            (offset_after(9, false), c.clone()),
-        ];
-        // The shared offset resumes after the earliest name holding it: `b` comes again, not lost.
-        let start = resume_key(&p, &recent, offset_after(9, true)).unwrap();
-        assert_eq!(start, [&p[..], &a, &[0]].concat());
-        assert!(start < [&p[..], &b].concat());
-        // Only `b` held its offset in this handle: resume exactly after it, so `c` is next.
-        let start = resume_key(&p, &recent[1..], offset_after(9, true)).unwrap();
-        assert!(start > [&p[..], &b].concat() && start < [&p[..], &c].concat());
-        // Another handle resumes at hash 9 (b and c both come).
+        let b = comp(9, b"b");
         let mut at9 = p.clone();
         keys::hash_into(9, &mut at9);
-        assert_eq!(resume_key(&p, &[], offset_after(9, true)), Some(at9));
+        let start = resume_key(&p, offset_after(9, true)).unwrap();
+        assert_eq!(start, at9);
+        assert!(
+            start < [&p[..], &b].concat(),
+            "the first name of hash 9 would be skipped"
+        );
+        // After the last name of hash 9: hash 10 on.
+        let mut at10 = p.clone();
+        keys::hash_into(10, &mut at10);
+        assert_eq!(resume_key(&p, offset_after(9, false)), Some(at10));
     }
 }
