@@ -17,7 +17,8 @@
  *   mkdir    mkdir(DIR/d.I)            rmdir  rmdir(DIR/d.I)
  *   create   open(DIR/c.I, O_CREAT|O_EXCL) + close
  *   unlink   unlink(DIR/c.I)           rename rename(DIR/c.I, DIR/c.I.r) (needs create first)
- *   setup    writes DIR/op.file (1 MiB), fsyncs and reads it (warm); not timed
+ *   readdir  opendir + readdir to the end + closedir of DIR/rd (32 files)
+ *   setup    writes DIR/op.file (1 MiB), fsyncs and reads it (warm), makes DIR/rd; not timed
  * Prints JSON: {"op": ..., "n": N, "mean_ns": ..., "median_ns": ..., "p99_ns": ...}.
  */
 #include "common.h"
@@ -25,6 +26,7 @@
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <dirent.h>
 #include <termios.h>
 
 static int cmp_u64(const void *a, const void *b) {
@@ -52,6 +54,14 @@ int main(int argc, char **argv) {
         if (fsync(fd)) die("fsync");
         if (pread(fd, buf, FSZ, 0) != (ssize_t)FSZ) die("pread");
         close(fd);
+        snprintf(path, sizeof path, "%s/rd", dir);
+        if (mkdir(path, 0755) && errno != EEXIST) die("mkdir %s", path);
+        for (int i = 0; i < 32; i++) {
+            snprintf(path2, sizeof path2, "%s/rd/f%02d", dir, i);
+            int f = open(path2, O_WRONLY | O_CREAT, 0644);
+            if (f < 0) die("open %s", path2);
+            close(f);
+        }
         printf("{}\n");
         return 0;
     }
@@ -101,6 +111,14 @@ int main(int argc, char **argv) {
             rc = f < 0 ? -1 : close(f);
         } else if (!strcmp(op, "unlink")) {
             rc = unlink(path);
+        } else if (!strcmp(op, "readdir")) {
+            snprintf(path2, sizeof path2, "%s/rd", dir);
+            DIR *dp = opendir(path2);
+            if (!dp) die("opendir %s", path2);
+            int seen = 0;
+            while (readdir(dp)) seen++;
+            closedir(dp);
+            rc = seen == 34 ? 0 : -1;
         } else if (!strcmp(op, "rename")) {
             snprintf(path2, sizeof path2, "%s.r", path);
             rc = rename(path, path2);

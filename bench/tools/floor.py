@@ -26,7 +26,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 HELPER_SRC = os.path.join(HERE, "..", "helpers", "opbench.c")
 
-OPS = ["nop", "getattr", "statfs", "open", "read", "stat", "chmod", "write", "fsync",
+OPS = ["nop", "getattr", "statfs", "open", "read", "stat", "readdir", "chmod", "write", "fsync",
        "mkdir", "rmdir", "create", "unlink", "rename"]
 # Operations run with the smaller count.
 META = {"mkdir", "rmdir", "create", "rename", "unlink", "fsync"}

@@ -267,7 +267,11 @@ fn concurrent_names_opens_and_last_forgets_keep_the_inode_counter_exact() {
                         8 if !known.is_empty() => {
                             let ino = known[rng.gen_range(0..known.len())];
                             let (d, n) = place(&mut rng);
-                            if fs.link(ino, d, &n).map_err(|e| racy(Err(e), "link", seed)).is_ok() {
+                            if fs
+                                .link(ino, d, &n)
+                                .map_err(|e| racy(Err(e), "link", seed))
+                                .is_ok()
+                            {
                                 known.push(ino);
                             }
                         }

@@ -211,13 +211,21 @@ impl T {
         }
     }
 
+    /// Unlinks `name` in directory `dir` and, as the kernel does once nothing uses the file any
+    /// more, forgets it (a file whose last name is gone is deleted at its last FORGET).
+    fn unlink(&self, dir: u64, name: &str) {
+        let ino = self.fs().lookup(dir, name.as_bytes()).unwrap().ino;
+        self.fs().unlink(dir, name.as_bytes()).unwrap();
+        self.fs().forget(ino, u64::MAX);
+    }
+
     fn rm_rf(&self, path: &str) {
         for (n, k) in self.list(path) {
             let p = format!("{path}/{n}");
             if k == Kind::Dir {
                 self.rm_rf(&p);
             } else {
-                self.fs().unlink(self.look(path), n.as_bytes()).unwrap();
+                self.unlink(self.look(path), &n);
             }
         }
         let (d, n) = Self::split(path);
@@ -460,7 +468,7 @@ fn fallocate_reserves_until_truncate_punch_or_unlink() {
     assert_eq!((t.du(r), t.du(k)), (64 * MIB, 16 * MIB));
     t.fsck_clean();
     // Release: a new reservation given back by truncate, by punch, by unlink.
-    t.fs().unlink(ROOT_INO, b"other").unwrap();
+    t.unlink(ROOT_INO, "other");
     // Let that space come back first, so that f_bavail moves only with the reservations below.
     t.fs().engine().reclaim_space(u64::MAX).unwrap();
     let q = t.create("q");
@@ -477,7 +485,7 @@ fn fallocate_reserves_until_truncate_punch_or_unlink() {
         .fallocate(q, 0, 8 * MIB, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)
         .unwrap();
     assert_eq!(t.du(q), 8 * MIB);
-    t.fs().unlink(ROOT_INO, b"q").unwrap();
+    t.unlink(ROOT_INO, "q");
     assert!(
         t.avail() + MIB >= avail1,
         "f_bavail {} after unlinking, {} before reserving",
