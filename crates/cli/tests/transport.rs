@@ -444,10 +444,11 @@ fn names_of(dir: &Path) -> Vec<String> {
     v
 }
 
-/// Directories need no OPENDIR or RELEASEDIR (answered `ENOSYS` once; offsets carry the whole
-/// position), and the kernel's cache of a listing follows every change made through the mount.
+/// A listing follows every change made through the mount, also after the same directory was
+/// listed before (directory handles carry nothing: offsets say where a listing is), and each
+/// listing costs one OPENDIR and one RELEASEDIR, not more.
 #[test]
-fn listings_need_no_opendir_and_follow_changes() {
+fn listings_follow_changes_with_one_opendir_each() {
     if !mount_env_ok() {
         return;
     }
@@ -473,10 +474,11 @@ fn listings_need_no_opendir_and_follow_changes() {
     want.extend(["g008".to_string(), "new".to_string()]);
     want.sort();
     assert_eq!(names_of(&d), want);
+    // RELEASEDIR is not waited for: let the last one arrive.
+    std::thread::sleep(std::time::Duration::from_millis(200));
     let v = stat_json(&s, &m.mp);
     for op in ["OPENDIR", "RELEASEDIR"] {
-        assert_eq!(requests(&v, op), requests(&base, op), "{op}: {v}");
-        assert!(requests(&v, op) <= 1, "{op}: {v}");
+        assert_eq!(requests(&v, op) - requests(&base, op), 4, "{op}: {v}");
     }
     s.finish(m);
 }

@@ -15,10 +15,10 @@
 //! Settings (see `shared/notes/fuse.md` for the measurements behind them):
 //! - kernel writeback cache off: operations reach the daemon in application order and small writes
 //!   stay small;
-//! - no OPEN, OPENDIR, RELEASE, RELEASEDIR or FLUSH round trips (OPEN, OPENDIR and FLUSH answered
-//!   `ENOSYS` once): files and directories need no handle in the daemon, a file unlinked while in
-//!   use lives until the kernel forgets its inode; the page cache is kept across opens and the
-//!   kernel caches directory listings;
+//! - no OPEN, RELEASE or FLUSH round trips (OPEN and FLUSH answered `ENOSYS` once): files need no
+//!   handle in the daemon, a file unlinked while in use lives until the kernel forgets its inode;
+//!   the page cache is kept across opens. OPENDIR is served (handle 0, no kernel readdir cache:
+//!   see the adapter);
 //! - 1 MiB requests, `FUSE_HANDLE_KILLPRIV_V2` (set-id bits cleared by the daemon),
 //!   readdirplus (`FUSE_DO_READDIRPLUS | FUSE_READDIRPLUS_AUTO`), `FUSE_PARALLEL_DIROPS`,
 //!   `FUSE_CACHE_SYMLINKS` (not `FUSE_ATOMIC_O_TRUNC`: an `O_TRUNC` open truncates with SETATTR);

@@ -12,8 +12,8 @@
 //! of them gets the offset `h + 2` instead (resume *at* `h`), so a listing resumed from it repeats
 //! an entry rather than skipping one.
 //!
-//! Nothing is remembered per open directory: an offset says everything, so the FUSE transport
-//! serves no OPENDIR or RELEASEDIR (the handle argument is accepted and ignored).
+//! Nothing is remembered per open directory: an offset says everything (the handle argument is
+//! accepted and ignored; `opendir` hands out 0).
 
 use std::ops::Bound;
 
