@@ -1087,7 +1087,9 @@ impl Fs {
         let mut dir = dir_shared.lock();
         let now = Time::now();
         let mut b = Batch::new();
-        let evicted = self.evict_parked_ops(&mut b, &found.key, true);
+        // Files parked below stay where they are (nothing moves at an `rm -rf`, whose rmdirs
+        // often come before the kernel's FORGETs of the files): a name made at a parked path
+        // later evicts exactly that file, a directory renamed to this path its whole subtree.
         b.delete(keys::meta_key(&found.key));
         handles::index_drop(&mut b, found.inode.ino);
         let x = keys::xattr_prefix(&found.key);
@@ -1098,7 +1100,6 @@ impl Fs {
         b.put(keys::meta_key(&dkey), next_dir.encode());
         self.count_inodes(&mut b, -1);
         self.commit(&mut b)?;
-        self.note_evicted(&evicted);
         *dir = next_dir;
         drop(dir);
         let mut after = found.inode.clone();
@@ -1204,12 +1205,16 @@ impl Fs {
         };
         let mut sdir = g1.clone();
         let mut ddir = g2.as_ref().map(|g| (**g).clone());
-        // Files parked at the destination, or below a directory that moves or is replaced, go
-        // to their homes first (`fs/orphans.rs`).
+        // Files parked at the destination, or below either path when a directory moves (its
+        // subtree's keys move, and a directory may land where a removed one left parked files),
+        // go to their homes first (`fs/orphans.rs`).
         let mut evicted = self.evict_parked_ops(&mut b, &dst_key, false);
-        for f in std::iter::once(&src).chain(dst.as_ref()) {
-            if f.inode.kind == Kind::Dir {
-                evicted.extend(self.evict_parked_ops(&mut b, &f.key, true));
+        let dirs_move = std::iter::once(&src)
+            .chain(dst.as_ref())
+            .any(|f| f.inode.kind == Kind::Dir);
+        if dirs_move {
+            for k in [&src.key, &dst_key] {
+                evicted.extend(self.evict_parked_ops(&mut b, k, true));
             }
         }
         Self::touch_dir(&mut sdir, now);

@@ -103,7 +103,7 @@ fn a_new_file_at_a_parked_path_starts_empty_and_the_parked_one_keeps_its_data() 
 }
 
 #[test]
-fn parked_files_move_home_when_their_directory_moves_or_goes() {
+fn parked_files_move_home_when_a_name_or_a_directory_lands_on_them() {
     let (_dev, fs) = new_fs();
     let ctx = Ctx::default();
     let d = fs.mkdir(ROOT_INO, b"d", 0o755, ctx).unwrap().ino;
@@ -114,11 +114,28 @@ fn parked_files_move_home_when_their_directory_moves_or_goes() {
     fs.unlink(d, b"b").unwrap();
     // A directory above a parked file is renamed, then one is removed and made again.
     fs.rename(ROOT_INO, b"d", ROOT_INO, b"d2", 0).unwrap();
+    // A file parked in a directory that is removed stays parked (nothing moves at an rmdir)...
+    let c = file(&fs, e, "c", &[9u8; 5000]);
+    fs.unlink(e, b"c").unwrap();
+    fs.rmdir(d, b"e").unwrap();
+    assert_eq!(fs.read(c, 0, 5000).unwrap(), vec![9u8; 5000]);
+    // ...until a directory renamed to where the removed one was brings a file to its path.
+    let x = fs.mkdir(ROOT_INO, b"x", 0o755, ctx).unwrap().ino;
+    let xc = file(&fs, x, "c", &[7u8; 3000]);
+    fs.rename(ROOT_INO, b"x", d, b"e", 0).unwrap();
+    assert_eq!(fs.read(xc, 0, 5000).unwrap(), vec![7u8; 3000]);
+    assert_eq!(fs.read(c, 0, 5000).unwrap(), vec![9u8; 5000]);
+    // Its file is unlinked (parked where `c` was) and it goes; a new one is made there.
+    fs.unlink(x, b"c").unwrap();
     fs.rmdir(d, b"e").unwrap();
     let e2 = fs.mkdir(d, b"e", 0o755, ctx).unwrap().ino;
     let a2 = file(&fs, e2, "a", b"");
+    let c2 = file(&fs, e2, "c", b"");
     assert_eq!(fs.read(a2, 0, 5000).unwrap(), b"");
+    assert_eq!(fs.read(c2, 0, 5000).unwrap(), b"");
     assert_eq!(fs.read(a, 0, 5000).unwrap(), vec![2u8; 5000]);
+    assert_eq!(fs.read(c, 0, 5000).unwrap(), vec![9u8; 5000]);
+    assert_eq!(fs.read(xc, 0, 5000).unwrap(), vec![7u8; 3000]);
     assert_eq!(fs.read(b, 0, 5000).unwrap(), vec![3u8; 5000]);
     let p = problems(&fs);
     assert!(
@@ -126,7 +143,7 @@ fn parked_files_move_home_when_their_directory_moves_or_goes() {
             .all(|c| *c == Class::OrphanInode || *c == Class::InodeCount),
         "{p:?}"
     );
-    for i in [a, b, a2, e2, e, d] {
+    for i in [a, b, a2, c2, e2, e, d, c, xc, x] {
         fs.forget(i, 1);
     }
     assert_eq!(problems(&fs), vec![]);

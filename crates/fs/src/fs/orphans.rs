@@ -16,10 +16,13 @@
 //! name (no metadata key), so nothing lists or finds it.
 //!
 //! *Eviction.* Before anything puts a name at a parked path (create, mkdir, link, rename to it)
-//! or moves or removes a directory above one (rename, rmdir), the same batch moves the parked
-//! file's data and extended attributes to its home and clears the back pointer: a path never
-//! holds two files' data, and a back pointer stored durably always names data that is still the
-//! parked file's. Eviction costs a move, but only in that rare case.
+//! or a directory rename moves keys from or to a path above one (its subtree's keys move), the
+//! same batch moves the parked file's data and extended attributes to its home and clears the back
+//! pointer: a path never holds two files' data, and a back pointer stored durably always names
+//! data that is still the parked file's. Eviction costs a move, but only in those rare cases. An
+//! rmdir moves nothing: the files parked below stay parked (an `rm -rf` removes the directories
+//! before the kernel's FORGETs of their files arrive), and a later name or directory at their
+//! paths evicts them as above.
 //!
 //! *Crash.* At the next mount, every home with link count 0 is deleted, with the data at its
 //! parked path if it has one (`remove_orphans`); `fsck` knows parked data's owner.
