@@ -337,14 +337,20 @@ impl Cache {
     /// Eviction candidates, least recently used first: nodes nobody pins.
     pub fn victims(&self) -> Vec<Arc<CachedNode>> {
         let map = self.map.lock();
-        let mut v: Vec<Arc<CachedNode>> = map
+        let v: Vec<Arc<CachedNode>> = map
             .values()
             .filter(|c| Arc::strong_count(c) == 1)
             .cloned()
             .collect();
         drop(map);
-        v.sort_by_key(|c| c.last_used.load(Ordering::Relaxed));
-        v
+        // Keys read once: readers bump `last_used` concurrently, and a sort whose keys change
+        // under it has no total order (the standard sort may panic on that).
+        let mut keyed: Vec<(u64, Arc<CachedNode>)> = v
+            .into_iter()
+            .map(|c| (c.last_used.load(Ordering::Relaxed), c))
+            .collect();
+        keyed.sort_by_key(|(t, _)| *t);
+        keyed.into_iter().map(|(_, c)| c).collect()
     }
 
     /// Every resident node.
