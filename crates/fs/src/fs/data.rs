@@ -1,0 +1,527 @@
+//! File data: read, write, truncate, fallocate, lseek and copy_file_range, and the batch builders
+//! (`write_ops`, `zero_ops`) that turn byte ranges into block operations.
+
+use std::ops::Bound;
+use std::sync::atomic::Ordering;
+
+use amaranth_engine::{Batch, Op, Patch};
+
+use super::{
+    Fs, COPY_MAX, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, MAX_FILE_SIZE,
+};
+use crate::error::{Errno, Result};
+use crate::inode::{Inode, Kind, Time};
+use crate::keys::{self, BLOCK};
+use crate::space::{self, RESERVED_BLOCK_COST};
+
+impl Fs {
+    pub(super) fn truncate_ops(&self, b: &mut Batch, fk: &[u8], size: u64) {
+        let keep = size.div_ceil(BLOCK);
+        let d = keys::data_prefix(fk);
+        b.range_delete(
+            keys::data_key(fk, keep),
+            amaranth_engine::prefix_end(&d, self.max_key()),
+        );
+        if !size.is_multiple_of(BLOCK) {
+            b.upsert(
+                keys::data_key(fk, size / BLOCK),
+                Patch::Truncate {
+                    len: (size % BLOCK) as u32,
+                },
+            );
+        }
+    }
+
+    // ----- open files ---------------------------------------------------------------------
+
+    /// Reads up to `size` bytes at `offset` (holes read as zeros).
+    pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let _ns = self.ns.read();
+        let shared = self.node_inode(ino)?;
+        let (fk, file_size, kind) = {
+            let i = shared.lock();
+            (self.file_key(ino)?, i.size, i.kind)
+        };
+        if kind == Kind::Dir {
+            return Err(Errno::EISDIR);
+        }
+        if offset >= file_size || size == 0 {
+            return Ok(Vec::new());
+        }
+        let end = file_size.min(offset + size as u64);
+        let buf = self.read_bytes(&fk, offset, end)?;
+        self.counters
+            .bytes_read
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.touch_atime(ino, &shared);
+        Ok(buf)
+    }
+
+    /// The bytes `[offset, end)` of the file at `fk` (holes and missing tails read as zeros).
+    pub(super) fn read_bytes(&self, fk: &[u8], offset: u64, end: u64) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; (end - offset) as usize];
+        if end == offset {
+            return Ok(buf);
+        }
+        let prefix_len = keys::data_prefix(fk).len();
+        let lo = keys::data_key(fk, offset / BLOCK);
+        let hi = keys::data_key(fk, (end - 1) / BLOCK + 1);
+        self.engine
+            .scan(Bound::Included(&lo), Bound::Excluded(&hi), |k, v| {
+                if let Some(blk) = keys::block_of(k, prefix_len) {
+                    let start = blk * BLOCK;
+                    let (a, z) = (start.max(offset), (start + v.len() as u64).min(end));
+                    if a < z {
+                        buf[(a - offset) as usize..(z - offset) as usize]
+                            .copy_from_slice(&v[(a - start) as usize..(z - start) as usize]);
+                    }
+                }
+                true
+            })?;
+        Ok(buf)
+    }
+
+    /// Writes `data` at `offset` (at the end for `O_APPEND` handles). `kill_suidgid`: the writer
+    /// is not privileged, so set-id bits are cleared. Returns the bytes written.
+    pub fn write(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> Result<usize> {
+        let append = self
+            .files
+            .lock()
+            .get(&fh)
+            .is_some_and(|h| h.append && h.ino == ino);
+        self.write_at(ino, offset, data, append, kill_suidgid)
+    }
+
+    /// Writes `data` at `offset`, or at the end of the file with `append` (the file's open flags
+    /// say `O_APPEND`). `kill_suidgid`: the writer is not privileged, so set-id bits are cleared.
+    /// Returns the bytes written.
+    pub fn write_at(
+        &self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        append: bool,
+        kill_suidgid: bool,
+    ) -> Result<usize> {
+        let _ns = self.ns.read();
+        let shared = self.node_inode(ino)?;
+        let mut inode = shared.lock();
+        let (fk, meta) = self.locate(ino)?;
+        if inode.kind != Kind::File {
+            return Err(Errno::EINVAL);
+        }
+        let offset = if append { inode.size } else { offset };
+        let end = offset.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
+        if end > MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let (first, last) = space::touched(offset, end);
+        // Space `fallocate` reserved is this write's: it needs no more.
+        if !inode.reservation_covers(first, last) {
+            self.check_space(data.len() as u64)?;
+        }
+        let mut next = inode.clone();
+        let now = Time::now();
+        next.mtime = now;
+        next.ctime = now;
+        if kill_suidgid {
+            Self::kill_suidgid(&mut next);
+        }
+        // One request, one batch: all of it or nothing after a crash.
+        let mut b = Batch::new();
+        let n = self.write_batch(&mut b, &fk, &meta, offset, data, &next)?;
+        let filled = space::account_write(&self.engine, &fk, &mut next, offset, offset + n as u64)?;
+        self.count_reserved(&mut b, -(filled as i64));
+        next.size = inode.size.max(offset + n as u64);
+        b.put(meta, next.encode());
+        self.commit(&mut b)?;
+        *inode = next;
+        self.counters
+            .bytes_written
+            .fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    /// Adds to `b` the operations writing as much of `data` at `offset` as one batch can hold
+    /// together with the inode `next`, and returns how many bytes that is: all of them, unless the
+    /// batch would be larger than the largest log record (a small log, or a file key long enough
+    /// that a request's block keys outweigh its data); then as many whole blocks as fit, at least
+    /// one, and the caller returns a short count (the application writes the rest in its next
+    /// call). `EFBIG` when not even one block fits.
+    fn write_batch(
+        &self,
+        b: &mut Batch,
+        fk: &[u8],
+        meta: &[u8],
+        offset: u64,
+        data: &[u8],
+        next: &Inode,
+    ) -> Result<usize> {
+        write_ops(b, fk, offset, data);
+        let mut inode_op = Batch::new();
+        inode_op.put(meta.to_vec(), next.encode());
+        // The counter of reserved holes may go with it.
+        inode_op.put(keys::system_key("reserved"), vec![0; 8]);
+        let room = self
+            .engine
+            .max_batch_bytes()
+            .saturating_sub(inode_op.log_bytes());
+        if b.log_bytes() <= room {
+            return Ok(data.len());
+        }
+        // The ops are one per block, in order: keep the longest prefix that fits.
+        let mut used = Batch::new().log_bytes();
+        let mut written = 0usize;
+        let mut keep = 0;
+        for op in &b.ops {
+            used += op.log_bytes();
+            if used > room {
+                break;
+            }
+            written += match op {
+                Op::Put { value, .. } => value.len(),
+                Op::Upsert {
+                    patch: Patch::Write { data, .. },
+                    ..
+                } => data.len(),
+                _ => unreachable!("a write is puts and writing upserts"),
+            };
+            keep += 1;
+        }
+        if keep == 0 {
+            return Err(Errno::EFBIG);
+        }
+        b.ops.truncate(keep);
+        Ok(written)
+    }
+
+    // ----- space management ---------------------------------------------------------------
+
+    /// `fallocate`: mode 0 and `KEEP_SIZE` reserve the space of the range's holes (writes inside
+    /// it never fail for lack of space; `ENOSPC` and nothing changed if the space is not there);
+    /// mode 0 also extends the size. `PUNCH_HOLE` makes the range's whole blocks holes and gives
+    /// up its reservation; `ZERO_RANGE` does the same but keeps the range reserved.
+    pub fn fallocate(&self, ino: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
+        if length == 0 {
+            return Err(Errno::EINVAL);
+        }
+        let supported = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
+        if mode & !supported != 0
+            || (mode & FALLOC_FL_PUNCH_HOLE != 0 && mode & FALLOC_FL_KEEP_SIZE == 0)
+        {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let end = offset.checked_add(length).ok_or(Errno::EFBIG)?;
+        if end > MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
+        let _ns = self.ns.read();
+        let shared = self.node_inode(ino)?;
+        let mut inode = shared.lock();
+        let (fk, meta) = self.locate(ino)?;
+        if inode.kind != Kind::File {
+            return Err(if inode.kind == Kind::Dir {
+                Errno::EISDIR
+            } else {
+                Errno::ENODEV
+            });
+        }
+        let mut next = inode.clone();
+        let mut b = Batch::new();
+        let zeroing = mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0;
+        let zend = end.min(next.size);
+        let punch = if zeroing && offset < zend {
+            let p = space::plan_punch(&self.engine, &fk, &next, offset, zend)?;
+            zero_ops(&mut b, &fk, offset, zend, |blk| p.edges.contains(&blk));
+            Some(p)
+        } else {
+            None
+        };
+        let want = space::touched(offset, end);
+        if mode & FALLOC_FL_PUNCH_HOLE != 0 {
+            let removed = punch.as_ref().map_or(0, |p| p.removed);
+            let released = space::account_punch(&self.engine, &fk, &mut next, removed, want)?;
+            self.count_reserved(&mut b, -(released as i64));
+        } else {
+            let added = space::account_reserve(&self.engine, &fk, &mut next, want, punch.as_ref())?;
+            if let Some(p) = &punch {
+                next.blocks -= p.removed;
+            }
+            if added > 0 {
+                self.check_space(added * RESERVED_BLOCK_COST)?;
+            }
+            self.count_reserved(&mut b, added as i64);
+            if mode & FALLOC_FL_KEEP_SIZE == 0 && end > next.size {
+                next.size = end;
+            }
+        }
+        let now = Time::now();
+        if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0 || next.size != inode.size {
+            next.mtime = now;
+            next.ctime = now;
+        }
+        b.put(meta, next.encode());
+        self.commit(&mut b)?;
+        *inode = next;
+        Ok(())
+    }
+
+    /// `lseek` with `SEEK_DATA` or `SEEK_HOLE` (others are the kernel's business).
+    pub fn lseek(&self, ino: u64, offset: u64, whence: i32) -> Result<u64> {
+        let _ns = self.ns.read();
+        let shared = self.node_inode(ino)?;
+        let size = shared.lock().size;
+        let fk = self.file_key(ino)?;
+        if whence != libc::SEEK_DATA && whence != libc::SEEK_HOLE {
+            return Err(Errno::EINVAL);
+        }
+        if offset >= size {
+            return Err(Errno::ENXIO);
+        }
+        let prefix_len = keys::data_prefix(&fk).len();
+        let lo = keys::data_key(&fk, offset / BLOCK);
+        let hi = keys::data_key(&fk, (size - 1) / BLOCK + 1);
+        if whence == libc::SEEK_DATA {
+            let mut first = None;
+            self.engine
+                .scan(Bound::Included(&lo), Bound::Excluded(&hi), |k, _| {
+                    first = keys::block_of(k, prefix_len);
+                    false
+                })?;
+            match first {
+                Some(b) => Ok((b * BLOCK).max(offset)),
+                None => Err(Errno::ENXIO),
+            }
+        } else {
+            let mut expect = offset / BLOCK;
+            let mut hole = None;
+            self.engine
+                .scan(
+                    Bound::Included(&lo),
+                    Bound::Excluded(&hi),
+                    |k, _| match keys::block_of(k, prefix_len) {
+                        Some(b) if b == expect => {
+                            expect += 1;
+                            true
+                        }
+                        _ => {
+                            hole = Some(expect);
+                            false
+                        }
+                    },
+                )?;
+            let at = hole.unwrap_or(expect) * BLOCK;
+            Ok(at.max(offset).min(size))
+        }
+    }
+
+    /// Copies up to `len` bytes between files inside the daemon (no data crosses to the kernel)
+    /// as one batch: after a crash, all of what the call reports copied or none of it. One call
+    /// copies at most [`COPY_MAX`] bytes (less if a batch that large would not fit in one log
+    /// record) and returns the count, short when `len` was larger: the caller (the kernel hands
+    /// the count to the application, `cp` loops) asks again for the rest. Block-aligned copies
+    /// move whole blocks and keep holes.
+    pub fn copy_file_range(
+        &self,
+        ino_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let _ns = self.ns.read();
+        let size_in = self.node_inode(ino_in)?.lock().size;
+        let shared = self.node_inode(ino_out)?;
+        if shared.lock().kind != Kind::File {
+            return Err(Errno::EINVAL);
+        }
+        if off_in >= size_in || len == 0 {
+            return Ok(0);
+        }
+        let src = self.file_key(ino_in)?;
+        let dst = self.file_key(ino_out)?;
+        let dst_meta = self.meta_of(ino_out)?;
+        let len = len.min(size_in - off_in);
+        if ino_in == ino_out && off_in < off_out.saturating_add(len) && off_out < off_in + len {
+            return Err(Errno::EINVAL);
+        }
+        let len = len.min(self.copy_limit(&dst));
+        let end = off_out.checked_add(len).ok_or(Errno::EFBIG)?;
+        if end > MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
+        self.check_space(len)?;
+        let mut inode = shared.lock();
+        let mut b = Batch::new();
+        let mut done = 0;
+        // The block copy and the write of the rest touch different blocks: count each against
+        // the file as it is, then add up.
+        let (mut by_copy, mut by_write) = (inode.clone(), inode.clone());
+        let mut reserved_change = 0i64;
+        if off_in.is_multiple_of(BLOCK) && off_out.is_multiple_of(BLOCK) {
+            done = len / BLOCK * BLOCK;
+            let (b_out, count) = (off_out / BLOCK, len / BLOCK);
+            let put = self.copy_block_ops(&mut b, &src, off_in / BLOCK, &dst, b_out, count)?;
+            let mut copied_in = vec![0u64; inode.reserved.len()];
+            for to in &put {
+                if let Some(i) = inode.reserved.iter().position(|r| r.covers(*to, to + 1)) {
+                    copied_in[i] += 1;
+                }
+            }
+            reserved_change += space::account_copy(
+                &self.engine,
+                &dst,
+                &mut by_copy,
+                (b_out, b_out + count),
+                put.len() as u64,
+                &copied_in,
+            )?;
+        }
+        if done < len {
+            let bytes = self.read_bytes(&src, off_in + done, off_in + len)?;
+            write_ops(&mut b, &dst, off_out + done, &bytes);
+            let filled =
+                space::account_write(&self.engine, &dst, &mut by_write, off_out + done, end)?;
+            reserved_change -= filled as i64;
+        }
+        self.count_reserved(&mut b, reserved_change);
+        let mut next = inode.clone();
+        space::add_counts(&mut next, &by_copy, &by_write);
+        next.size = next.size.max(end);
+        let now = Time::now();
+        next.mtime = now;
+        next.ctime = now;
+        b.put(dst_meta, next.encode());
+        self.commit(&mut b)?;
+        *inode = next;
+        Ok(len)
+    }
+
+    /// The most bytes one `copy_file_range` call copies into the file at `fk`: [`COPY_MAX`], or
+    /// fewer when that many block writes (each a data key and up to a block) with the inode
+    /// would not fit in one log record.
+    fn copy_limit(&self, fk: &[u8]) -> u64 {
+        let key = keys::data_key(fk, 0);
+        let mut fixed = Batch::new();
+        fixed.range_delete(key.clone(), key.clone());
+        fixed.put(keys::meta_key(fk), vec![0; 256]);
+        let mut one = Batch::new();
+        one.upsert(
+            key,
+            Patch::Write {
+                offset: 0,
+                data: vec![0; BLOCK as usize],
+            },
+        );
+        let per_block = (one.log_bytes() - Batch::new().log_bytes()) as u64;
+        let room = self
+            .engine
+            .max_batch_bytes()
+            .saturating_sub(fixed.log_bytes()) as u64;
+        // An unaligned range touches up to two blocks more than its length in blocks.
+        let blocks = (room / per_block).saturating_sub(2).max(1);
+        (blocks * BLOCK).min(COPY_MAX)
+    }
+
+    /// Operations copying `count` whole blocks from block `b_in` of `src` to block `b_out` of
+    /// `dst`: the destination's blocks are dropped and the source's existing ones put (holes stay
+    /// holes). Returns the destination blocks put.
+    fn copy_block_ops(
+        &self,
+        b: &mut Batch,
+        src: &[u8],
+        b_in: u64,
+        dst: &[u8],
+        b_out: u64,
+        count: u64,
+    ) -> Result<Vec<u64>> {
+        let mut put = Vec::new();
+        if count == 0 {
+            return Ok(put);
+        }
+        let prefix_len = keys::data_prefix(src).len();
+        b.range_delete(
+            keys::data_key(dst, b_out),
+            keys::data_key(dst, b_out + count),
+        );
+        let lo = keys::data_key(src, b_in);
+        let hi = keys::data_key(src, b_in + count);
+        self.engine
+            .scan(Bound::Included(&lo), Bound::Excluded(&hi), |k, v| {
+                if let Some(blk) = keys::block_of(k, prefix_len) {
+                    b.put(keys::data_key(dst, blk - b_in + b_out), v.to_vec());
+                    put.push(blk - b_in + b_out);
+                }
+                true
+            })?;
+        Ok(put)
+    }
+}
+
+/// Operations writing `data` at `offset`: whole blocks as puts, partial blocks as upserts (no read).
+pub fn write_ops(b: &mut Batch, fk: &[u8], offset: u64, data: &[u8]) {
+    let mut pos = 0usize;
+    while pos < data.len() {
+        let abs = offset + pos as u64;
+        let blk = abs / BLOCK;
+        let in_blk = (abs % BLOCK) as usize;
+        let n = (BLOCK as usize - in_blk).min(data.len() - pos);
+        let key = keys::data_key(fk, blk);
+        if in_blk == 0 && n == BLOCK as usize {
+            b.ops.push(Op::Put {
+                key,
+                value: data[pos..pos + n].to_vec(),
+            });
+        } else {
+            b.ops.push(Op::Upsert {
+                key,
+                patch: Patch::Write {
+                    offset: in_blk as u32,
+                    data: data[pos..pos + n].to_vec(),
+                },
+            });
+        }
+        pos += n;
+    }
+}
+
+/// Operations zeroing `[start, end)`: whole blocks become holes, partial blocks get zeros (those
+/// `exists` says are there: a hole needs none, and zeros would make it a block).
+pub fn zero_ops(b: &mut Batch, fk: &[u8], start: u64, end: u64, exists: impl Fn(u64) -> bool) {
+    let first_full = start.div_ceil(BLOCK);
+    let last_full = end / BLOCK; // exclusive
+    if first_full < last_full {
+        b.range_delete(
+            keys::data_key(fk, first_full),
+            keys::data_key(fk, last_full),
+        );
+    }
+    let mut zero_range = |a: u64, z: u64| {
+        if a < z && exists(a / BLOCK) {
+            b.ops.push(Op::Upsert {
+                key: keys::data_key(fk, a / BLOCK),
+                patch: Patch::Write {
+                    offset: (a % BLOCK) as u32,
+                    data: vec![0; (z - a) as usize],
+                },
+            });
+        }
+    };
+    if first_full > last_full {
+        // Inside one block.
+        zero_range(start, end);
+    } else {
+        zero_range(start, (first_full * BLOCK).min(end));
+        zero_range((last_full * BLOCK).max(start), end);
+    }
+}
