@@ -4,62 +4,31 @@
 //! pivots and partitions ([`Partition`]) that can be loaded one at a time: the leaf "skeleton"
 //! (header, pivots, partition locations) is small and stays cached while partitions come and go.
 //!
-//! On-disk image (see docs/FORMAT.md): a 64-byte header, an index (pivots, child ids, sub-block
-//! descriptors), then one 4 KiB-aligned sub-block per child: the partition payload of a leaf or the
-//! encoded buffer of an internal node. The header and index share one crc32c; each sub-block has
-//! its own, so a partition can be read and verified alone.
+//! This file holds the nodes in memory and their operations; the on-disk image (serializing,
+//! parsing and verifying headers, decoding sub-blocks) is in `node/layout.rs`.
 
 use std::sync::Arc;
 
-use amaranth_device::{round_up, AlignedBuf, BLOCK_SIZE};
+use amaranth_device::round_up;
 use parking_lot::Mutex;
 
-use crate::codec::{crc, crc_with_hole, Dec, Enc};
-use crate::compress;
-use crate::config::{Compression, Format};
-use crate::error::{Error, Result};
+use crate::config::Format;
+use crate::error::Result;
 use crate::msg::{Buffer, EncodedBuffer, KeyMsgs, Msn, RangeDel};
 use crate::partition::{Partition, PartitionBuilder};
+
+mod layout;
+
+pub use layout::{
+    build_node, decode_buffer, decode_buffer_payload, decode_partition, decode_sub, header_span,
+    parse_header, serialize, NodeHeader, SubLoc, HEADER_LEN,
+};
 
 /// Identifies a node; the block translation table maps it to its current extent.
 pub type NodeId = u64;
 
 /// The root keeps this id for the life of the tree (splits move its contents into new children).
 pub const ROOT_ID: NodeId = 1;
-
-/// Magic number at the start of every node image.
-pub const NODE_MAGIC: [u8; 4] = *b"AMND";
-/// Version of the node image layout.
-pub const NODE_VERSION: u16 = 1;
-/// Size of the fixed node header.
-pub const HEADER_LEN: usize = 64;
-const HEADER_CRC_AT: usize = 60;
-const KIND_LEAF: u8 = 0;
-const KIND_INTERNAL: u8 = 1;
-
-/// Where a sub-block lives inside its node's image.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SubLoc {
-    /// Byte offset from the start of the node image (4 KiB-aligned).
-    pub offset: u32,
-    /// Stored (possibly compressed) length.
-    pub stored_len: u32,
-    /// Length after decompression.
-    pub raw_len: u32,
-    /// crc32c of the stored bytes.
-    pub crc: u32,
-    /// Compression code.
-    pub codec: u8,
-    /// Number of entries (leaf) or messages (internal).
-    pub count: u32,
-}
-
-impl SubLoc {
-    /// The aligned byte range to read for this sub-block, relative to the node image.
-    pub fn aligned_range(&self) -> (u64, usize) {
-        (self.offset as u64, round_up(self.stored_len as usize))
-    }
-}
 
 /// Residency and disk location of one leaf partition.
 #[derive(Debug, Default)]
@@ -952,488 +921,10 @@ impl Node {
     }
 }
 
-/// A node serialized for writing.
-pub struct NodeImage {
-    /// The image, padded to whole blocks.
-    pub buf: AlignedBuf,
-    /// Locations of the sub-blocks (for leaves: the new partition locations).
-    pub sublocs: Vec<SubLoc>,
-}
-
-/// Asserts, before a node is written, everything [`parse_header`], [`decode_partition`] and
-/// [`decode_buffer`] check when it is read back (shape, pivot order, sizes, key order, message
-/// placement and age): a node the parser would reject must stop the engine, not reach the disk.
-fn assert_writable(id: NodeId, node: &Node) {
-    node.check_invariants(id);
-    let (is_leaf, n, pivots) = match &node.body {
-        Body::Leaf(l) => (true, l.parts.len(), &l.pivots),
-        Body::Internal(int) => (false, int.children.len(), &int.pivots),
-    };
-    assert!(
-        is_leaf == (node.height == 0) && (1..=1 << 20).contains(&n) && node.height <= 64,
-        "node {id}: impossible shape (height {}, {n} children)",
-        node.height
-    );
-    for p in pivots {
-        assert!(p.len() <= u16::MAX as usize, "node {id}: pivot too long");
-    }
-    if let Body::Leaf(l) = &node.body {
-        for (i, p) in l.resident_parts().iter().enumerate() {
-            for j in 1..p.len() {
-                assert!(
-                    p.key(j - 1) < p.key(j),
-                    "node {id}: partition {i} keys out of order"
-                );
-            }
-        }
-    }
-}
-
-/// Serializes a node, which must be fully resident.
-pub fn serialize(id: NodeId, node: &Node, codec: Compression) -> NodeImage {
-    assert_writable(id, node);
-    let mut index = Enc::with_capacity(256);
-    let mut subs: Vec<(u8, Vec<u8>, usize, u32)> = Vec::new(); // (codec, stored, raw_len, count)
-    let (kind, pivots, n) = match &node.body {
-        Body::Leaf(l) => {
-            for p in l.resident_parts() {
-                let (used, stored) = compress::compress(codec, p.raw());
-                subs.push((used.code(), stored, p.bytes(), p.len() as u32));
-            }
-            (KIND_LEAF, &l.pivots, l.parts.len())
-        }
-        Body::Internal(int) => {
-            for slot in &int.buffers {
-                let b = slot
-                    .data()
-                    .expect("an internal node being written is fully resident");
-                let mut e = Enc::with_capacity(b.bytes() + BUFFER_HEADER);
-                b.encode(&mut e);
-                assert_eq!(
-                    e.buf.len(),
-                    b.bytes() + BUFFER_HEADER,
-                    "node {id}: buffer size differs from its encoding"
-                );
-                let (used, stored) = compress::compress(codec, &e.buf);
-                let (np, nr) = b.counts();
-                subs.push((used.code(), stored, e.buf.len(), (np + nr) as u32));
-            }
-            (KIND_INTERNAL, &int.pivots, int.children.len())
-        }
-    };
-    for p in pivots {
-        index.u16(p.len() as u16);
-        index.raw(p);
-    }
-    // Sub-block offsets depend on the index length, which is known once pivots and the fixed-size
-    // descriptors are counted.
-    let desc_len = if kind == KIND_INTERNAL { 8 + 21 } else { 21 };
-    let index_len = index.len() + n * desc_len;
-    let mut offset = round_up(HEADER_LEN + index_len);
-    let mut sublocs = Vec::with_capacity(n);
-    for (i, (c, stored, raw_len, count)) in subs.iter().enumerate() {
-        if let Body::Internal(int) = &node.body {
-            index.u64(int.children[i]);
-        }
-        let loc = SubLoc {
-            offset: offset as u32,
-            stored_len: stored.len() as u32,
-            raw_len: *raw_len as u32,
-            crc: crc(stored),
-            codec: *c,
-            count: *count,
-        };
-        index.u32(loc.offset);
-        index.u32(loc.stored_len);
-        index.u32(loc.raw_len);
-        index.u32(loc.crc);
-        index.u8(loc.codec);
-        index.u32(loc.count);
-        sublocs.push(loc);
-        offset += round_up(stored.len().max(1));
-    }
-    assert_eq!(index.len(), index_len, "node index length");
-    let total = offset;
-    let span = HEADER_LEN + index_len;
-    assert!(total <= u32::MAX as usize, "node {id}: image too long");
-    for loc in &sublocs {
-        let (off, len) = loc.aligned_range();
-        assert!(
-            (off as usize).is_multiple_of(BLOCK_SIZE)
-                && off as usize >= span
-                && off as usize + len <= total
-                && loc.raw_len <= 1 << 30,
-            "node {id}: sub-block descriptor out of bounds ({loc:?}, span {span}, image {total})"
-        );
-    }
-    // The space accounting charges dirty nodes by this estimate: it must be exact uncompressed
-    // and never low.
-    if codec == Compression::None {
-        assert_eq!(total, node.image_len(), "node {id}: image length estimate");
-    } else {
-        assert!(
-            total <= node.image_len(),
-            "node {id}: image length estimate"
-        );
-    }
-    let mut buf = AlignedBuf::zeroed(total);
-    let mut h = Enc::with_capacity(HEADER_LEN);
-    h.raw(&NODE_MAGIC);
-    h.u16(NODE_VERSION);
-    h.u8(kind);
-    h.u8(0);
-    h.u64(id);
-    h.u32(node.height);
-    h.u32(n as u32);
-    h.u64(node.max_msn);
-    h.u32(index_len as u32);
-    h.u16(0); // lifted prefix length: reserved for key lifting
-    h.u16(0); // flags
-    h.u32(total as u32);
-    h.raw(&[0u8; 16]);
-    h.u32(0); // crc placeholder
-    assert_eq!(h.len(), HEADER_LEN);
-    buf[..HEADER_LEN].copy_from_slice(&h.buf);
-    buf[HEADER_LEN..HEADER_LEN + index_len].copy_from_slice(&index.buf);
-    let c = crc_with_hole(&buf[..HEADER_LEN + index_len], HEADER_CRC_AT);
-    buf[HEADER_CRC_AT..HEADER_CRC_AT + 4].copy_from_slice(&c.to_le_bytes());
-    for ((_, stored, _, _), loc) in subs.iter().zip(&sublocs) {
-        let o = loc.offset as usize;
-        buf[o..o + stored.len()].copy_from_slice(stored);
-    }
-    NodeImage { buf, sublocs }
-}
-
-/// The parsed header and index of a node image.
-#[derive(Debug)]
-pub struct NodeHeader {
-    /// Node id recorded in the image.
-    pub id: NodeId,
-    /// Height.
-    pub height: u32,
-    /// Max applied MSN.
-    pub max_msn: Msn,
-    /// Whether it is a leaf.
-    pub is_leaf: bool,
-    /// Pivots.
-    pub pivots: Vec<Vec<u8>>,
-    /// Child ids (internal nodes).
-    pub children: Vec<NodeId>,
-    /// Sub-block locations.
-    pub sublocs: Vec<SubLoc>,
-    /// Total image length.
-    pub image_len: usize,
-}
-
-/// Bytes needed to hold the header and index, given the first block of the image.
-pub fn header_span(first_block: &[u8], what: &str, dev_offset: u64) -> Result<usize> {
-    let mut d = Dec::new(first_block, "node header");
-    let magic = d.raw(4)?;
-    if magic != NODE_MAGIC {
-        return Err(Error::Corrupt(format!(
-            "{what} at byte {dev_offset}: bad node magic"
-        )));
-    }
-    let _ = d.raw(28)?;
-    let index_len = d.u32()? as usize;
-    Ok(HEADER_LEN + index_len)
-}
-
-/// Parses and verifies a node's header and index. `bytes` must hold at least
-/// [`header_span`] bytes.
-pub fn parse_header(
-    bytes: &[u8],
-    format: &Format,
-    what: &str,
-    dev_offset: u64,
-) -> Result<NodeHeader> {
-    let span = header_span(bytes, what, dev_offset)?;
-    if span > bytes.len() {
-        return Err(Error::Corrupt(format!("{what}: index runs past the image")));
-    }
-    let stored_crc = u32::from_le_bytes(
-        bytes[HEADER_CRC_AT..HEADER_CRC_AT + 4]
-            .try_into()
-            .expect("4 bytes"),
-    );
-    if crc_with_hole(&bytes[..span], HEADER_CRC_AT) != stored_crc {
-        return Err(Error::Checksum {
-            what: format!("{what} header"),
-            offset: dev_offset,
-        });
-    }
-    let mut d = Dec::new(&bytes[..span], "node header");
-    d.raw(4)?;
-    let version = d.u16()?;
-    if version != NODE_VERSION {
-        return Err(Error::UnsupportedVersion {
-            found: version as u32,
-            supported: NODE_VERSION as u32,
-        });
-    }
-    let kind = d.u8()?;
-    d.u8()?;
-    let id = d.u64()?;
-    let height = d.u32()?;
-    let n = d.u32()? as usize;
-    let max_msn = d.u64()?;
-    let _index_len = d.u32()?;
-    let lifted = d.u16()?;
-    let _flags = d.u16()?;
-    let image_len = d.u32()? as usize;
-    d.raw(16)?;
-    d.u32()?;
-    if lifted != 0 {
-        return Err(d.corrupt("key lifting is not supported by this version"));
-    }
-    let is_leaf = match kind {
-        KIND_LEAF => true,
-        KIND_INTERNAL => false,
-        k => return Err(d.corrupt(format!("unknown node kind {k}"))),
-    };
-    if is_leaf != (height == 0) || n == 0 || n > 1 << 20 || height > 64 {
-        return Err(d.corrupt(format!(
-            "impossible node shape (kind {kind}, height {height}, {n} children)"
-        )));
-    }
-    let mut pivots = Vec::with_capacity(n - 1);
-    for _ in 0..n - 1 {
-        let len = d.u16()? as usize;
-        if len > format.max_key_len {
-            return Err(d.corrupt("pivot longer than the maximum key"));
-        }
-        let p = d.raw(len)?.to_vec();
-        if pivots.last().is_some_and(|l: &Vec<u8>| *l >= p) {
-            return Err(d.corrupt("pivots out of order"));
-        }
-        pivots.push(p);
-    }
-    let mut children = Vec::new();
-    let mut sublocs = Vec::with_capacity(n);
-    for _ in 0..n {
-        if !is_leaf {
-            children.push(d.u64()?);
-        }
-        let loc = SubLoc {
-            offset: d.u32()?,
-            stored_len: d.u32()?,
-            raw_len: d.u32()?,
-            crc: d.u32()?,
-            codec: d.u8()?,
-            count: d.u32()?,
-        };
-        let (off, len) = loc.aligned_range();
-        if !(off as usize).is_multiple_of(BLOCK_SIZE)
-            || off as usize + len > image_len
-            || (off as usize) < span
-            || Compression::from_code(loc.codec).is_none()
-            || loc.raw_len > 1 << 30
-        {
-            return Err(d.corrupt(format!(
-                "sub-block descriptor out of bounds ({loc:?}, span {span}, image {image_len}, node {id})"
-            )));
-        }
-        sublocs.push(loc);
-    }
-    d.finish()?;
-    Ok(NodeHeader {
-        id,
-        height,
-        max_msn,
-        is_leaf,
-        pivots,
-        children,
-        sublocs,
-        image_len,
-    })
-}
-
-/// Verifies and decodes one sub-block from its stored bytes (which may extend past `stored_len`).
-pub fn decode_sub(stored: &[u8], loc: &SubLoc, what: &str, dev_offset: u64) -> Result<Vec<u8>> {
-    let stored = &stored[..loc.stored_len as usize];
-    if crc(stored) != loc.crc {
-        return Err(Error::Checksum {
-            what: what.to_string(),
-            offset: dev_offset,
-        });
-    }
-    let codec = Compression::from_code(loc.codec)
-        .ok_or_else(|| Error::Corrupt(format!("{what}: bad codec")))?;
-    compress::decompress(codec, stored, loc.raw_len as usize)
-}
-
-/// Decodes a leaf partition sub-block.
-pub fn decode_partition(
-    stored: &[u8],
-    loc: &SubLoc,
-    format: &Format,
-    what: &str,
-    dev_offset: u64,
-) -> Result<Partition> {
-    let raw = decode_sub(stored, loc, what, dev_offset)?;
-    let p = Partition::decode(raw, format.max_key_len, format.max_value_len)?;
-    if p.len() != loc.count as usize {
-        return Err(Error::Corrupt(format!(
-            "{what}: {} entries, index says {}",
-            p.len(),
-            loc.count
-        )));
-    }
-    Ok(p)
-}
-
-/// Builds a node from its parsed header and (for internal nodes, or fully read leaves) the whole image.
-/// Leaf partitions are left non-resident unless `image` is given.
-pub fn build_node(
-    h: &NodeHeader,
-    image: Option<&[u8]>,
-    format: &Format,
-    dev_offset: u64,
-) -> Result<Node> {
-    if h.is_leaf {
-        let mut parts = Vec::with_capacity(h.sublocs.len());
-        for (i, loc) in h.sublocs.iter().enumerate() {
-            let data = match image {
-                Some(img) => {
-                    let o = loc.offset as usize;
-                    let what = format!("node {} partition {}", h.id, i);
-                    Some(Arc::new(decode_partition(
-                        &img[o..],
-                        loc,
-                        format,
-                        &what,
-                        dev_offset + o as u64,
-                    )?))
-                }
-                None => None,
-            };
-            parts.push(PartSlot {
-                state: Mutex::new(PartState {
-                    data,
-                    loc: Some(*loc),
-                }),
-                bytes: loc.raw_len as usize,
-                entries: loc.count as usize,
-            });
-        }
-        let leaf = Leaf {
-            pivots: h.pivots.clone(),
-            parts,
-        };
-        let node = Node {
-            height: 0,
-            max_msn: h.max_msn,
-            body: Body::Leaf(leaf),
-        };
-        Ok(node)
-    } else {
-        let mut buffers = Vec::with_capacity(h.sublocs.len());
-        for (i, loc) in h.sublocs.iter().enumerate() {
-            if (loc.raw_len as usize) < BUFFER_HEADER {
-                return Err(Error::Corrupt(format!(
-                    "node {} buffer {i}: impossible length",
-                    h.id
-                )));
-            }
-            let data = match image {
-                Some(img) => {
-                    let o = loc.offset as usize;
-                    let what = format!("node {} buffer {}", h.id, i);
-                    let (lo, hi) = child_bounds_of(&h.pivots, i);
-                    let b = decode_buffer(
-                        &img[o..],
-                        loc,
-                        format,
-                        &what,
-                        dev_offset + o as u64,
-                        h.max_msn,
-                        lo,
-                        hi,
-                    )?;
-                    Some(Arc::new(b))
-                }
-                None => None,
-            };
-            buffers.push(BufSlot {
-                bytes: loc.raw_len as usize - BUFFER_HEADER,
-                state: Mutex::new(BufState {
-                    data,
-                    raw: None,
-                    loc: Some(*loc),
-                }),
-            });
-        }
-        let int = Internal {
-            pivots: h.pivots.clone(),
-            children: h.children.clone(),
-            buffers,
-        };
-        Ok(Node {
-            height: h.height,
-            max_msn: h.max_msn,
-            body: Body::Internal(int),
-        })
-    }
-}
-
 /// Low and high bounds of child `i` given a node's pivots (the node's own bounds left open).
 pub fn child_bounds_of(pivots: &[Vec<u8>], i: usize) -> (&[u8], Option<&[u8]>) {
     let lo: &[u8] = if i == 0 { &[] } else { &pivots[i - 1] };
     (lo, pivots.get(i).map(|p| p.as_slice()))
-}
-
-/// Verifies and decodes one child's message buffer: its checksum, its encoding, that no message is
-/// newer than the node and that every message lies in the child's range `[lo, hi)`.
-#[allow(clippy::too_many_arguments)]
-pub fn decode_buffer(
-    stored: &[u8],
-    loc: &SubLoc,
-    format: &Format,
-    what: &str,
-    dev_offset: u64,
-    node_max_msn: Msn,
-    lo: &[u8],
-    hi: Option<&[u8]>,
-) -> Result<Buffer> {
-    let raw = decode_sub(stored, loc, what, dev_offset)?;
-    decode_buffer_payload(&raw, format, what, node_max_msn, lo, hi)
-}
-
-/// Decodes the checked, decompressed payload of a buffer sub-block and checks it against its node.
-pub fn decode_buffer_payload(
-    raw: &[u8],
-    format: &Format,
-    what: &str,
-    node_max_msn: Msn,
-    lo: &[u8],
-    hi: Option<&[u8]>,
-) -> Result<Buffer> {
-    let mut d = Dec::new(raw, "message buffer");
-    let b = Buffer::decode(&mut d, format.max_key_len, format.max_value_len)?;
-    d.finish()?;
-    if b.max_msn() > node_max_msn {
-        return Err(Error::Corrupt(format!(
-            "{what}: messages newer than the node"
-        )));
-    }
-    if b.bytes() + BUFFER_HEADER != raw.len() {
-        return Err(Error::Corrupt(format!(
-            "{what}: size differs from its encoding"
-        )));
-    }
-    let bad_point = b
-        .points_in(&[], None)
-        .any(|(k, _)| k.as_slice() < lo || hi.is_some_and(|h| k.as_slice() >= h));
-    let bad_range = b
-        .ranges_in(&[], None)
-        .iter()
-        .any(|r| r.lo.as_slice() < lo || hi.is_some_and(|h| r.hi.as_slice() > h));
-    if bad_point || bad_range {
-        return Err(Error::Corrupt(format!(
-            "{what}: messages outside the child's range"
-        )));
-    }
-    Ok(b)
 }
 
 /// The encoded size of `base` after `points` (distinct keys) are applied, and the new values.
@@ -1509,13 +1000,12 @@ fn patched_size(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::msg::PointOp;
 
-    fn fmt() -> Format {
+    pub(super) fn fmt() -> Format {
         Format::small_for_tests()
     }
 
-    fn leaf_with(n: u32) -> Leaf {
+    pub(super) fn leaf_with(n: u32) -> Leaf {
         let mut l = Leaf::empty();
         let points: Vec<(Vec<u8>, KeyMsgs)> = (0..n)
             .map(|i| {
@@ -1532,7 +1022,7 @@ mod tests {
         l
     }
 
-    fn all_entries(l: &Leaf) -> Vec<(Vec<u8>, Vec<u8>)> {
+    pub(super) fn all_entries(l: &Leaf) -> Vec<(Vec<u8>, Vec<u8>)> {
         let mut out = Vec::new();
         for s in &l.parts {
             let p = s.data().unwrap();
@@ -1722,56 +1212,6 @@ mod tests {
             body: Body::Leaf(l),
         };
         node.check_invariants(7);
-    }
-
-    #[test]
-    fn serialize_round_trip_leaf_and_internal() {
-        let l = leaf_with(200);
-        let node = Node {
-            height: 0,
-            max_msn: 9,
-            body: Body::Leaf(l),
-        };
-        for codec in [Compression::None, Compression::Lz4, Compression::Zstd] {
-            let img = serialize(42, &node, codec);
-            let h = parse_header(&img.buf, &fmt(), "test", 0).unwrap();
-            assert_eq!(h.id, 42);
-            let back = build_node(&h, Some(&img.buf), &fmt(), 0).unwrap();
-            assert_eq!(
-                all_entries(back.leaf().unwrap()),
-                all_entries(node.leaf().unwrap())
-            );
-        }
-        let mut b0 = Buffer::new();
-        b0.add_point(b"a", 5, PointOp::Put(b"v".to_vec()));
-        let mut b1 = Buffer::new();
-        b1.add_range(6, b"m", b"q");
-        let int = Internal {
-            pivots: vec![b"m".to_vec()],
-            children: vec![2, 3],
-            buffers: vec![BufSlot::resident(b0), BufSlot::resident(b1)],
-        };
-        let node = Node {
-            height: 1,
-            max_msn: 6,
-            body: Body::Internal(int),
-        };
-        let img = serialize(1, &node, Compression::None);
-        let h = parse_header(&img.buf, &fmt(), "test", 0).unwrap();
-        let back = build_node(&h, Some(&img.buf), &fmt(), 0).unwrap();
-        let Body::Internal(n) = back.body else {
-            panic!("internal expected")
-        };
-        assert_eq!(n.children, vec![2, 3]);
-        assert!(n.buffers[1].data().unwrap().range_covering(b"n").is_some());
-        // A flipped byte anywhere is detected.
-        for pos in [3usize, 70, 4096 + 5] {
-            let mut bad = img.buf.to_vec();
-            bad[pos] ^= 0x40;
-            let r = parse_header(&bad, &fmt(), "test", 0)
-                .and_then(|h| build_node(&h, Some(&bad), &fmt(), 0));
-            assert!(r.is_err(), "flip at {pos} not detected");
-        }
     }
 
     #[test]
