@@ -1,0 +1,629 @@
+//! Applying flushed messages to a leaf: in place, patching each partition they touch where it is,
+//! when every one of them can be (resident, a few messages, staying non-empty and within its
+//! size); otherwise by rebuilding the touched partitions (`LeafBuilder`) and re-cutting them at the
+//! partition size, a partition split by a merge keeping room for later inserts.
+
+use std::sync::Arc;
+
+use super::{separator, Leaf, PartSlot};
+use crate::config::Format;
+use crate::msg::{KeyMsgs, RangeDel};
+use crate::partition::{Partition, PartitionBuilder};
+
+impl Leaf {
+    /// Applies flushed messages (range deletes first, then point messages, both sorted by key and all
+    /// newer than the leaf's contents). Partitions without messages are kept as they are; the others
+    /// are rebuilt and re-cut at `format.partition_size`. Every touched partition must be resident.
+    pub fn apply(&mut self, ranges: &[RangeDel], points: &[(Vec<u8>, KeyMsgs)], format: &Format) {
+        if self.apply_in_place(ranges, points, format) {
+            return;
+        }
+        let old_parts = std::mem::take(&mut self.parts);
+        let old_pivots = std::mem::take(&mut self.pivots);
+        let mut out = LeafBuilder::new(format.partition_size);
+        let mut pi = 0usize; // next point message
+        for (i, slot) in old_parts.into_iter().enumerate() {
+            let lo: Option<&[u8]> = if i == 0 {
+                None
+            } else {
+                Some(&old_pivots[i - 1])
+            };
+            let hi: Option<&[u8]> = old_pivots.get(i).map(|v| v.as_slice());
+            let p_start = pi;
+            while pi < points.len() && hi.is_none_or(|h| points[pi].0.as_slice() < h) {
+                pi += 1;
+            }
+            let my_points = &points[p_start..pi];
+            let my_ranges: Vec<&RangeDel> = ranges
+                .iter()
+                .filter(|r| {
+                    hi.is_none_or(|h| r.lo.as_slice() < h) && lo.is_none_or(|l| r.hi.as_slice() > l)
+                })
+                .collect();
+            if my_points.is_empty() && my_ranges.is_empty() {
+                out.keep(lo, slot);
+                continue;
+            }
+            // A partition wholly inside one range delete is dropped without being read.
+            // (Range deletes are older than the point messages beside them, so the base is not needed.)
+            let whole = my_ranges.iter().any(|r| {
+                lo.is_some_and(|l| r.lo.as_slice() <= l) && hi.is_some_and(|h| r.hi.as_slice() >= h)
+            });
+            // A few messages: patch the partition in place (one memmove per entry or per run a
+            // range delete removes) instead of rebuilding it, when it stays within its size and
+            // does not become empty. The size check uses the exact new size (an overwrite of a
+            // value by one of the same length grows nothing), so a full partition is patched too.
+            if !whole && my_ranges.len() <= 4 && my_points.len() <= 16 {
+                if let Some(base) = slot.data() {
+                    let runs = covered_runs(&base, &my_ranges);
+                    let cut: usize = runs.iter().map(|&(a, b)| base.run_bytes(a, b)).sum();
+                    let (size, values) = patched_size(&base, cut, &my_ranges, my_points);
+                    // An emptied partition (size 0) goes through the rebuild, which drops it.
+                    if size > 0 && size <= format.partition_size {
+                        // Without the leaf's own reference the partition is patched where it is
+                        // (a reader holding it meanwhile gets its copy).
+                        drop(slot);
+                        let mut p =
+                            Arc::try_unwrap(base).unwrap_or_else(|shared| (*shared).clone());
+                        // Ranges first (they are older than the point messages), last run first.
+                        for &(a, b) in runs.iter().rev() {
+                            p.remove_run(a, b);
+                        }
+                        for ((k, _), v) in my_points.iter().zip(values) {
+                            p.set(k, v.as_deref());
+                        }
+                        assert_eq!(p.bytes(), size, "patched partition size");
+                        out.keep(lo, PartSlot::resident(p));
+                        continue;
+                    }
+                }
+            }
+            let base = if whole {
+                None
+            } else {
+                Some(slot.data().expect("touched partition must be resident"))
+            };
+            out.merge(lo, base.as_deref(), &my_ranges, my_points);
+        }
+        assert_eq!(
+            pi,
+            points.len(),
+            "every point message belongs to a partition"
+        );
+        let (pivots, parts) = out.finish();
+        self.pivots = pivots;
+        self.parts = parts;
+    }
+
+    /// Applies the messages by patching each partition they touch where it is, when every one of
+    /// them can be (resident, a few messages, staying non-empty and within its size): the leaf's
+    /// other partitions and its pivots are left alone, so the cost does not grow with the number
+    /// of partitions. Returns false, having changed nothing, otherwise.
+    fn apply_in_place(
+        &mut self,
+        ranges: &[RangeDel],
+        points: &[(Vec<u8>, KeyMsgs)],
+        format: &Format,
+    ) -> bool {
+        type Plan = (
+            usize,
+            Vec<(usize, usize)>,
+            Vec<Option<Vec<u8>>>,
+            usize,
+            usize,
+        );
+        let mut plan: Vec<Plan> = Vec::new();
+        let mut pi = 0usize;
+        for i in 0..self.parts.len() {
+            let lo: Option<&[u8]> = (i > 0).then(|| self.pivots[i - 1].as_slice());
+            let hi: Option<&[u8]> = self.pivots.get(i).map(|v| v.as_slice());
+            let p_start = pi;
+            while pi < points.len() && hi.is_none_or(|h| points[pi].0.as_slice() < h) {
+                pi += 1;
+            }
+            let my_points = &points[p_start..pi];
+            let my_ranges: Vec<&RangeDel> = ranges
+                .iter()
+                .filter(|r| {
+                    hi.is_none_or(|h| r.lo.as_slice() < h) && lo.is_none_or(|l| r.hi.as_slice() > l)
+                })
+                .collect();
+            if my_points.is_empty() && my_ranges.is_empty() {
+                continue;
+            }
+            if my_ranges.len() > 4 || my_points.len() > 16 {
+                return false;
+            }
+            let Some(base) = self.parts[i].data() else {
+                return false;
+            };
+            let runs = covered_runs(&base, &my_ranges);
+            let cut: usize = runs.iter().map(|&(a, b)| base.run_bytes(a, b)).sum();
+            let (size, values) = patched_size(&base, cut, &my_ranges, my_points);
+            if size == 0 || size > format.partition_size {
+                return false;
+            }
+            plan.push((i, runs, values, size, p_start));
+        }
+        assert_eq!(
+            pi,
+            points.len(),
+            "every point message belongs to a partition"
+        );
+        for (i, runs, values, size, p_start) in plan {
+            let base = self.parts[i]
+                .state
+                .lock()
+                .data
+                .take()
+                .expect("planned partitions are resident");
+            // Without the leaf's own reference the partition is patched where it is (a reader
+            // holding it meanwhile keeps its copy).
+            let mut p = Arc::try_unwrap(base).unwrap_or_else(|shared| (*shared).clone());
+            // Ranges first (they are older than the point messages), last run first.
+            for &(a, b) in runs.iter().rev() {
+                p.remove_run(a, b);
+            }
+            for ((k, _), v) in points[p_start..p_start + values.len()].iter().zip(values) {
+                p.set(k, v.as_deref());
+            }
+            assert_eq!(p.bytes(), size, "patched partition size");
+            self.parts[i] = PartSlot::resident(p);
+        }
+        true
+    }
+}
+
+/// Assembles the partitions of a rebuilt leaf.
+struct LeafBuilder {
+    partition_size: usize,
+    /// Bytes a partition being built is filled to before the next one starts (at most
+    /// `partition_size`; less while a merge splits a partition, see [`LeafBuilder::merge`]).
+    fill: usize,
+    pivots: Vec<Vec<u8>>,
+    parts: Vec<PartSlot>,
+    cur: Option<(Option<Vec<u8>>, PartitionBuilder)>,
+    last_key: Option<Vec<u8>>,
+}
+
+impl LeafBuilder {
+    fn new(partition_size: usize) -> LeafBuilder {
+        LeafBuilder {
+            partition_size,
+            fill: partition_size,
+            pivots: Vec::new(),
+            parts: Vec::new(),
+            cur: None,
+            last_key: None,
+        }
+    }
+
+    fn seal(&mut self) {
+        if let Some((low, b)) = self.cur.take() {
+            if b.is_empty() {
+                return;
+            }
+            self.push_slot(low, PartSlot::resident(b.finish()));
+        }
+    }
+
+    fn push_slot(&mut self, low: Option<Vec<u8>>, slot: PartSlot) {
+        if !self.parts.is_empty() {
+            // The first partition of a leaf has no pivot; later ones need one.
+            self.pivots
+                .push(low.expect("a non-first partition has a low key"));
+        }
+        self.parts.push(slot);
+    }
+
+    /// Keeps an untouched partition whose range starts at `lo`.
+    fn keep(&mut self, lo: Option<&[u8]>, slot: PartSlot) {
+        self.seal();
+        if slot.entries == 0 {
+            return;
+        }
+        let low = if self.parts.is_empty() {
+            None
+        } else {
+            Some(lo.expect("non-first partition").to_vec())
+        };
+        self.push_slot(low, slot);
+        self.last_key = None;
+    }
+
+    fn push_entry(&mut self, range_lo: Option<&[u8]>, key: &[u8], value: &[u8]) {
+        let size = crate::partition::entry_size(key, value);
+        let full = self
+            .cur
+            .as_ref()
+            .is_some_and(|(_, b)| !b.is_empty() && b.bytes() + size > self.fill);
+        if full {
+            // Remember only the last key of each sealed partition (for the next pivot).
+            let prev = self
+                .cur
+                .as_ref()
+                .and_then(|(_, b)| b.last_key())
+                .map(|k| k.to_vec());
+            self.seal();
+            self.last_key = prev;
+        }
+        if self.cur.is_none() {
+            let low = if self.parts.is_empty() {
+                None
+            } else {
+                Some(match (&self.last_key, range_lo) {
+                    // Inside a rebuilt partition: a short separator from the previous entry.
+                    (Some(prev), _) => separator(prev, key),
+                    // First entry of a rebuilt partition: keep the old lower bound.
+                    (None, Some(l)) => l.to_vec(),
+                    (None, None) => key.to_vec(),
+                })
+            };
+            self.cur = Some((low, PartitionBuilder::with_capacity(self.partition_size)));
+        }
+        self.cur
+            .as_mut()
+            .expect("current partition")
+            .1
+            .push(key, value);
+    }
+
+    /// Merges a partition's base entries with messages and appends the result.
+    fn merge(
+        &mut self,
+        lo: Option<&[u8]>,
+        base: Option<&Partition>,
+        ranges: &[&RangeDel],
+        points: &[(Vec<u8>, KeyMsgs)],
+    ) {
+        self.seal();
+        self.last_key = None;
+        let covered = |k: &[u8]| ranges.iter().any(|r| r.covers(k));
+        let empty = Partition::empty();
+        let base = base.unwrap_or(&empty);
+        // A partition that overflows is split into parts filled to about three quarters, not
+        // into full ones and a remainder: a full partition would be rebuilt again by the next
+        // insert into it, where one with room takes it in place (`Leaf::apply`).
+        let total = base.bytes() + points.iter().map(|(k, km)| grow_hint(k, km)).sum::<usize>();
+        if total > self.partition_size {
+            let parts = total.div_ceil(self.partition_size * 3 / 4);
+            self.fill = total.div_ceil(parts).min(self.partition_size);
+        }
+        let (mut bi, mut pi) = (0usize, 0usize);
+        // The first entry of this range keeps the partition's old lower bound as its pivot.
+        let mut range_lo = lo;
+        while bi < base.len() || pi < points.len() {
+            let take_base =
+                pi >= points.len() || (bi < base.len() && base.key(bi) < points[pi].0.as_slice());
+            if take_base {
+                let k = base.key(bi);
+                if !covered(k) {
+                    self.push_entry(range_lo, k, base.value(bi));
+                    range_lo = None;
+                }
+                bi += 1;
+            } else {
+                let (k, km) = &points[pi];
+                let old = if bi < base.len() && base.key(bi) == k.as_slice() {
+                    bi += 1;
+                    if covered(k) {
+                        None
+                    } else {
+                        Some(base.value(bi - 1).to_vec())
+                    }
+                } else {
+                    None
+                };
+                if let Some(v) = km.apply(old) {
+                    self.push_entry(range_lo, k, &v);
+                    range_lo = None;
+                }
+                pi += 1;
+            }
+        }
+        self.seal();
+        self.last_key = None;
+        self.fill = self.partition_size;
+    }
+
+    fn finish(mut self) -> (Vec<Vec<u8>>, Vec<PartSlot>) {
+        self.seal();
+        if self.parts.is_empty() {
+            self.parts.push(PartSlot::resident(Partition::empty()));
+        }
+        // Coalesce neighbours that fit together in one partition (both resident).
+        let mut pivots = Vec::with_capacity(self.pivots.len());
+        let mut parts: Vec<PartSlot> = Vec::with_capacity(self.parts.len());
+        for (i, slot) in self.parts.into_iter().enumerate() {
+            let low = if i == 0 {
+                None
+            } else {
+                Some(self.pivots[i - 1].clone())
+            };
+            if let Some(prev) = parts.last_mut() {
+                let small = prev.bytes + slot.bytes <= self.partition_size
+                    && (prev.bytes < self.partition_size / 4
+                        || slot.bytes < self.partition_size / 4);
+                if small {
+                    if let (Some(a), Some(b)) = (prev.data(), slot.data()) {
+                        let mut bld = PartitionBuilder::with_capacity(prev.bytes + slot.bytes);
+                        for j in 0..a.len() {
+                            bld.push(a.key(j), a.value(j));
+                        }
+                        for j in 0..b.len() {
+                            bld.push(b.key(j), b.value(j));
+                        }
+                        *prev = PartSlot::resident(bld.finish());
+                        continue;
+                    }
+                }
+            }
+            if let Some(l) = low {
+                if !parts.is_empty() {
+                    pivots.push(l);
+                }
+            }
+            parts.push(slot);
+        }
+        assert_eq!(pivots.len() + 1, parts.len());
+        (pivots, parts)
+    }
+}
+
+/// The encoded size of `base` after `points` (distinct keys) are applied, and the new values.
+/// About how many bytes the messages of `key` add to a partition (their value's size; an upsert
+/// counts its patches' data).
+fn grow_hint(key: &[u8], km: &KeyMsgs) -> usize {
+    match km {
+        KeyMsgs::Put { value, .. } => crate::partition::entry_size(key, value),
+        KeyMsgs::Delete { .. } => 0,
+        KeyMsgs::Upserts(ps) => {
+            let data: usize = ps
+                .iter()
+                .map(|(_, p)| match p {
+                    crate::msg::Patch::Write { data, .. } => data.len(),
+                    crate::msg::Patch::Truncate { .. } => 0,
+                })
+                .sum();
+            crate::partition::entry_size(key, &[]) + data
+        }
+    }
+}
+
+/// The runs of entries of `base` (by index, sorted, disjoint) that `ranges` delete.
+fn covered_runs(base: &Partition, ranges: &[&RangeDel]) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = ranges
+        .iter()
+        .map(|r| (base.lower_bound(&r.lo), base.lower_bound(&r.hi)))
+        .filter(|(a, b)| a < b)
+        .collect();
+    runs.sort_unstable();
+    let mut merged: Vec<(usize, usize)> = Vec::with_capacity(runs.len());
+    for (a, b) in runs {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    merged
+}
+
+/// The size of `base` after removing `cut` bytes of entries deleted by `ranges` and applying
+/// `points` (each key's old value is gone if a range covers it), and each key's new value.
+fn patched_size(
+    base: &Partition,
+    cut: usize,
+    ranges: &[&RangeDel],
+    points: &[(Vec<u8>, KeyMsgs)],
+) -> (usize, Vec<Option<Vec<u8>>>) {
+    let mut size = base.bytes() - cut;
+    let mut values = Vec::with_capacity(points.len());
+    for (k, km) in points {
+        let old = if ranges.iter().any(|r| r.covers(k)) {
+            None
+        } else {
+            base.get(k)
+        };
+        if let Some(o) = old {
+            size -= crate::partition::entry_size(k, o);
+        }
+        // Only upserts read the old value (a put or delete would copy it for nothing).
+        let new = match km {
+            KeyMsgs::Upserts(_) => km.apply(old.map(|v| v.to_vec())),
+            _ => km.apply(None),
+        };
+        if let Some(n) = &new {
+            size += crate::partition::entry_size(k, n);
+        }
+        values.push(new);
+    }
+    (size, values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::tests::{all_entries, fmt, leaf_with};
+    use crate::node::{Body, Node};
+
+    /// Overwriting a value with one of the same size in a full partition patches it in place
+    /// (the partition's buffer stays where it was) instead of re-encoding the leaf.
+    /// Inserts keys into the first partition one at a time (each patched in place) until it is
+    /// full.
+    fn fill_first(l: &mut Leaf) {
+        for j in 0.. {
+            if l.parts[0].data().unwrap().bytes() + 70 > fmt().partition_size {
+                return;
+            }
+            let points = vec![(
+                format!("key00000.{j:04}").into_bytes(),
+                KeyMsgs::Put {
+                    msn: 2,
+                    value: vec![1u8; 40],
+                },
+            )];
+            l.apply(&[], &points, &fmt());
+        }
+    }
+
+    /// A partition split by a merge keeps room: the next insert into it is patched in place.
+    #[test]
+    fn an_overflowing_partition_splits_with_room_to_insert_in_place() {
+        let mut l = leaf_with(300);
+        let first = l.parts[0].data().unwrap();
+        assert!(
+            first.bytes() <= fmt().partition_size * 3 / 4 + 70,
+            "built partitions keep a quarter free: {} of {}",
+            first.bytes(),
+            fmt().partition_size
+        );
+        drop(first);
+        fill_first(&mut l);
+        let parts = l.parts.len();
+        // Full: the next insert splits it...
+        let put = |j: u32| {
+            vec![(
+                format!("key00000.x{j}").into_bytes(),
+                KeyMsgs::Put {
+                    msn: 3,
+                    value: vec![2u8; 40],
+                },
+            )]
+        };
+        l.apply(&[], &put(0), &fmt());
+        assert_eq!(l.parts.len(), parts + 1, "the full partition split");
+        // ...and the one after that goes in place.
+        let before = l.parts[0].data().unwrap().raw().as_ptr();
+        l.apply(&[], &put(1), &fmt());
+        let p = l.parts[0].data().unwrap();
+        assert_eq!(
+            p.raw().as_ptr(),
+            before,
+            "the split partition was rebuilt again"
+        );
+        assert!(p.get(b"key00000.x1").is_some());
+    }
+
+    #[test]
+    fn same_size_overwrite_in_a_full_partition_is_patched() {
+        let mut l = leaf_with(300);
+        fill_first(&mut l);
+        let full = l.parts[0].data().unwrap();
+        assert!(
+            full.bytes() + 70 > fmt().partition_size,
+            "the first partition is full"
+        );
+        let key = full.key(1).to_vec();
+        let before = full.raw().as_ptr();
+        drop(full);
+        let points = vec![(
+            key.clone(),
+            KeyMsgs::Put {
+                msn: 2,
+                value: vec![9u8; 50],
+            },
+        )];
+        l.apply(&[], &points, &fmt());
+        let p = l.parts[0].data().unwrap();
+        assert_eq!(p.raw().as_ptr(), before, "the partition was rebuilt");
+        assert_eq!(p.get(&key), Some(&[9u8; 50][..]));
+    }
+
+    /// Range deletes inside a partition (with point messages beside them, some in the ranges'
+    /// gaps, one for a key a range deleted) are patched in place and give what a rebuild gives.
+    #[test]
+    fn range_deletes_in_a_partition_are_patched_in_place_like_a_rebuild() {
+        let key = |i: u32| format!("key{i:05}").into_bytes();
+        let ranges = vec![
+            RangeDel {
+                msn: 2,
+                lo: key(3),
+                hi: key(7),
+            },
+            RangeDel {
+                msn: 3,
+                lo: key(5),
+                hi: key(9),
+            },
+            RangeDel {
+                msn: 4,
+                lo: key(20),
+                hi: key(21),
+            },
+        ];
+        let points = vec![
+            (
+                key(4),
+                KeyMsgs::Put {
+                    msn: 5,
+                    value: vec![1; 10],
+                },
+            ),
+            (
+                key(12),
+                KeyMsgs::Put {
+                    msn: 6,
+                    value: vec![2; 10],
+                },
+            ),
+        ];
+        let mut patched = leaf_with(300);
+        let before = patched.parts[0].data().unwrap().raw().as_ptr();
+        patched.apply(&ranges, &points, &fmt());
+        let p = patched.parts[0].data().unwrap();
+        assert_eq!(p.raw().as_ptr(), before, "the partition was rebuilt");
+        // The same messages through the rebuild.
+        let mut rebuilt = leaf_with(300);
+        let slot = &rebuilt.parts[0];
+        let base = slot.data().unwrap();
+        let refs: Vec<&RangeDel> = ranges.iter().collect();
+        let mut out = LeafBuilder::new(fmt().partition_size);
+        out.merge(None, Some(&base), &refs, &points);
+        let (_, parts) = out.finish();
+        drop(base);
+        rebuilt.parts[0] = parts.into_iter().next().unwrap();
+        let q = rebuilt.parts[0].data().unwrap();
+        assert_eq!(p.raw(), q.raw());
+        assert_eq!(p.get(&key(4)), Some(&[1u8; 10][..]));
+        assert_eq!(p.get(&key(5)), None);
+        assert_eq!(p.get(&key(9)).map(|v| v.len()), Some(50));
+        assert_eq!(p.get(&key(20)), None);
+    }
+
+    #[test]
+    fn leaf_apply_partitions_and_deletes() {
+        let l = leaf_with(300);
+        assert!(l.parts.len() > 3, "entries were cut into partitions");
+        let node = Node {
+            height: 0,
+            max_msn: 1,
+            body: Body::Leaf(l),
+        };
+        node.check_invariants(7);
+        let Body::Leaf(mut l) = node.body else {
+            unreachable!()
+        };
+        let ranges = vec![RangeDel {
+            msn: 2,
+            lo: b"key00010".to_vec(),
+            hi: b"key00290".to_vec(),
+        }];
+        let points = vec![(
+            b"key00100".to_vec(),
+            KeyMsgs::Put {
+                msn: 3,
+                value: b"x".to_vec(),
+            },
+        )];
+        l.apply(&ranges, &points, &fmt());
+        let e = all_entries(&l);
+        assert_eq!(e.len(), 10 + 1 + 10);
+        assert_eq!(e[10], (b"key00100".to_vec(), b"x".to_vec()));
+        let node = Node {
+            height: 0,
+            max_msn: 3,
+            body: Body::Leaf(l),
+        };
+        node.check_invariants(7);
+    }
+}
