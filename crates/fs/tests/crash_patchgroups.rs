@@ -27,3 +27,17 @@ fn random_patchgroup_workloads_over_several_processes() {
     }
     eprintln!("patchgroup workloads: {runs} workloads, {states} crash states checked");
 }
+
+/// The crash soak's seed 1795599901: the owner of an atomic group copied an empty file (no
+/// change, no record: its group had not begun), another process wrote, and the owner's fsync
+/// made that write durable. The workload model used to count the empty copy as the group's first
+/// change, so it called the recovered state (which rightly holds the other process's write) a
+/// cut inside an open group.
+#[test]
+fn a_copy_of_an_empty_file_opens_no_atomic_window() {
+    let seed = 1_795_599_901;
+    let plan = generate(seed, 200);
+    let run = record_pg(&plan);
+    let n = check_pg_run(&run, seed, 40, &format!("patchgroup workload seed {seed}"));
+    eprintln!("seed {seed}: {n} crash states");
+}

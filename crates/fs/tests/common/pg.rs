@@ -51,7 +51,8 @@ pub enum Act {
     Rename(String, String),
     Unlink(String),
     SetXattr(String, usize),
-    /// Reads `from` (perhaps another process's uncommitted change) and writes it over `to`.
+    /// Reads `from` (perhaps another process's uncommitted change) and writes it over `to`
+    /// (nothing at all if `from` is empty: no change, no record).
     Copy {
         from: String,
         to: String,
@@ -140,6 +141,10 @@ struct Gen {
     next_child: u32,
     /// Declared dependencies (after, before), turned into steps at the end.
     depends: Vec<(usize, usize)>,
+    /// Files that hold data: a `Copy` from an empty file writes nothing, so it logs no record
+    /// and joins no group (it must not open an atomic group's window, nor count as a change of
+    /// a dependency).
+    nonempty: BTreeSet<String>,
 }
 
 impl Gen {
@@ -235,8 +240,36 @@ impl Gen {
                 }
             }
         };
+        let changes = self.track_data(&act);
         let s = self.step(pid, act, Ok(()));
-        self.joined(pid, s);
+        if changes {
+            self.joined(pid, s);
+        }
+    }
+
+    /// Follows which files hold data through `act`; whether `act` logs a change.
+    fn track_data(&mut self, act: &Act) -> bool {
+        match act {
+            Act::Write { path, .. } => {
+                self.nonempty.insert(path.clone());
+            }
+            Act::Rename(from, to) => {
+                if self.nonempty.remove(from) {
+                    self.nonempty.insert(to.clone());
+                }
+            }
+            Act::Creat(path) | Act::Unlink(path) => {
+                self.nonempty.remove(path);
+            }
+            Act::Copy { from, to } => {
+                if !self.nonempty.contains(from) {
+                    return false;
+                }
+                self.nonempty.insert(to.clone());
+            }
+            _ => {}
+        }
+        true
     }
 
     /// A patchgroup call by `pid`: usually the next step of one of its groups' lives (create,
@@ -510,6 +543,7 @@ impl Gen {
             procs,
             next_child: 200,
             depends: Vec::new(),
+            nonempty: BTreeSet::new(),
         }
     }
 
