@@ -869,19 +869,29 @@ impl<'e> Checker<'e> {
             }];
             self.fix(i, ops);
         }
-        let unlinked = self.homes.values().filter(|h| h.nlink == 0).count() as u64;
-        let live = self.r.inodes - unlinked;
+        // A file unlinked while in use still counts until it is deleted (its FORGET, or the next
+        // mount, subtracts it); the orphans this repair deletes come off the counter with them.
+        let found = self.r.inodes;
+        let deleted = self
+            .r
+            .problems
+            .iter()
+            .filter(|p| p.class == Class::OrphanInode && p.repaired)
+            .count() as u64;
+        let after = found - deleted;
+        let counter = |v: u64| Op::Put {
+            key: keys::system_key("inodes"),
+            value: v.to_le_bytes().to_vec(),
+        };
         let counted = self.get_u64("inodes");
-        if counted != Some(live) {
+        if counted != Some(found) {
             let i = self.problem(
                 Class::InodeCount,
-                format!("inode counter {counted:?}, {live} inodes found"),
+                format!("inode counter {counted:?}, {found} inodes found"),
             );
-            let ops = vec![Op::Put {
-                key: keys::system_key("inodes"),
-                value: live.to_le_bytes().to_vec(),
-            }];
-            self.fix(i, ops);
+            self.fix(i, vec![counter(after)]);
+        } else if deleted > 0 {
+            self.ops.push(counter(after));
         }
     }
 

@@ -707,24 +707,12 @@ fn run(seed: u64, steps: usize) {
         if step % 150 == 149 {
             // Counters and block counts too (fsck), not only at the end. Files unlinked while the
             // harness still holds them are orphans to fsck (deleted at their last FORGET or at
-            // the end of the session), and it reports the counter against the inodes without
-            // them: the counter must be exactly those plus the orphans.
+            // the end of the session), and they still count: the counter must be exact.
             let rep = check::check(h.fs.engine(), false, |_| {});
-            let orphans = rep
-                .problems
-                .iter()
-                .filter(|p| p.class == check::Class::OrphanInode)
-                .count() as u64;
-            let live = rep.inodes - orphans;
-            let exact = format!(
-                "inode counter Some({}), {live} inodes found",
-                live + orphans
-            );
             assert!(
                 rep.problems
                     .iter()
-                    .all(|p| p.class == check::Class::OrphanInode
-                        || p.class == check::Class::InodeCount && p.detail == exact),
+                    .all(|p| p.class == check::Class::OrphanInode),
                 "seed {seed} step {step}: fsck found {:?}",
                 rep.problems
             );
@@ -735,10 +723,9 @@ fn run(seed: u64, steps: usize) {
     // fsck sees them as files unlinked while in use until the session ends.
     let rep = check::check(h.fs.engine(), false, |_| {});
     assert!(
-        rep.problems.iter().all(|p| matches!(
-            p.class,
-            check::Class::OrphanInode | check::Class::InodeCount
-        )),
+        rep.problems
+            .iter()
+            .all(|p| p.class == check::Class::OrphanInode),
         "seed {seed}: fsck found {:?}",
         rep.problems
     );
