@@ -253,10 +253,8 @@ impl Gen {
             Act::Write { path, .. } => {
                 self.nonempty.insert(path.clone());
             }
-            Act::Rename(from, to) => {
-                if self.nonempty.remove(from) {
-                    self.nonempty.insert(to.clone());
-                }
+            Act::Rename(from, to) if self.nonempty.remove(from) => {
+                self.nonempty.insert(to.clone());
             }
             Act::Creat(path) | Act::Unlink(path) => {
                 self.nonempty.remove(path);
