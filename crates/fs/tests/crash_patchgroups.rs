@@ -41,3 +41,15 @@ fn a_copy_of_an_empty_file_opens_no_atomic_window() {
     let n = check_pg_run(&run, seed, 40, &format!("patchgroup workload seed {seed}"));
     eprintln!("seed {seed}: {n} crash states");
 }
+
+/// Soak seed 1795602129: a write of another process pushed deleted data over its bound, and the
+/// foreground engine's cleanup checkpoint waited for an open atomic group and cut it at its
+/// deadline (20 s), committing it half-done.
+#[test]
+fn a_cleanup_checkpoint_does_not_cut_another_process_atomic_group() {
+    let seed = 1_795_602_129;
+    let plan = generate(seed, 200);
+    let run = record_pg(&plan);
+    let n = check_pg_run(&run, seed, 40, &format!("patchgroup workload seed {seed}"));
+    eprintln!("seed {seed}: {n} crash states");
+}

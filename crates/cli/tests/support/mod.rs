@@ -589,6 +589,26 @@ impl Scratch {
         let (code, out) = self.fsck(image);
         assert_eq!(code, 0, "fsck of {} is not clean:\n{out}", image.display());
     }
+    /// After a crash: fsck must find nothing but files unlinked while the kernel still held
+    /// them (they live until the kernel forgets them; the next mount deletes them, as ext4's
+    /// orphan list), and nothing at all after that mount.
+    pub fn assert_fsck_clean_after_crash(&self, image: &Path) {
+        let (code, out) = self.fsck(image);
+        let problems: Vec<&str> = out
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("benign ") || l.starts_with("CORRUPTION "))
+            .collect();
+        let only_orphans = !problems.is_empty()
+            && problems
+                .iter()
+                .all(|l| l.starts_with("benign OrphanInode:"));
+        assert!(
+            code == 0 || (code == 4 && only_orphans),
+            "fsck of {} after the crash finds more than orphans:\n{out}",
+            image.display()
+        );
+    }
     /// Unmounts (asserting a clean close) and requires a clean fsck.
     pub fn finish(&self, m: Mount) {
         let img = m.image.clone();

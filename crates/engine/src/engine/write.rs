@@ -118,6 +118,10 @@ impl Inner {
             if self.garbage_over_bound() {
                 if self.options.background_threads {
                     self.request(false, true);
+                } else if self.groups.has_records() {
+                    // Not needed yet: the checkpoint would wait for the open atomic group (and
+                    // cut it at its deadline, stalling this unrelated writer); a write after the
+                    // group's commit takes it.
                 } else {
                     self.push_deletes_down(|| false)?;
                     self.checkpoint(false)?;
