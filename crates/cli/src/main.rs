@@ -208,13 +208,8 @@ fn exit_with(r: CliResult<i32>) -> ! {
 }
 
 fn main() {
-    // At most two malloc arenas: the daemon's many FUSE threads otherwise each grow an arena of
-    // their own, and the freed node images (4 MiB) scattered over them keep the resident size far
-    // above the engine's cache bound (measured: peak RSS -13% at the same throughput).
-    // SAFETY: mallopt only sets allocator parameters; called before any thread starts.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 2);
-    }
+    // Before any thread starts.
+    memlimit::bound_allocator();
     // Not `env::args()`: it panics on arguments that are not UTF-8.
     let argv: Vec<OsString> = std::env::args_os().collect();
     let argv0 = argv
