@@ -365,9 +365,14 @@ const ENTRY_OVERHEAD: usize = 96;
 #[derive(Clone, Debug, Default)]
 pub struct Buffer {
     points: BTreeMap<Vec<u8>, KeyMsgs>,
-    /// Non-overlapping, sorted by `lo`.
-    ranges: Vec<RangeDel>,
+    /// Non-overlapping, keyed by `lo` (a map, not a sorted vector: range deletes land anywhere
+    /// in a buffer of tens of thousands, and inserting into a vector moved its tail each time,
+    /// 8% of the daemon's CPU while it deleted 15,000 unlinked files).
+    ranges: BTreeMap<Vec<u8>, RangeDel>,
+    /// Serialized size of the messages held.
     bytes: usize,
+    /// Bytes of the `ranges` map's keys (each a copy of its range's `lo`), counted in `mem`.
+    range_keys: usize,
     max_msn: Msn,
 }
 
@@ -384,7 +389,7 @@ impl Buffer {
 
     /// Estimated memory footprint.
     pub fn mem(&self) -> usize {
-        self.bytes + (self.points.len() + self.ranges.len()) * ENTRY_OVERHEAD
+        self.bytes + self.range_keys + (self.points.len() + self.ranges.len()) * ENTRY_OVERHEAD
     }
 
     /// Whether the buffer holds nothing.
@@ -465,69 +470,91 @@ impl Buffer {
             let km = self.points.remove(&k).expect("key just seen");
             self.bytes -= k.len() + 4 + km.size();
         }
-        // Trim the overlapping older ranges (a contiguous run: ranges are sorted and disjoint).
-        let first = self.ranges.partition_point(|r| r.hi.as_slice() <= lo);
-        let last = self.ranges.partition_point(|r| r.lo.as_slice() < hi);
-        let mut replacement = Vec::with_capacity(3);
-        if first < last {
-            let (head_lo, head_msn) = (self.ranges[first].lo.clone(), self.ranges[first].msn);
-            let (tail_hi, tail_msn) = (self.ranges[last - 1].hi.clone(), self.ranges[last - 1].msn);
-            for r in &self.ranges[first..last] {
-                self.bytes -= r.size();
-            }
-            if head_lo.as_slice() < lo {
-                replacement.push(RangeDel {
-                    msn: head_msn,
-                    lo: head_lo,
-                    hi: lo.to_vec(),
-                });
-            }
-            replacement.push(RangeDel {
-                msn,
-                lo: lo.to_vec(),
-                hi: hi.to_vec(),
-            });
-            if tail_hi.as_slice() > hi {
-                replacement.push(RangeDel {
-                    msn: tail_msn,
-                    lo: hi.to_vec(),
-                    hi: tail_hi,
-                });
-            }
-        } else {
-            replacement.push(RangeDel {
-                msn,
-                lo: lo.to_vec(),
-                hi: hi.to_vec(),
+        // Trim the overlapping older ranges (a contiguous run: ranges are sorted and disjoint):
+        // the one starting at or before `lo` if it reaches past it, and those starting in the new
+        // range.
+        let before = self
+            .ranges
+            .range::<[u8], _>((Bound::Unbounded, Bound::Included(lo)))
+            .next_back()
+            .filter(|(_, r)| r.hi.as_slice() > lo)
+            .map(|(k, _)| k.clone());
+        let inside: Vec<Vec<u8>> = self
+            .ranges
+            .range::<[u8], _>((Bound::Excluded(lo), Bound::Excluded(hi)))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let old: Vec<RangeDel> = before
+            .into_iter()
+            .chain(inside)
+            .map(|k| self.ranges.remove(&k).expect("range just seen"))
+            .collect();
+        for r in &old {
+            self.bytes -= r.size();
+            self.range_keys -= r.lo.len();
+        }
+        if let Some(head) = old.first().filter(|r| r.lo.as_slice() < lo) {
+            self.insert_range(RangeDel {
+                msn: head.msn,
+                lo: head.lo.clone(),
+                hi: lo.to_vec(),
             });
         }
-        for r in &replacement {
-            self.bytes += r.size();
+        if let Some(tail) = old.last().filter(|r| r.hi.as_slice() > hi) {
+            self.insert_range(RangeDel {
+                msn: tail.msn,
+                lo: hi.to_vec(),
+                hi: tail.hi.clone(),
+            });
         }
-        let placed = replacement.len();
-        self.ranges.splice(first..last, replacement);
-        self.check_ranges(first.saturating_sub(1)..(first + placed + 1).min(self.ranges.len()));
+        self.insert_range(RangeDel {
+            msn,
+            lo: lo.to_vec(),
+            hi: hi.to_vec(),
+        });
+        self.check_ranges_around(lo, hi);
     }
 
-    /// Asserts that the ranges in `around` (where a change happened; the rest was sorted and
-    /// disjoint before) are non-empty, sorted and disjoint: cheap, so always on.
-    fn check_ranges(&self, around: std::ops::Range<usize>) {
-        let rs = &self.ranges[around];
-        for r in rs {
+    /// Inserts a range delete known not to overlap any held.
+    fn insert_range(&mut self, r: RangeDel) {
+        self.bytes += r.size();
+        self.range_keys += r.lo.len();
+        let prev = self.ranges.insert(r.lo.clone(), r);
+        assert!(prev.is_none(), "two range deletes start at one key");
+    }
+
+    /// Asserts that the ranges around `[lo, hi)` (where a change happened; the rest was sorted
+    /// and disjoint before) are non-empty and disjoint: cheap, so always on.
+    fn check_ranges_around(&self, lo: &[u8], hi: &[u8]) {
+        let from = self
+            .ranges
+            .range::<[u8], _>((Bound::Unbounded, Bound::Excluded(lo)))
+            .next_back()
+            .map(|(k, _)| k.clone())
+            .unwrap_or_default();
+        let mut prev: Option<&RangeDel> = None;
+        for (k, r) in self
+            .ranges
+            .range::<[u8], _>((Bound::Included(from.as_slice()), Bound::Unbounded))
+        {
+            assert!(k == &r.lo, "range delete filed under another key");
             assert!(r.lo < r.hi, "empty range delete in a buffer");
-        }
-        for w in rs.windows(2) {
-            assert!(w[0].hi <= w[1].lo, "range deletes overlap in a buffer");
+            if let Some(p) = prev {
+                assert!(p.hi <= r.lo, "range deletes overlap in a buffer");
+            }
+            if r.lo.as_slice() > hi {
+                break;
+            }
+            prev = Some(r);
         }
     }
 
     /// The range delete covering `key`, if any.
     pub fn range_covering(&self, key: &[u8]) -> Option<&RangeDel> {
-        let i = self.ranges.partition_point(|r| r.lo.as_slice() <= key);
-        if i == 0 {
-            return None;
-        }
-        let r = &self.ranges[i - 1];
+        let (_, r) = self
+            .ranges
+            .range::<[u8], _>((Bound::Unbounded, Bound::Included(key)))
+            .next_back()?;
         r.covers(key).then_some(r)
     }
 
@@ -551,9 +578,16 @@ impl Buffer {
 
     /// Range deletes intersecting `[lo, hi)`, clipped to it.
     pub fn ranges_in(&self, lo: &[u8], hi: Option<&[u8]>) -> Vec<RangeDel> {
-        let first = self.ranges.partition_point(|r| r.hi.as_slice() <= lo);
-        self.ranges[first..]
-            .iter()
+        // The range starting at or before `lo` (it may reach into the window), then the rest.
+        let start = self
+            .ranges
+            .range::<[u8], _>((Bound::Unbounded, Bound::Included(lo)))
+            .next_back()
+            .map(|(k, _)| k.clone())
+            .unwrap_or_default();
+        self.ranges
+            .range::<[u8], _>((Bound::Included(start.as_slice()), Bound::Unbounded))
+            .map(|(_, r)| r)
             .take_while(|r| hi.is_none_or(|h| r.lo.as_slice() < h))
             .filter(|r| r.hi.as_slice() > lo && hi.is_none_or(|h| r.lo.as_slice() < h))
             .map(|r| RangeDel {
@@ -577,14 +611,17 @@ impl Buffer {
 
     /// Consumes the buffer into (range deletes, point messages), both sorted by key.
     pub fn into_parts(self) -> (Vec<RangeDel>, Vec<(Vec<u8>, KeyMsgs)>) {
-        (self.ranges, self.points.into_iter().collect())
+        (
+            self.ranges.into_values().collect(),
+            self.points.into_iter().collect(),
+        )
     }
 
     /// Serializes the buffer.
     pub fn encode(&self, e: &mut Enc) {
         e.u64(self.max_msn);
         e.u32(self.ranges.len() as u32);
-        for r in &self.ranges {
+        for r in self.ranges.values() {
             e.u64(r.msn);
             e.bytes(&r.lo);
             e.bytes(&r.hi);
@@ -613,14 +650,12 @@ impl Buffer {
             if lo >= hi || msn > b.max_msn {
                 return Err(d.corrupt("bad range delete"));
             }
-            if let Some(prev) = b.ranges.last() {
+            if let Some((_, prev)) = b.ranges.last_key_value() {
                 if prev.hi > lo {
                     return Err(d.corrupt("range deletes overlap"));
                 }
             }
-            let r = RangeDel { msn, lo, hi };
-            b.bytes += r.size();
-            b.ranges.push(r);
+            b.insert_range(RangeDel { msn, lo, hi });
         }
         let np = d.u32()? as usize;
         if np > d.remaining() {
