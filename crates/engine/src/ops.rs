@@ -180,10 +180,35 @@ impl Op {
 }
 
 /// A group of operations applied atomically: after a crash, all or none of them are present.
+///
+/// A batch only collects operations; every limit (key and value lengths, what a prefix operation
+/// may make of the keys it moves, the size of a log record) is checked when it is written
+/// ([`crate::Engine::write`]), so no way of building one bypasses them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Batch {
     /// The operations, applied in order.
-    pub ops: Vec<Op>,
+    pub(crate) ops: Vec<Op>,
+}
+
+impl From<Vec<Op>> for Batch {
+    /// A batch of `ops`, applied in order.
+    fn from(ops: Vec<Op>) -> Batch {
+        Batch { ops }
+    }
+}
+
+impl FromIterator<Op> for Batch {
+    fn from_iter<I: IntoIterator<Item = Op>>(iter: I) -> Batch {
+        Batch {
+            ops: iter.into_iter().collect(),
+        }
+    }
+}
+
+impl Extend<Op> for Batch {
+    fn extend<I: IntoIterator<Item = Op>>(&mut self, iter: I) {
+        self.ops.extend(iter);
+    }
 }
 
 impl Batch {
@@ -235,6 +260,34 @@ impl Batch {
             to: to.into(),
         });
         self
+    }
+    /// Adds `op` (any operation; the builders above are shorthands for it).
+    pub fn push(&mut self, op: Op) -> &mut Batch {
+        self.ops.push(op);
+        self
+    }
+    /// Moves every operation of `other` to the end of this batch, in order (`other` is left empty).
+    pub fn append(&mut self, other: &mut Batch) -> &mut Batch {
+        self.ops.append(&mut other.ops);
+        self
+    }
+    /// The operations, in the order they apply.
+    pub fn ops(&self) -> &[Op] {
+        &self.ops
+    }
+    /// Keeps the first `n` operations and drops the rest (nothing if the batch has `n` or fewer):
+    /// for a caller that cuts a batch to the prefix that fits a limit.
+    pub fn keep_first(&mut self, n: usize) {
+        self.ops.truncate(n);
+    }
+    /// The value of the first put of `key` in the batch, to change in place (`None` if no put
+    /// of `key` is queued): for a caller that accumulates one value, such as a counter, across
+    /// the steps that build a batch, without queuing one put per step.
+    pub fn put_value_mut(&mut self, key: &[u8]) -> Option<&mut Vec<u8>> {
+        self.ops.iter_mut().find_map(|op| match op {
+            Op::Put { key: k, value } if k.as_slice() == key => Some(value),
+            _ => None,
+        })
     }
     /// Number of operations.
     pub fn len(&self) -> usize {
@@ -422,6 +475,37 @@ pub fn decode_record(payload: &[u8], f: &Format) -> Result<(u64, Vec<Op>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batch_methods_keep_order_and_edit_in_place() {
+        let mut b = Batch::new();
+        b.put(b"n".to_vec(), vec![1]).delete(b"x".to_vec());
+        b.push(Op::Put {
+            key: b"n".to_vec(),
+            value: vec![2],
+        });
+        let mut more = Batch::from(vec![Op::Delete { key: b"y".to_vec() }]);
+        b.append(&mut more);
+        assert!(more.is_empty());
+        assert_eq!(b.len(), 4);
+        assert_eq!(b.ops()[3], Op::Delete { key: b"y".to_vec() });
+        // The first put of a key is the one changed.
+        b.put_value_mut(b"n").expect("a put of n").push(9);
+        assert_eq!(
+            b.ops()[0],
+            Op::Put {
+                key: b"n".to_vec(),
+                value: vec![1, 9],
+            }
+        );
+        assert!(b.put_value_mut(b"x").is_none(), "a delete is not a put");
+        b.keep_first(2);
+        assert_eq!(b.ops().len(), 2);
+        b.keep_first(5);
+        assert_eq!(b.len(), 2);
+        let c: Batch = b.ops().iter().cloned().collect();
+        assert_eq!(c, b);
+    }
 
     #[test]
     fn record_round_trip() {

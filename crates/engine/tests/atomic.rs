@@ -46,13 +46,13 @@ fn workload(seed: u64, steps: usize) -> Run {
     for step in 0..steps {
         let in_group = group.is_some() && g.rng.gen_bool(0.6);
         let mut b = Batch::new();
-        b.ops.push(g.simple_op());
+        b.push(g.simple_op());
         let lsn = match (in_group, group) {
             (true, Some((id, _, _))) => e.write_atomic(id, &b),
             _ => e.write(&b),
         };
         lsn.unwrap_or_else(|err| panic!("seed {seed} step {step}: {err}"));
-        apply_model(&mut m, &b.ops[0]);
+        apply_model(&mut m, &b.ops()[0]);
         if let (true, Some(gr)) = (in_group, group.as_mut()) {
             gr.1 -= 1;
             gr.2 = true;

@@ -41,21 +41,18 @@ fn a_prefix_move_whose_keys_do_not_fit_changes_nothing() {
     e.put(b"b/1", b"b").unwrap();
     let before = all(&e);
     // Growth by 11 bytes: one key would be `max + 1` long.
-    let too_far = Batch {
-        ops: vec![amaranth_engine::Op::MovePrefix {
-            from: b"a/".to_vec(),
-            to: b"a-longer-123/".to_vec(),
-        }],
-    };
+    let too_far = Batch::from(vec![amaranth_engine::Op::MovePrefix {
+        from: b"a/".to_vec(),
+        to: b"a-longer-123/".to_vec(),
+    }]);
     match e.write(&too_far) {
         Err(Error::KeyTooLong { len, max: m }) => assert_eq!((len, m), (max + 1, max)),
         other => panic!("expected KeyTooLong, got {other:?}"),
     }
-    let mut copy = too_far.clone();
-    copy.ops[0] = amaranth_engine::Op::CopyPrefix {
+    let copy = Batch::from(vec![amaranth_engine::Op::CopyPrefix {
         from: b"a/".to_vec(),
         to: b"a-longer-123/".to_vec(),
-    };
+    }]);
     assert!(matches!(e.write(&copy), Err(Error::KeyTooLong { .. })));
     assert_eq!(all(&e), before, "a refused move changed something");
     assert!(

@@ -65,9 +65,7 @@ fn failing_writes_and_flushes_lose_nothing_acknowledged() {
         let mut failed = false;
         for step in 0..2000 {
             let op = g.simple_op();
-            match e.write(&Batch {
-                ops: vec![op.clone()],
-            }) {
+            match e.write(&Batch::from(vec![op.clone()])) {
                 Ok(_) => apply_model(&mut m, &op),
                 Err(err) => {
                     // Once the device failed, the engine refuses writes with a clear error.
@@ -203,14 +201,14 @@ fn flipped_bytes_give_errors_never_wrong_data() {
     for _ in 0..3000 {
         let op = g.simple_op();
         apply_model(&mut m, &op);
-        e.write(&Batch { ops: vec![op] }).unwrap();
+        e.write(&Batch::from(vec![op])).unwrap();
     }
     // Leave some work in the log too.
     e.checkpoint().unwrap();
     for _ in 0..200 {
         let op = g.simple_op();
         apply_model(&mut m, &op);
-        e.write(&Batch { ops: vec![op] }).unwrap();
+        e.write(&Batch::from(vec![op])).unwrap();
     }
     e.sync().unwrap();
     e.abandon();

@@ -35,7 +35,7 @@ fn run(seed: u64, steps: usize) {
                 let op = g.simple_op();
                 apply_model(&mut m, &op);
                 let mut b = Batch::new();
-                b.ops.push(op);
+                b.push(op);
                 e.write(&b)
                     .unwrap_or_else(|err| panic!("seed {seed} step {step}: write failed: {err}"));
             }
@@ -45,7 +45,7 @@ fn run(seed: u64, steps: usize) {
                 for _ in 0..n {
                     let op = g.simple_op();
                     apply_model(&mut m, &op);
-                    b.ops.push(op);
+                    b.push(op);
                 }
                 e.write(&b)
                     .unwrap_or_else(|err| panic!("seed {seed} step {step}: batch failed: {err}"));
@@ -62,7 +62,7 @@ fn run(seed: u64, steps: usize) {
                     };
                     apply_model(&mut m, &op);
                     let mut batch = Batch::new();
-                    batch.ops.push(op);
+                    batch.push(op);
                     e.write(&batch).unwrap_or_else(|err| {
                         panic!("seed {seed} step {step}: prefix op failed: {err}")
                     });

@@ -22,7 +22,7 @@ fn aged(seed: u64, ops: u32, drain: bool) -> (Arc<MemDevice>, Model) {
     for i in 0..ops {
         let op = g.simple_op();
         apply_model(&mut m, &op);
-        e.write(&Batch { ops: vec![op] }).unwrap();
+        e.write(&Batch::from(vec![op])).unwrap();
         if i % 1000 == 999 {
             e.checkpoint().unwrap();
         }
@@ -249,7 +249,7 @@ fn repair_replays_the_log_up_to_its_damage() {
     for i in 0..600 {
         let op = g.simple_op();
         apply_model(&mut m, &op);
-        e.write(&Batch { ops: vec![op] }).unwrap();
+        e.write(&Batch::from(vec![op])).unwrap();
         if i % 50 == 0 {
             e.sync().unwrap();
         }

@@ -18,7 +18,7 @@ fn filled(keys: u32) -> (Arc<MemDevice>, Model) {
     for _ in 0..keys * 3 {
         let op = g.simple_op();
         apply_model(&mut m, &op);
-        e.write(&Batch { ops: vec![op] }).unwrap();
+        e.write(&Batch::from(vec![op])).unwrap();
     }
     e.close().unwrap();
     (dev, m)
@@ -191,12 +191,10 @@ fn a_format_1_image_is_upgraded_at_its_first_read_write_open() {
     drop(e);
     assert_eq!(Superblock::read_newest(&*dev, false).unwrap().version, 1);
     let e = Engine::open(dev.clone(), small_options()).unwrap();
-    e.write(&Batch {
-        ops: vec![Op::Put {
-            key: b"after".to_vec(),
-            value: b"upgrade".to_vec(),
-        }],
-    })
+    e.write(&Batch::from(vec![Op::Put {
+        key: b"after".to_vec(),
+        value: b"upgrade".to_vec(),
+    }]))
     .unwrap();
     e.close().unwrap();
     let sb = Superblock::read_newest(&*dev, false).unwrap();

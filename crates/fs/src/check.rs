@@ -912,7 +912,7 @@ impl<'e> Checker<'e> {
                 bytes = 0;
             }
             bytes += size;
-            batch.ops.push(op);
+            batch.push(op);
         }
         if !batch.is_empty() {
             result = result.and_then(|_| self.engine.write(&batch).map(|_| ()));

@@ -403,37 +403,31 @@ impl Fs {
 
     /// Writes `b` as one atomic engine batch (taking its operations: `b` is left empty).
     fn commit(&self, b: &mut Batch) -> Result<()> {
-        let b = std::mem::take(b);
+        let mut b = std::mem::take(b);
         let deletes = b
-            .ops
+            .ops()
             .iter()
             .any(|o| matches!(o, Op::RangeDelete { .. } | Op::Delete { .. }));
-        let mut b = b;
         let counters = [
             (keys::system_key("inodes"), &self.inodes_used),
             (keys::system_key("reserved"), &self.reserved_blocks),
         ];
-        let counted = b.ops.iter().any(|o| match o {
-            Op::Put { key, .. } => counters.iter().any(|(k, _)| k == key),
-            _ => false,
-        });
+        let counted = counters.iter().any(|(k, _)| b.put_value_mut(k).is_some());
         if counted {
-            // The deltas left by `count_inodes` and `count_reserved` become the counters' new
-            // values, and values reach the log in the order they are computed.
+            // The deltas left by `count_inodes` and `count_reserved` (one put per counter) become
+            // the counters' new values, and values reach the log in the order they are computed.
             let _order = self.count_lock.lock();
             let mut now = Vec::new();
-            for o in &mut b.ops {
-                let Op::Put { key, value } = o else { continue };
-                for (k, counter) in &counters {
-                    if k == key {
-                        let delta = i64::from_le_bytes(value[..8].try_into().expect("a delta"));
-                        // Saturating: an image whose counter is already off (fsck reports it) must
-                        // not stop the file system.
-                        let v = counter.load(Ordering::Relaxed).saturating_add_signed(delta);
-                        *value = v.to_le_bytes().to_vec();
-                        now.push((*counter, v));
-                    }
-                }
+            for (k, counter) in &counters {
+                let Some(value) = b.put_value_mut(k) else {
+                    continue;
+                };
+                let delta = i64::from_le_bytes(value[..8].try_into().expect("a delta"));
+                // Saturating: an image whose counter is already off (fsck reports it) must not
+                // stop the file system.
+                let v = counter.load(Ordering::Relaxed).saturating_add_signed(delta);
+                *value = v.to_le_bytes().to_vec();
+                now.push((*counter, v));
             }
             let lsn = self.pg.write(b)?;
             for (counter, v) in now {
@@ -568,14 +562,10 @@ impl Fs {
 
     fn count(b: &mut Batch, name: &str, delta: i64) {
         let key = keys::system_key(name);
-        for op in &mut b.ops {
-            if let Op::Put { key: k, value } = op {
-                if *k == key {
-                    let before = i64::from_le_bytes(value[..8].try_into().expect("a delta"));
-                    *value = (before + delta).to_le_bytes().to_vec();
-                    return;
-                }
-            }
+        if let Some(value) = b.put_value_mut(&key) {
+            let before = i64::from_le_bytes(value[..8].try_into().expect("a delta"));
+            *value = (before + delta).to_le_bytes().to_vec();
+            return;
         }
         b.put(key, delta.to_le_bytes().to_vec());
     }

@@ -56,10 +56,10 @@ pub fn workload(seed: u64, steps: usize) -> Run {
             } else {
                 g.simple_op()
             };
-            b.ops.push(op);
+            b.push(op);
         }
         // A batch with a prefix move applies its operations in order against the model too.
-        for op in &b.ops {
+        for op in b.ops() {
             apply_model(&mut m, op);
         }
         e.write(&b)

@@ -183,7 +183,7 @@ impl Fs {
         let mut used = Batch::new().log_bytes();
         let mut written = 0usize;
         let mut keep = 0;
-        for op in &b.ops {
+        for op in b.ops() {
             used += op.log_bytes();
             if used > room {
                 break;
@@ -201,7 +201,7 @@ impl Fs {
         if keep == 0 {
             return Err(Errno::EFBIG);
         }
-        b.ops.truncate(keep);
+        b.keep_first(keep);
         Ok(written)
     }
 
@@ -478,18 +478,15 @@ pub fn write_ops(b: &mut Batch, fk: &[u8], offset: u64, data: &[u8]) {
         let n = (BLOCK as usize - in_blk).min(data.len() - pos);
         let key = keys::data_key(fk, blk);
         if in_blk == 0 && n == BLOCK as usize {
-            b.ops.push(Op::Put {
-                key,
-                value: data[pos..pos + n].to_vec(),
-            });
+            b.put(key, data[pos..pos + n].to_vec());
         } else {
-            b.ops.push(Op::Upsert {
+            b.upsert(
                 key,
-                patch: Patch::Write {
+                Patch::Write {
                     offset: in_blk as u32,
                     data: data[pos..pos + n].to_vec(),
                 },
-            });
+            );
         }
         pos += n;
     }
@@ -508,13 +505,13 @@ pub fn zero_ops(b: &mut Batch, fk: &[u8], start: u64, end: u64, exists: impl Fn(
     }
     let mut zero_range = |a: u64, z: u64| {
         if a < z && exists(a / BLOCK) {
-            b.ops.push(Op::Upsert {
-                key: keys::data_key(fk, a / BLOCK),
-                patch: Patch::Write {
+            b.upsert(
+                keys::data_key(fk, a / BLOCK),
+                Patch::Write {
                     offset: (a % BLOCK) as u32,
                     data: vec![0; (z - a) as usize],
                 },
-            });
+            );
         }
     };
     if first_full > last_full {

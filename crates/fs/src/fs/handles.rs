@@ -232,7 +232,7 @@ impl Fs {
                     Meta::Redirect(ino) => index_home(&mut b, ino),
                 }
                 entries += 1;
-                if b.ops.len() >= UPGRADE_BATCH {
+                if b.len() >= UPGRADE_BATCH {
                     self.engine.write(&b)?;
                     b = Batch::new();
                 }
