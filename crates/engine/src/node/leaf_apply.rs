@@ -3,6 +3,7 @@
 //! size); otherwise by rebuilding the touched partitions (`LeafBuilder`) and re-cutting them at the
 //! partition size, a partition split by a merge keeping room for later inserts.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use super::{separator, Leaf, PartSlot};
@@ -20,62 +21,27 @@ impl Leaf {
         }
         let old_parts = std::mem::take(&mut self.parts);
         let old_pivots = std::mem::take(&mut self.pivots);
+        let parts = old_parts.len();
+        let mut slots = old_parts.into_iter();
         let mut out = LeafBuilder::new(format.partition_size);
-        let mut pi = 0usize; // next point message
-        for (i, slot) in old_parts.into_iter().enumerate() {
-            let lo: Option<&[u8]> = if i == 0 {
-                None
-            } else {
-                Some(&old_pivots[i - 1])
-            };
-            let hi: Option<&[u8]> = old_pivots.get(i).map(|v| v.as_slice());
-            let p_start = pi;
-            while pi < points.len() && hi.is_none_or(|h| points[pi].0.as_slice() < h) {
-                pi += 1;
-            }
-            let my_points = &points[p_start..pi];
-            let my_ranges: Vec<&RangeDel> = ranges
-                .iter()
-                .filter(|r| {
-                    hi.is_none_or(|h| r.lo.as_slice() < h) && lo.is_none_or(|l| r.hi.as_slice() > l)
-                })
-                .collect();
-            if my_points.is_empty() && my_ranges.is_empty() {
-                out.keep(lo, slot);
-                continue;
+        let _ = each_partition(parts, &old_pivots, ranges, points, |m| {
+            let slot = slots.next().expect("one slot per partition");
+            if m.is_empty() {
+                out.keep(m.lo, slot);
+                return ControlFlow::Continue(());
             }
             // A partition wholly inside one range delete is dropped without being read.
             // (Range deletes are older than the point messages beside them, so the base is not needed.)
-            let whole = my_ranges.iter().any(|r| {
-                lo.is_some_and(|l| r.lo.as_slice() <= l) && hi.is_some_and(|h| r.hi.as_slice() >= h)
+            let whole = m.ranges.iter().any(|r| {
+                m.lo.is_some_and(|l| r.lo.as_slice() <= l)
+                    && m.hi.is_some_and(|h| r.hi.as_slice() >= h)
             });
-            // A few messages: patch the partition in place (one memmove per entry or per run a
-            // range delete removes) instead of rebuilding it, when it stays within its size and
-            // does not become empty. The size check uses the exact new size (an overwrite of a
-            // value by one of the same length grows nothing), so a full partition is patched too.
-            if !whole && my_ranges.len() <= 4 && my_points.len() <= 16 {
-                if let Some(base) = slot.data() {
-                    let runs = covered_runs(&base, &my_ranges);
-                    let cut: usize = runs.iter().map(|&(a, b)| base.run_bytes(a, b)).sum();
-                    let (size, values) = patched_size(&base, cut, &my_ranges, my_points);
-                    // An emptied partition (size 0) goes through the rebuild, which drops it.
-                    if size > 0 && size <= format.partition_size {
-                        // Without the leaf's own reference the partition is patched where it is
-                        // (a reader holding it meanwhile gets its copy).
-                        drop(slot);
-                        let mut p =
-                            Arc::try_unwrap(base).unwrap_or_else(|shared| (*shared).clone());
-                        // Ranges first (they are older than the point messages), last run first.
-                        for &(a, b) in runs.iter().rev() {
-                            p.remove_run(a, b);
-                        }
-                        for ((k, _), v) in my_points.iter().zip(values) {
-                            p.set(k, v.as_deref());
-                        }
-                        assert_eq!(p.bytes(), size, "patched partition size");
-                        out.keep(lo, PartSlot::resident(p));
-                        continue;
-                    }
+            // A few messages: patch the partition in place instead of rebuilding it (see
+            // `plan_patch`).
+            if !whole {
+                if let Some(plan) = plan_patch(&slot, &m, format) {
+                    out.keep(m.lo, PartSlot::resident(patch(&slot, plan, m.points)));
+                    return ControlFlow::Continue(());
                 }
             }
             let base = if whole {
@@ -83,13 +49,9 @@ impl Leaf {
             } else {
                 Some(slot.data().expect("touched partition must be resident"))
             };
-            out.merge(lo, base.as_deref(), &my_ranges, my_points);
-        }
-        assert_eq!(
-            pi,
-            points.len(),
-            "every point message belongs to a partition"
-        );
+            out.merge(m.lo, base.as_deref(), &m.ranges, m.points);
+            ControlFlow::Continue(())
+        });
         let (pivots, parts) = out.finish();
         self.pivots = pivots;
         self.parts = parts;
@@ -105,73 +67,145 @@ impl Leaf {
         points: &[(Vec<u8>, KeyMsgs)],
         format: &Format,
     ) -> bool {
-        type Plan = (
-            usize,
-            Vec<(usize, usize)>,
-            Vec<Option<Vec<u8>>>,
-            usize,
-            usize,
-        );
-        let mut plan: Vec<Plan> = Vec::new();
-        let mut pi = 0usize;
-        for i in 0..self.parts.len() {
-            let lo: Option<&[u8]> = (i > 0).then(|| self.pivots[i - 1].as_slice());
-            let hi: Option<&[u8]> = self.pivots.get(i).map(|v| v.as_slice());
-            let p_start = pi;
-            while pi < points.len() && hi.is_none_or(|h| points[pi].0.as_slice() < h) {
-                pi += 1;
+        let mut plans: Vec<(usize, PatchPlan, usize)> = Vec::new();
+        let parts = &self.parts;
+        let walk = each_partition(parts.len(), &self.pivots, ranges, points, |m| {
+            if m.is_empty() {
+                return ControlFlow::Continue(());
             }
-            let my_points = &points[p_start..pi];
-            let my_ranges: Vec<&RangeDel> = ranges
-                .iter()
-                .filter(|r| {
-                    hi.is_none_or(|h| r.lo.as_slice() < h) && lo.is_none_or(|l| r.hi.as_slice() > l)
-                })
-                .collect();
-            if my_points.is_empty() && my_ranges.is_empty() {
-                continue;
+            match plan_patch(&parts[m.index], &m, format) {
+                Some(plan) => {
+                    plans.push((m.index, plan, m.first_point));
+                    ControlFlow::Continue(())
+                }
+                None => ControlFlow::Break(()),
             }
-            if my_ranges.len() > 4 || my_points.len() > 16 {
-                return false;
-            }
-            let Some(base) = self.parts[i].data() else {
-                return false;
-            };
-            let runs = covered_runs(&base, &my_ranges);
-            let cut: usize = runs.iter().map(|&(a, b)| base.run_bytes(a, b)).sum();
-            let (size, values) = patched_size(&base, cut, &my_ranges, my_points);
-            if size == 0 || size > format.partition_size {
-                return false;
-            }
-            plan.push((i, runs, values, size, p_start));
+        });
+        if walk.is_break() {
+            return false;
         }
-        assert_eq!(
-            pi,
-            points.len(),
-            "every point message belongs to a partition"
-        );
-        for (i, runs, values, size, p_start) in plan {
-            let base = self.parts[i]
-                .state
-                .lock()
-                .data
-                .take()
-                .expect("planned partitions are resident");
-            // Without the leaf's own reference the partition is patched where it is (a reader
-            // holding it meanwhile keeps its copy).
-            let mut p = Arc::try_unwrap(base).unwrap_or_else(|shared| (*shared).clone());
-            // Ranges first (they are older than the point messages), last run first.
-            for &(a, b) in runs.iter().rev() {
-                p.remove_run(a, b);
-            }
-            for ((k, _), v) in points[p_start..p_start + values.len()].iter().zip(values) {
-                p.set(k, v.as_deref());
-            }
-            assert_eq!(p.bytes(), size, "patched partition size");
+        for (i, plan, first) in plans {
+            let n = plan.values.len();
+            let p = patch(&self.parts[i], plan, &points[first..first + n]);
             self.parts[i] = PartSlot::resident(p);
         }
         true
     }
+}
+
+/// The messages that fall in one partition of a leaf.
+struct PartMsgs<'a> {
+    /// The partition's index in the leaf.
+    index: usize,
+    /// Its lowest key (`None` for the first partition).
+    lo: Option<&'a [u8]>,
+    /// The lowest key of the next partition (`None` for the last).
+    hi: Option<&'a [u8]>,
+    /// Its point messages, and the index of the first of them in the leaf's point messages.
+    points: &'a [(Vec<u8>, KeyMsgs)],
+    first_point: usize,
+    /// The range deletes that overlap it.
+    ranges: Vec<&'a RangeDel>,
+}
+
+impl PartMsgs<'_> {
+    fn is_empty(&self) -> bool {
+        self.points.is_empty() && self.ranges.is_empty()
+    }
+}
+
+/// Calls `f` with the messages of each of a leaf's `parts` partitions (cut at `pivots`), in
+/// order, until it breaks; asserts, when the walk completes, that every point message fell in a
+/// partition.
+fn each_partition<'a>(
+    parts: usize,
+    pivots: &'a [Vec<u8>],
+    ranges: &'a [RangeDel],
+    points: &'a [(Vec<u8>, KeyMsgs)],
+    mut f: impl FnMut(PartMsgs<'a>) -> ControlFlow<()>,
+) -> ControlFlow<()> {
+    assert_eq!(
+        pivots.len() + 1,
+        parts.max(1),
+        "one pivot between partitions"
+    );
+    let mut pi = 0usize; // next point message
+    for index in 0..parts {
+        let lo: Option<&[u8]> = (index > 0).then(|| pivots[index - 1].as_slice());
+        let hi: Option<&[u8]> = pivots.get(index).map(|v| v.as_slice());
+        let first_point = pi;
+        while pi < points.len() && hi.is_none_or(|h| points[pi].0.as_slice() < h) {
+            pi += 1;
+        }
+        let ranges: Vec<&RangeDel> = ranges
+            .iter()
+            .filter(|r| {
+                hi.is_none_or(|h| r.lo.as_slice() < h) && lo.is_none_or(|l| r.hi.as_slice() > l)
+            })
+            .collect();
+        f(PartMsgs {
+            index,
+            lo,
+            hi,
+            points: &points[first_point..pi],
+            first_point,
+            ranges,
+        })?;
+    }
+    assert_eq!(
+        pi,
+        points.len(),
+        "every point message belongs to a partition"
+    );
+    ControlFlow::Continue(())
+}
+
+/// How to patch one partition where it is: the runs of entries its range deletes remove, the new
+/// value of each point message's key (`None`: deleted), and the exact size it ends with.
+struct PatchPlan {
+    runs: Vec<(usize, usize)>,
+    values: Vec<Option<Vec<u8>>>,
+    size: usize,
+}
+
+/// A plan for patching the partition in `slot` with its messages `m` (one memmove per entry or
+/// per run a range delete removes) instead of rebuilding it: `None` unless the messages are few,
+/// the partition is resident, and it stays non-empty (an emptied partition goes through the
+/// rebuild, which drops it) and within its size. The size check uses the exact new size (an
+/// overwrite of a value by one of the same length grows nothing), so a full partition is patched
+/// too.
+fn plan_patch(slot: &PartSlot, m: &PartMsgs<'_>, format: &Format) -> Option<PatchPlan> {
+    if m.ranges.len() > 4 || m.points.len() > 16 {
+        return None;
+    }
+    let base = slot.data()?;
+    let runs = covered_runs(&base, &m.ranges);
+    let cut: usize = runs.iter().map(|&(a, b)| base.run_bytes(a, b)).sum();
+    let (size, values) = patched_size(&base, cut, &m.ranges, m.points);
+    (size > 0 && size <= format.partition_size).then_some(PatchPlan { runs, values, size })
+}
+
+/// The partition in `slot` (taken from it: the slot is left without data) patched by `plan` and
+/// its point messages `points`.
+fn patch(slot: &PartSlot, plan: PatchPlan, points: &[(Vec<u8>, KeyMsgs)]) -> Partition {
+    let base = slot
+        .state
+        .lock()
+        .data
+        .take()
+        .expect("planned partitions are resident");
+    // Without the leaf's own reference the partition is patched where it is (a reader holding it
+    // meanwhile keeps its copy).
+    let mut p = Arc::try_unwrap(base).unwrap_or_else(|shared| (*shared).clone());
+    // Ranges first (they are older than the point messages), last run first.
+    for &(a, b) in plan.runs.iter().rev() {
+        p.remove_run(a, b);
+    }
+    for ((k, _), v) in points.iter().zip(plan.values) {
+        p.set(k, v.as_deref());
+    }
+    assert_eq!(p.bytes(), plan.size, "patched partition size");
+    p
 }
 
 /// Assembles the partitions of a rebuilt leaf.
