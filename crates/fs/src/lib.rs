@@ -9,8 +9,10 @@
 
 pub mod acl;
 pub mod check;
+mod check_counts;
 mod check_fix;
 mod check_index;
+mod check_scan;
 pub mod describe;
 mod error;
 mod fs;
