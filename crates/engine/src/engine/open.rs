@@ -12,14 +12,15 @@ use super::checkpoint::Checkpointer;
 use super::{atomic, Engine, EngineCounters, Inner, WakeState};
 use crate::apply;
 use crate::config::{Format, Options};
+use crate::copies::Located;
 use crate::error::{Error, Result};
 use crate::load::{self, load_checkpoint, Loaded};
 use crate::node::{Node, ROOT_ID};
-use crate::salvage;
+use crate::salvage::{self, SalvageReport};
 use crate::store::{Allocator, Btt, Store};
 use crate::superblock::{backup_blocks, Extent, Superblock, FORMAT_VERSION};
 use crate::tree::Tree;
-use crate::wal::{self, Log, LogPosition};
+use crate::wal::{self, Log, LogPosition, Recovered};
 
 pub(super) fn now_unix() -> u64 {
     std::time::SystemTime::now()
@@ -46,105 +47,24 @@ impl Engine {
     pub fn create(dev: Arc<dyn BlockDevice>, format: Format, options: Options) -> Result<Engine> {
         format.validate()?;
         options.validate(&format)?;
-        let dev_len = dev.len();
-        let dev_blocks = dev_len / BLOCK_SIZE as u64;
-        let backups = backup_blocks(dev_blocks);
-        // The log lies before the first backup copy (a quarter of the device).
-        let max_log = backups[0].saturating_sub(2) * BLOCK_SIZE as u64;
-        let log_size = format
-            .log_size
-            .unwrap_or_else(|| (dev_len / 16).clamp(4 << 20, 256 << 20).min(max_log))
-            .max(16 * BLOCK_SIZE as u64)
-            / BLOCK_SIZE as u64
-            * BLOCK_SIZE as u64;
-        let log_blocks = log_size / BLOCK_SIZE as u64;
-        let data_start = 2 + log_blocks;
-        let min_data = (8 * format.node_size / BLOCK_SIZE) as u64;
-        if dev_blocks < data_start + min_data {
-            return Err(Error::TooSmall(format!(
-                "{} has {} bytes; an image with a {} MiB log and {} KiB nodes needs at least {} bytes",
-                dev.describe(),
-                dev_len,
-                log_size >> 20,
-                format.node_size >> 10,
-                (data_start + min_data) * BLOCK_SIZE as u64
-            )));
-        }
-        if log_size > max_log {
-            return Err(Error::TooSmall(format!(
-                "{} has {} bytes; a {} KiB log must fit in the first quarter of the device (the \
-                 first backup superblock follows it), so the device needs at least {} bytes",
-                dev.describe(),
-                dev_len,
-                log_size >> 10,
-                4 * (log_size + 2 * BLOCK_SIZE as u64)
-            )));
-        }
+        let layout = Layout::plan(&*dev, &format)?;
         // Invalidate whatever image was there before, backups included.
-        Checkpointer::clear_copies(&*dev, &backups)?;
-        let mut uuid = [0u8; 16];
-        uuid[..8].copy_from_slice(&random_u64().to_le_bytes());
-        uuid[8..].copy_from_slice(&random_u64().to_le_bytes());
+        Checkpointer::clear_copies(&*dev, &layout.backups)?;
         let epoch = random_u64() >> 1;
-        let sb = Superblock {
-            version: FORMAT_VERSION,
-            generation: 0,
-            uuid,
-            device_blocks: dev_blocks,
-            node_size: format.node_size as u32,
-            partition_size: format.partition_size as u32,
-            max_fanout: format.max_fanout as u32,
-            max_key_len: format.max_key_len as u32,
-            max_value_len: format.max_value_len as u32,
-            compression: format.compression.code(),
-            clean: false,
-            needs_check: false,
-            log_start_block: 2,
-            log_blocks,
-            log_epoch: epoch,
-            log_tail_voff: 0,
-            log_tail_lsn: 1,
-            ckpt_lsn: 1,
-            next_msn: 1,
-            next_node_id: ROOT_ID + 1,
-            root_id: ROOT_ID,
-            btt: Extent {
-                block: data_start,
-                blocks: 1,
-            },
-            btt_crc: 0,
-            btt_count: 0,
-            created_unix: now_unix(),
-            checkpoint_unix: 0,
-            label: String::new(),
-            damaged: false,
-            backups: backups.clone(),
-        };
-        let mut alloc = Allocator::new(data_start, dev_blocks);
-        for &b in &backups {
-            assert!(
-                alloc.claim(Extent {
-                    block: b,
-                    blocks: 1
-                }),
-                "backup block {b} outside the free data area"
-            );
-        }
-        let btt = Btt {
-            current: HashMap::new(),
-            checkpointed: HashMap::new(),
-            in_progress: None,
-            checkpointed_table: None,
-            alloc,
-        };
-        let store = Arc::new(Store::new(dev.clone(), btt));
-        let mut tree = Tree::new(format, store, options.cache_size, ROOT_ID + 1, 1);
+        let sb = layout.superblock(&format, epoch);
+        let mut tree = Tree::new(
+            format,
+            Arc::new(Store::new(dev.clone(), layout.empty_btt())),
+            options.cache_size,
+            ROOT_ID + 1,
+            1,
+        );
         tree.check_invariants |= options.check_invariants;
         tree.cache.insert(ROOT_ID, Node::empty_leaf(), true, 0);
         let log = Log::new(
             dev.clone(),
             2 * BLOCK_SIZE as u64,
-            log_size,
+            layout.log_blocks * BLOCK_SIZE as u64,
             options.checkpoint_log_fraction,
             LogPosition {
                 epoch,
@@ -184,106 +104,31 @@ impl Engine {
             Checkpointer::heal_copies(&*dev, &located)?;
             load::upgrade_v1(&mut sb, &tree.store);
         }
-        let mut salvaged = None;
-        if options.salvage {
-            let mut report = salvage::survey(&tree)?;
-            if !report.damage.is_empty() {
-                log::warn!(
-                    "amaranth engine: {} damaged nodes, partitions or buffers; rebuilding the tree \
-                     from what is intact",
-                    report.damage.len()
-                );
-                report = salvage::rebuild(&tree)?;
-            }
-            report.superblock = located.describe();
-            salvaged = Some(report);
-        }
-        let region_start = sb.log_start_block * BLOCK_SIZE as u64;
-        let region_len = sb.log_blocks * BLOCK_SIZE as u64;
-        let ckpt_lsn = sb.ckpt_lsn;
-        let mut skipped = 0u64;
-        // A repair replays what it can: a record whose application hits damage ends the replay.
-        let mut replay_stop: Option<String> = None;
-        let mut replay = atomic::Replay::default();
-        let recovered = wal::recover(
-            &*dev,
-            region_start,
-            region_len,
-            sb.log_epoch,
-            sb.log_tail_voff,
-            sb.log_tail_lsn,
-            !sb.clean,
-            |lsn, payload| {
-                replay.record(lsn, payload, &mut |lsn, payload| {
-                    if lsn < ckpt_lsn || replay_stop.is_some() {
-                        return Ok(());
-                    }
-                    match apply::replay_record(&tree, lsn, payload, &mut skipped) {
-                        Err(e) if options.salvage && e.is_damage() => {
-                            replay_stop =
-                                Some(format!("log record {lsn} could not be replayed: {e}"));
-                            Ok(())
-                        }
-                        r => r,
-                    }
-                })
-            },
-        )?;
-        let dropped = match replay.finish() {
-            Some((group, records)) => {
-                log::warn!(
-                    "amaranth engine: atomic group {group} never committed: its records and \
-                     everything logged after its first one ({records} records) were dropped"
-                );
-                records as u64
-            }
-            None => 0,
+        let mut salvaged = if options.salvage {
+            Some(salvage_tree(&tree, &located)?)
+        } else {
+            None
         };
-        if skipped > 0 {
-            // Kept in the superblock (the next checkpoint writes it) until a check clears it.
-            sb.needs_check = true;
-            log::error!(
-                "amaranth engine: {skipped} log records could not be applied; run `amaranth fsck`"
-            );
-        }
-        if let Some(e) = recovered.damage.clone() {
+        let replay = replay_log(&*dev, &tree, &mut sb, &options)?;
+        if let Some(e) = replay.recovered.damage.clone() {
             match &mut salvaged {
                 Some(report) => report.log = Some(e.to_string()),
                 None => return Err(e),
             }
         }
-        if let (Some(report), Some(stop)) = (&mut salvaged, replay_stop) {
+        if let (Some(report), Some(stop)) = (&mut salvaged, replay.stop) {
             report.log = Some(stop);
         }
-        let replayed = (recovered.records - dropped).min(
-            recovered
-                .next_lsn
-                .saturating_sub(ckpt_lsn)
-                .saturating_sub(dropped),
-        );
-        let epoch = if options.read_only {
-            sb.log_epoch
-        } else {
-            sb.log_epoch.wrapping_add(1)
-        };
-        let log = Log::new(
-            dev.clone(),
-            region_start,
-            region_len,
-            options.checkpoint_log_fraction,
-            LogPosition {
-                epoch,
-                voff: recovered.resume_voff,
-                next_lsn: recovered.next_lsn.max(ckpt_lsn),
-            },
-        );
+        let recovered = replay.recovered;
+        let log = reopen_log(dev.clone(), &sb, &options, &recovered);
         let after_crash = !sb.clean;
         let read_only = options.read_only;
         let damaged = sb.damaged;
-        let mut engine = Engine::assemble(dev, tree, log, options, sb, after_crash, replayed);
+        let mut engine =
+            Engine::assemble(dev, tree, log, options, sb, after_crash, replay.replayed);
         if let Some(inner) = Arc::get_mut(&mut engine.inner) {
             inner.recovery_stop = recovered.stop_reason;
-            inner.skipped_records = skipped;
+            inner.skipped_records = replay.skipped;
             inner.superblock_notes = located.describe();
             inner.damage = AtomicBool::new(damaged && !inner.options.salvage);
             inner.salvaged = salvaged;
@@ -337,4 +182,243 @@ impl Engine {
             threads: Mutex::new(Vec::new()),
         }
     }
+}
+
+/// Where a new image puts its log, its data and its backup superblocks on a device.
+struct Layout {
+    dev_blocks: u64,
+    backups: Vec<u64>,
+    log_blocks: u64,
+    /// The first block of the data area (after the two superblocks and the log).
+    data_start: u64,
+}
+
+impl Layout {
+    /// The layout of a new image with `format` on `dev`, or [`Error::TooSmall`] when the device
+    /// cannot hold the log and a few nodes.
+    fn plan(dev: &dyn BlockDevice, format: &Format) -> Result<Layout> {
+        let dev_len = dev.len();
+        let dev_blocks = dev_len / BLOCK_SIZE as u64;
+        let backups = backup_blocks(dev_blocks);
+        // The log lies before the first backup copy (a quarter of the device).
+        let max_log = backups[0].saturating_sub(2) * BLOCK_SIZE as u64;
+        let log_size = format
+            .log_size
+            .unwrap_or_else(|| (dev_len / 16).clamp(4 << 20, 256 << 20).min(max_log))
+            .max(16 * BLOCK_SIZE as u64)
+            / BLOCK_SIZE as u64
+            * BLOCK_SIZE as u64;
+        let log_blocks = log_size / BLOCK_SIZE as u64;
+        let data_start = 2 + log_blocks;
+        let min_data = (8 * format.node_size / BLOCK_SIZE) as u64;
+        if dev_blocks < data_start + min_data {
+            return Err(Error::TooSmall(format!(
+                "{} has {} bytes; an image with a {} MiB log and {} KiB nodes needs at least {} bytes",
+                dev.describe(),
+                dev_len,
+                log_size >> 20,
+                format.node_size >> 10,
+                (data_start + min_data) * BLOCK_SIZE as u64
+            )));
+        }
+        if log_size > max_log {
+            return Err(Error::TooSmall(format!(
+                "{} has {} bytes; a {} KiB log must fit in the first quarter of the device (the \
+                 first backup superblock follows it), so the device needs at least {} bytes",
+                dev.describe(),
+                dev_len,
+                log_size >> 10,
+                4 * (log_size + 2 * BLOCK_SIZE as u64)
+            )));
+        }
+        Ok(Layout {
+            dev_blocks,
+            backups,
+            log_blocks,
+            data_start,
+        })
+    }
+
+    /// The superblock of a new, empty image (a new uuid; its log starts at `epoch`).
+    fn superblock(&self, format: &Format, epoch: u64) -> Superblock {
+        let mut uuid = [0u8; 16];
+        uuid[..8].copy_from_slice(&random_u64().to_le_bytes());
+        uuid[8..].copy_from_slice(&random_u64().to_le_bytes());
+        Superblock {
+            version: FORMAT_VERSION,
+            generation: 0,
+            uuid,
+            device_blocks: self.dev_blocks,
+            node_size: format.node_size as u32,
+            partition_size: format.partition_size as u32,
+            max_fanout: format.max_fanout as u32,
+            max_key_len: format.max_key_len as u32,
+            max_value_len: format.max_value_len as u32,
+            compression: format.compression.code(),
+            clean: false,
+            needs_check: false,
+            log_start_block: 2,
+            log_blocks: self.log_blocks,
+            log_epoch: epoch,
+            log_tail_voff: 0,
+            log_tail_lsn: 1,
+            ckpt_lsn: 1,
+            next_msn: 1,
+            next_node_id: ROOT_ID + 1,
+            root_id: ROOT_ID,
+            btt: Extent {
+                block: self.data_start,
+                blocks: 1,
+            },
+            btt_crc: 0,
+            btt_count: 0,
+            created_unix: now_unix(),
+            checkpoint_unix: 0,
+            label: String::new(),
+            damaged: false,
+            backups: self.backups.clone(),
+        }
+    }
+
+    /// An empty block translation table whose allocator owns the data area less the backup
+    /// superblocks.
+    fn empty_btt(&self) -> Btt {
+        let mut alloc = Allocator::new(self.data_start, self.dev_blocks);
+        for &b in &self.backups {
+            assert!(
+                alloc.claim(Extent {
+                    block: b,
+                    blocks: 1
+                }),
+                "backup block {b} outside the free data area"
+            );
+        }
+        Btt {
+            current: HashMap::new(),
+            checkpointed: HashMap::new(),
+            in_progress: None,
+            checkpointed_table: None,
+            alloc,
+        }
+    }
+}
+
+/// A repair's survey of the loaded tree, rebuilding it from what is intact when it finds damage.
+fn salvage_tree(tree: &Tree, located: &Located) -> Result<SalvageReport> {
+    let mut report = salvage::survey(tree)?;
+    if !report.damage.is_empty() {
+        log::warn!(
+            "amaranth engine: {} damaged nodes, partitions or buffers; rebuilding the tree from \
+             what is intact",
+            report.damage.len()
+        );
+        report = salvage::rebuild(tree)?;
+    }
+    report.superblock = located.describe();
+    Ok(report)
+}
+
+/// What replaying the log after the checkpoint did.
+struct Replayed {
+    recovered: Recovered,
+    /// Records that could not be applied and were skipped.
+    skipped: u64,
+    /// Why a repair stopped replaying early (a record whose application hit damage).
+    stop: Option<String>,
+    /// Records applied.
+    replayed: u64,
+}
+
+/// Replays the log records after `sb`'s checkpoint into `tree`, dropping an atomic group that
+/// never committed (with what was logged after its first record) and flagging `sb` for a check
+/// when a record had to be skipped.
+fn replay_log(
+    dev: &dyn BlockDevice,
+    tree: &Tree,
+    sb: &mut Superblock,
+    options: &Options,
+) -> Result<Replayed> {
+    let ckpt_lsn = sb.ckpt_lsn;
+    let mut skipped = 0u64;
+    // A repair replays what it can: a record whose application hits damage ends the replay.
+    let mut replay_stop: Option<String> = None;
+    let mut replay = atomic::Replay::default();
+    let recovered = wal::recover(
+        dev,
+        sb.log_start_block * BLOCK_SIZE as u64,
+        sb.log_blocks * BLOCK_SIZE as u64,
+        sb.log_epoch,
+        sb.log_tail_voff,
+        sb.log_tail_lsn,
+        !sb.clean,
+        |lsn, payload| {
+            replay.record(lsn, payload, &mut |lsn, payload| {
+                if lsn < ckpt_lsn || replay_stop.is_some() {
+                    return Ok(());
+                }
+                match apply::replay_record(tree, lsn, payload, &mut skipped) {
+                    Err(e) if options.salvage && e.is_damage() => {
+                        replay_stop = Some(format!("log record {lsn} could not be replayed: {e}"));
+                        Ok(())
+                    }
+                    r => r,
+                }
+            })
+        },
+    )?;
+    let dropped = match replay.finish() {
+        Some((group, records)) => {
+            log::warn!(
+                "amaranth engine: atomic group {group} never committed: its records and \
+                 everything logged after its first one ({records} records) were dropped"
+            );
+            records as u64
+        }
+        None => 0,
+    };
+    if skipped > 0 {
+        // Kept in the superblock (the next checkpoint writes it) until a check clears it.
+        sb.needs_check = true;
+        log::error!(
+            "amaranth engine: {skipped} log records could not be applied; run `amaranth fsck`"
+        );
+    }
+    let replayed = (recovered.records - dropped).min(
+        recovered
+            .next_lsn
+            .saturating_sub(ckpt_lsn)
+            .saturating_sub(dropped),
+    );
+    Ok(Replayed {
+        recovered,
+        skipped,
+        stop: replay_stop,
+        replayed,
+    })
+}
+
+/// The log of an opened image, resuming after what recovery found (in a new epoch unless
+/// read-only).
+fn reopen_log(
+    dev: Arc<dyn BlockDevice>,
+    sb: &Superblock,
+    options: &Options,
+    recovered: &Recovered,
+) -> Log {
+    let epoch = if options.read_only {
+        sb.log_epoch
+    } else {
+        sb.log_epoch.wrapping_add(1)
+    };
+    Log::new(
+        dev,
+        sb.log_start_block * BLOCK_SIZE as u64,
+        sb.log_blocks * BLOCK_SIZE as u64,
+        options.checkpoint_log_fraction,
+        LogPosition {
+            epoch,
+            voff: recovered.resume_voff,
+            next_lsn: recovered.next_lsn.max(sb.ckpt_lsn),
+        },
+    )
 }
