@@ -146,9 +146,10 @@ impl Patchgroups {
             reg: Mutex::new(Registry::default()),
         })
     }
+}
 
-    // ----- the API: each call names the caller by its thread id ------------------------------
-
+/// The API: each call names the caller by its thread id.
+impl Patchgroups {
     /// Creates a group held by the caller's process (flags: 0 or [`PG_ATOMIC`]).
     pub fn create(&self, tid: u32, flags: u32) -> Result<u64> {
         if flags & !PG_ATOMIC != 0 {
@@ -373,9 +374,10 @@ impl Patchgroups {
     pub fn newest_record(&self, g: u64) -> Option<Lsn> {
         self.reg.lock().groups.get(&g).and_then(|grp| grp.newest)
     }
+}
 
-    // ----- hooks for the file-system operations ------------------------------------------
-
+/// Hooks for the file-system operations.
+impl Patchgroups {
     /// Logs and applies a batch for the current caller, adding it to the caller's engaged groups.
     /// The batch is given up (not copied) unless an atomic group takes it.
     pub(crate) fn write(&self, b: Batch) -> Result<Lsn> {
@@ -441,9 +443,10 @@ impl Patchgroups {
             _ => false,
         }
     }
+}
 
-    // ----- internals ----------------------------------------------------------------------
-
+/// Internals: errors, engagements, processes and their gates.
+impl Patchgroups {
     fn group_error(e: Error, atomic: Option<(u64, u64)>) -> Errno {
         let g = atomic.map_or(0, |(g, _)| g);
         match &e {
