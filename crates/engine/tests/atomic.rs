@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use amaranth_device::{CrashPlan, FaultDevice, MemDevice};
 use amaranth_engine::{Batch, Engine, Error, Options};
-use common::crashsim::hash_model;
+use common::crashsim::{hash_model, recover, synced_by};
 use common::*;
 use rand::Rng;
 
@@ -92,19 +92,9 @@ fn workload(seed: u64, steps: usize) -> Run {
 }
 
 fn check(run: &Run, pos: usize, plan: &CrashPlan, what: &str) -> usize {
-    let img = run.dev.crash_image(pos, plan);
-    let e = Engine::open(Arc::new(MemDevice::from_bytes(img)), run.options.clone())
-        .unwrap_or_else(|err| panic!("{what}: recovery failed: {err}"));
-    e.verify()
-        .unwrap_or_else(|err| panic!("{what}: verify: {err}"));
+    let (e, _) = recover(run.dev.crash_image(pos, plan), &run.options, what);
     let h = hash_model(&common::dump(&e));
-    let min = run
-        .syncs
-        .iter()
-        .filter(|(p, _)| *p <= pos)
-        .map(|(_, k)| *k)
-        .max()
-        .unwrap_or(0);
+    let min = synced_by(&run.syncs, pos);
     let k = (min..run.states.len())
         .rev()
         .find(|&k| run.states[k] == h && !run.open[k])

@@ -82,19 +82,10 @@ fn a_backup_is_usable_at_every_crash_point() {
                 let what = format!("seed {seed} crash at {pos} with {plan:?}, primaries lost");
                 let mut img = run.dev.crash_image(pos, &plan);
                 img[..8192].fill(0);
-                let dev = Arc::new(MemDevice::from_bytes(img));
-                let e = Engine::open(dev, run.options.clone())
-                    .unwrap_or_else(|err| panic!("{what}: {err}"));
-                let report = e.verify().unwrap_or_else(|err| panic!("{what}: {err}"));
+                let (e, report) = recover(img, &run.options, &what);
                 assert!(report.leaked_nodes.is_empty(), "{what}: leaked nodes");
                 let h = hash_model(&dump(&e));
-                let min = run
-                    .syncs
-                    .iter()
-                    .filter(|(p, _)| *p <= pos)
-                    .map(|(_, k)| *k)
-                    .max()
-                    .unwrap_or(0);
+                let min = synced_by(&run.syncs, pos);
                 assert!(
                     (min..run.states.len()).any(|k| run.states[k] == h),
                     "{what}: not a prefix of at least {min} operations"

@@ -5,7 +5,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use amaranth_device::{CrashPlan, FaultDevice, MemDevice};
-use amaranth_engine::{Batch, Engine, Op, Options};
+use amaranth_engine::{Batch, Engine, Op, Options, Report};
 use rand::Rng;
 
 use super::*;
@@ -83,27 +83,38 @@ pub fn workload(seed: u64, steps: usize) -> Run {
     }
 }
 
-/// Opens a crashed image and checks it against the run. Returns the recovered prefix length.
-pub fn check_crash(run: &Run, pos: usize, plan: &CrashPlan, what: &str) -> usize {
-    let img = run.dev.crash_image(pos, plan);
-    let dev = Arc::new(MemDevice::from_bytes(img));
-    let e = Engine::open(dev, run.options.clone())
+/// Opens the image `img` a power cut left and reads and checks every node: the engine and what its
+/// check found. Panics, naming `what`, if either fails.
+pub fn recover(img: Vec<u8>, options: &Options, what: &str) -> (Engine, Report) {
+    let e = Engine::open(Arc::new(MemDevice::from_bytes(img)), options.clone())
         .unwrap_or_else(|err| panic!("{what}: recovery failed: {err}"));
     let report = e
         .verify()
         .unwrap_or_else(|err| panic!("{what}: verify after recovery: {err}"));
+    (e, report)
+}
+
+/// How many operations a crash at trace position `pos` must keep: those acknowledged before the
+/// last sync that completed by then (`syncs`: trace position right after a sync, operations
+/// acknowledged before it).
+pub fn synced_by(syncs: &[(usize, usize)], pos: usize) -> usize {
+    syncs
+        .iter()
+        .filter(|(p, _)| *p <= pos)
+        .map(|(_, k)| *k)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Opens a crashed image and checks it against the run. Returns the recovered prefix length.
+pub fn check_crash(run: &Run, pos: usize, plan: &CrashPlan, what: &str) -> usize {
+    let (e, report) = recover(run.dev.crash_image(pos, plan), &run.options, what);
     assert!(
         report.leaked_nodes.is_empty(),
         "{what}: leaked nodes after recovery"
     );
     let h = hash_model(&dump(&e));
-    let min = run
-        .syncs
-        .iter()
-        .filter(|(p, _)| *p <= pos)
-        .map(|(_, k)| *k)
-        .max()
-        .unwrap_or(0);
+    let min = synced_by(&run.syncs, pos);
     let found = (min..run.states.len()).rev().find(|&k| run.states[k] == h);
     let k = found.unwrap_or_else(|| {
         let any = run.states.iter().position(|&s| s == h);

@@ -506,11 +506,11 @@ pub fn record_with(ops: &[FsOp], f: Format, dev_bytes: u64) -> Run {
     }
 }
 
-/// Mounts the image a power cut at `pos` under `plan` leaves and checks it. Returns the prefix found.
-pub fn check_state(run: &Run, pos: usize, plan: &CrashPlan, what: &str) -> usize {
-    let img = run.dev.crash_image(pos, plan);
-    let dev = Arc::new(MemDevice::from_bytes(img));
-    let engine = Engine::open(dev, engine_options())
+/// Opens the image `img` a power cut left with `engine` options, checks it (no problem but orphan
+/// inodes, files unlinked while open that the next mount deletes) and mounts it with `fs`: the
+/// tree it holds, normalized. Panics, naming `what`, if any step fails.
+pub fn recovered_tree(img: Vec<u8>, engine: Options, fs: FsOptions, what: &str) -> Snapshot {
+    let engine = Engine::open(Arc::new(MemDevice::from_bytes(img)), engine)
         .unwrap_or_else(|e| panic!("{what}: the engine does not recover: {e}"));
     let rep = check::check(&engine, false, |_| {});
     let bad: Vec<_> = rep
@@ -519,16 +519,28 @@ pub fn check_state(run: &Run, pos: usize, plan: &CrashPlan, what: &str) -> usize
         .filter(|p| p.class != Class::OrphanInode)
         .collect();
     assert!(bad.is_empty(), "{what}: fsck after the crash: {bad:?}");
-    let fs = Fs::new(Arc::new(engine), fs_options())
+    let fs = Fs::new(Arc::new(engine), fs)
         .unwrap_or_else(|e| panic!("{what}: mount after the crash: {e}"));
-    let got = normalize(&snapshot(&fs));
-    let min = run
-        .syncs
+    normalize(&snapshot(&fs))
+}
+
+/// How many operations (or steps) a crash at trace position `pos` must keep: those acknowledged
+/// before the last sync that completed by then (`syncs`: trace position right after a sync,
+/// operations acknowledged before it).
+pub fn synced_by(syncs: &[(usize, usize)], pos: usize) -> usize {
+    syncs
         .iter()
         .filter(|(p, _)| *p <= pos)
         .map(|(_, k)| *k)
         .max()
-        .unwrap_or(0);
+        .unwrap_or(0)
+}
+
+/// Mounts the image a power cut at `pos` under `plan` leaves and checks it. Returns the prefix found.
+pub fn check_state(run: &Run, pos: usize, plan: &CrashPlan, what: &str) -> usize {
+    let img = run.dev.crash_image(pos, plan);
+    let got = recovered_tree(img, engine_options(), fs_options(), what);
+    let min = synced_by(&run.syncs, pos);
     match (min..run.states.len())
         .rev()
         .find(|&k| run.states[k] == got)
@@ -559,19 +571,25 @@ pub fn points(run: &Run, seed: u64, random: usize) -> Vec<usize> {
     p
 }
 
+/// The three ways a power cut at the `i`th crash point of a run is simulated: every unflushed write
+/// lost, every one kept, and a random torn subset (seeded by `seed` and `i`).
+pub fn crash_plans(seed: u64, i: usize) -> [CrashPlan; 3] {
+    [
+        CrashPlan::DropAll,
+        CrashPlan::KeepAll,
+        CrashPlan::Random {
+            seed: seed ^ (i as u64) << 8,
+            keep: 0.5,
+            tear: 0.5,
+        },
+    ]
+}
+
 /// Checks every crash point of a run under three plans; returns the number of states checked.
 pub fn check_run(run: &Run, seed: u64, random: usize, what: &str) -> usize {
     let mut n = 0;
     for (i, pos) in points(run, seed, random).into_iter().enumerate() {
-        for plan in [
-            CrashPlan::DropAll,
-            CrashPlan::KeepAll,
-            CrashPlan::Random {
-                seed: seed ^ (i as u64) << 8,
-                keep: 0.5,
-                tear: 0.5,
-            },
-        ] {
+        for plan in crash_plans(seed, i) {
             check_state(
                 run,
                 pos,

@@ -12,16 +12,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use amaranth_device::{CrashPlan, FaultDevice, MemDevice};
+use amaranth_device::{CrashPlan, FaultDevice};
 use amaranth_engine::{Engine, Format, Options};
-use amaranth_fs::check::{self, Class};
 use amaranth_fs::patchgroup::{ProcessModel, PG_ATOMIC};
 use amaranth_fs::{Ctx, Errno, Fs, FsOptions, ROOT_INO};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use super::{engine_options, format, normalize, snapshot, Snapshot};
+use super::{
+    crash_plans, engine_options, format, normalize, recovered_tree, snapshot, synced_by, Snapshot,
+};
 
 /// The processes of a workload (children get ids from 200 up).
 pub const PIDS: [u32; 3] = [101, 102, 103];
@@ -849,25 +850,8 @@ pub fn record_pg(plan: &Plan) -> PgRun {
 /// Mounts what a power cut at `pos` under `cut` leaves and checks it against the run.
 pub fn check_pg_state(run: &PgRun, pos: usize, cut: &CrashPlan, what: &str) -> usize {
     let img = run.dev.crash_image(pos, cut);
-    let engine = Engine::open(Arc::new(MemDevice::from_bytes(img)), run.options.clone())
-        .unwrap_or_else(|e| panic!("{what}: the engine does not recover: {e}"));
-    let rep = check::check(&engine, false, |_| {});
-    let bad: Vec<_> = rep
-        .problems
-        .iter()
-        .filter(|p| p.class != Class::OrphanInode)
-        .collect();
-    assert!(bad.is_empty(), "{what}: fsck after the crash: {bad:?}");
-    let fs = Fs::new(Arc::new(engine), pg_fs_options())
-        .unwrap_or_else(|e| panic!("{what}: mount after the crash: {e}"));
-    let got = normalize(&snapshot(&fs));
-    let min = run
-        .syncs
-        .iter()
-        .filter(|(p, _)| *p <= pos)
-        .map(|(_, k)| *k)
-        .max()
-        .unwrap_or(0);
+    let got = recovered_tree(img, run.options.clone(), pg_fs_options(), what);
+    let min = synced_by(&run.syncs, pos);
     (min..run.states.len())
         .rev()
         .find(|&k| run.states[k] == got && run.plan.allows(k))
@@ -895,15 +879,7 @@ pub fn check_pg_run(run: &PgRun, seed: u64, random: usize, what: &str) -> usize 
     points.dedup();
     let mut n = 0;
     for (i, pos) in points.into_iter().enumerate() {
-        for cut in [
-            CrashPlan::DropAll,
-            CrashPlan::KeepAll,
-            CrashPlan::Random {
-                seed: seed ^ (i as u64) << 8,
-                keep: 0.5,
-                tear: 0.5,
-            },
-        ] {
+        for cut in crash_plans(seed, i) {
             check_pg_state(
                 run,
                 pos,
