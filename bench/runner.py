@@ -9,14 +9,16 @@ import shutil
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from . import fs as fsmod
 from .cgroup import BlkioCgroup, MemoryCgroup
-from .config import Params
 from .device import LoopDevice, Tracer
 from .results import ResultWriter, Row
 from .util import CMDLOG, PROGRESS, CommandError, Result, fmt_secs, fmt_size, run
+
+if TYPE_CHECKING:  # config builds Params from the benchmark modules, which import this one
+    from .config import Params
 
 
 class BenchFailure(RuntimeError):

@@ -16,6 +16,8 @@ from typing import Callable, Iterable, Sequence
 
 from . import cleanup
 
+G, M, K = 1 << 30, 1 << 20, 1 << 10  # binary units, for parameters
+
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 

@@ -1,8 +1,8 @@
 """The benchmarks. Each module has NAMES (the benchmark names it serves; names of one module share
 one fresh file system per repetition), GROUP (see GROUPS), optionally ALIASES (name -> comma-separated
 benchmark names), INFO (report metadata per name), NEEDS (prepared inputs), check(env, names) and
-run(ctx, names), and is listed once in REGISTRY. Its parameters, if any, are fields of bench/config.py's
-Params (and QUICK)."""
+run(ctx, names), optionally PARAMS (its parameters: name -> Param), and is listed once in REGISTRY.
+bench/config.py makes every module's PARAMS fields of Params (and of the --quick preset)."""
 from __future__ import annotations
 
 import importlib
@@ -19,6 +19,15 @@ class Metric:
     scale: float = 1.0  # multiply stored values by this for display (e.g. bytes -> MiB)
 
 
+@dataclass(frozen=True)
+class Param:
+    """A benchmark parameter: its full default, its value under --quick (None: the same), and whether
+    it is a size in bytes (`--set` then takes 4k, 2G, ...). Its type is its default's (int, float, str)."""
+    default: int | float | str
+    quick: int | float | str | None = None
+    size: bool = False
+
+
 @dataclass
 class Info:
     name: str
@@ -32,7 +41,7 @@ class Info:
 
 
 # The registry: every benchmark module, in canonical order (the order of runs and reports). Adding a benchmark
-# is one module file (NAMES, GROUP, optional ALIASES, INFO, NEEDS, check, run) and one entry here.
+# is one module file (NAMES, GROUP, optional ALIASES and PARAMS, INFO, NEEDS, check, run) and one entry here.
 REGISTRY = ["largefile", "tokubench", "rename", "dirrename", "linuxtree", "dirclone", "git", "tar", "rsync",
             "mailserver", "imapmove", "nanobench", "space",
             "aging_git", "aging_mail", "aging_intrafile", "aging_interfile",
@@ -50,6 +59,13 @@ GROUPS = {
 _ALL = [importlib.import_module(f".{name}", __name__) for name in REGISTRY]
 for _m in _ALL:
     assert _m.GROUP in GROUPS, f"{_m.__name__}: unknown GROUP {_m.GROUP!r}"
+# Every module's parameters, in registry order (bench/config.py makes them fields of Params).
+PARAMS: dict[str, Param] = {}
+for _m in _ALL:
+    for _k, _p in getattr(_m, "PARAMS", {}).items():
+        assert _k not in PARAMS, f"{_m.__name__}: parameter {_k!r} defined twice"
+        assert isinstance(_p.default, (int, float, str)), f"{_m.__name__}: {_k!r} has no plain default"
+        PARAMS[_k] = _p
 MODULES = [m for m in _ALL if m.GROUP == "main"]
 AGING_MODULES = [m for m in _ALL if m.GROUP == "aging"]
 EXTRA_MODULES = [m for m in _ALL if m.GROUP == "extra"]

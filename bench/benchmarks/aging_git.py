@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from . import Info, Metric
+from . import Info, Metric, Param
 from ._common import need
 from ..aging import Eta, aged_and_unaged, point_log
 from ..runner import BenchFailure
@@ -13,6 +13,14 @@ from ..util import CMDLOG, PROGRESS, run as sh
 NAMES = ["aging-git"]
 GROUP = "aging"  # see GROUPS in __init__.py
 NEEDS = {"git_history"}
+# Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
+PARAMS = {
+    "aging_git_package": Param("awscli"),  # history = successive releases of a PyPI package (one commit each), see bench/gitsource.py
+    "aging_git_from": Param("1.10.0"),  # the first awscli release with a wheel
+    "aging_git_pulls": Param(1000, quick=6),
+    "aging_git_every": Param(100, quick=3),
+    "aging_git_gc": Param(0),  # 1 = git's automatic gc on (as git's default)
+}
 
 INFO = {
     "aging-git": Info(

@@ -6,13 +6,19 @@ import os
 import random
 from pathlib import Path
 
-from . import Info, Metric
+from . import Info, Metric, Param
+from ..util import K
 from ._common import need
 from ..aging import Eta, fresh_fs, grep_point, point_log
 
 NAMES = ["aging-interfile"]
 GROUP = "aging"  # see GROUPS in __init__.py
 NEEDS = {"tree"}
+# Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
+PARAMS = {
+    "aging_inter_step": Param(10, quick=50),  # percent of the files in random order added per round (the Linux tree: tree_subset / tree_exclude)
+    "aging_inter_file_size": Param(4 * K, size=True),
+}
 
 INFO = {
     "aging-interfile": Info(

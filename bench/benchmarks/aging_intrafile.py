@@ -5,13 +5,21 @@ from __future__ import annotations
 import os
 import random
 
-from . import Info, Metric
+from . import Info, Metric, Param
+from ..util import K
 from ..aging import Eta, fresh_fs, grep_point, point_log
 
 NAMES = ["aging-intrafile"]
 GROUP = "aging"  # see GROUPS in __init__.py
 ALIASES = {"aging-micro": "aging-intrafile,aging-interfile"}
 NEEDS: set[str] = set()
+# Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
+PARAMS = {
+    "aging_intra_files": Param(10),
+    "aging_intra_size": Param(400 * K, size=True),
+    "aging_intra_chunk": Param(4 * K, size=True),
+    "aging_intra_step": Param(10, quick=50),  # round-robin chunks added per round
+}
 
 INFO = {
     "aging-intrafile": Info(

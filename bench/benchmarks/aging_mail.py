@@ -6,7 +6,8 @@ import random
 import sys
 from pathlib import Path
 
-from . import Info, Metric
+from . import Info, Metric, Param
+from ..util import K
 from ._common import need
 from .mailserver import IMAP_BIN, USER
 from ..aging import Eta, aged_and_unaged, point_log
@@ -14,6 +15,15 @@ from ..aging import Eta, aged_and_unaged, point_log
 NAMES = ["aging-mail"]
 GROUP = "aging"  # see GROUPS in __init__.py
 NEEDS = {"mail_user"}
+# Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
+PARAMS = {
+    "aging_mail_users": Param(2),
+    "aging_mail_boxes": Param(80, quick=3),  # per user
+    "aging_mail_msgs": Param(1000, quick=40),  # per mailbox, initially
+    "aging_mail_ops": Param(8000, quick=200),  # per cycle
+    "aging_mail_cycles": Param(100, quick=2),
+    "aging_mail_max_msg": Param(32 * K, size=True),
+}
 HERE = Path(__file__).resolve().parents[2]
 
 INFO = {

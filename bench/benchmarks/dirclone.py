@@ -1,12 +1,20 @@
 """Directory clone (FAST'20 "How to copy files"): copy a directory of files again and again."""
 from __future__ import annotations
 
-from . import Info, Metric
+from . import Info, Metric, Param
+from ..util import M
 
 NAMES = ["dirclone"]
 GROUP = "main"  # see GROUPS in __init__.py
 ALIASES = {"clone": "dirclone"}
 NEEDS: set[str] = set()
+# Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
+PARAMS = {
+    "clone_dirs": Param(8, quick=2),
+    "clone_files": Param(8, quick=2),
+    "clone_file_size": Param(4 * M, quick=1 * M, size=True),
+    "clone_copies": Param(8, quick=3),
+}
 
 INFO = {
     "dirclone": Info(

@@ -1,12 +1,16 @@
 """Directory rename of the Linux source tree."""
 from __future__ import annotations
 
-from . import Info, Metric
+from . import Info, Metric, Param
 from ._common import need, untar_tree
 
 NAMES = ["dirrename"]
 GROUP = "main"  # see GROUPS in __init__.py
 NEEDS = {"tree"}
+# Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
+PARAMS = {
+    "dirrename_count": Param(100, quick=10),
+}
 
 INFO = {
     "dirrename": Info(

@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import os
 
-from . import Info, Metric
+from . import Info, Metric, Param
 from ._common import need
 
 NAMES = ["git"]
 GROUP = "main"  # see GROUPS in __init__.py
 NEEDS = {"tree", "git"}
+# Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
+PARAMS = {
+    "git_stages": Param(8, quick=3),  # tags of the git repository built from the Linux tree
+}
 
 INFO = {
     "git": Info(

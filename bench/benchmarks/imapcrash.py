@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import Info, Metric
+from . import Info, Metric, Param
 from ._common import need
 from .. import fs as fsmod
 from ..runner import BenchFailure
@@ -31,6 +31,11 @@ GROUP = "extra"  # see GROUPS in __init__.py
 # part of it durable (without any fsync) and part of it lost.
 PACE = 0.01
 NEEDS = {"mail_user"}
+# Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
+PARAMS = {
+    "imap_crash_cycles": Param(50, quick=3),
+    "imap_crash_msgs": Param(300, quick=40),
+}
 REPO = Path(__file__).resolve().parents[2]
 
 INFO = {

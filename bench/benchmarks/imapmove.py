@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import Info, Metric
+from . import Info, Metric, Param
 from ._common import need
 from ..util import PROGRESS
 from ..util import run as sh
@@ -17,6 +17,10 @@ from ..util import run as sh
 NAMES = ["imapmove"]
 GROUP = "main"  # see GROUPS in __init__.py
 NEEDS = {"mail_user"}
+# Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
+PARAMS = {
+    "imap_msgs": Param(1000, quick=30),
+}
 IMAP_BIN = Path("/usr/lib/dovecot/imap")
 REPO = Path(__file__).resolve().parents[2]
 

@@ -2,13 +2,22 @@
 random 4-byte writes into the same file. One fresh FS per repetition serves all three."""
 from __future__ import annotations
 
-from . import Info, Metric
+from . import Info, Metric, Param
+from ..util import G, M
 from ._common import MiB
 
 NAMES = ["seqwrite", "seqread", "randwrite"]
 GROUP = "main"  # see GROUPS in __init__.py
 ALIASES = {"largefile": "seqwrite,seqread,randwrite"}
 NEEDS: set[str] = set()
+# Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
+PARAMS = {
+    "large_file": Param(4 * G, quick=384 * M, size=True),
+    "seq_write_block": Param(40 * M, size=True),
+    "seq_read_block": Param(10 * M, size=True),
+    "rand_writes": Param(262_144, quick=8192),
+    "rand_write_size": Param(4),
+}
 
 INFO = {
     "seqwrite": Info(

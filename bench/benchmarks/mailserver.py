@@ -6,7 +6,7 @@ import random
 import sys
 from pathlib import Path
 
-from . import Info, Metric
+from . import Info, Metric, Param
 from ._common import need
 from ..util import PROGRESS
 
@@ -14,6 +14,13 @@ NAMES = ["mailserver"]
 GROUP = "main"  # see GROUPS in __init__.py
 ALIASES = {"imap": "mailserver"}
 NEEDS = {"mail_user"}
+# Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
+PARAMS = {
+    "mail_boxes": Param(10, quick=2),
+    "mail_msgs": Param(1000, quick=40),
+    "mail_clients": Param(4, quick=2),
+    "mail_ops": Param(2000, quick=60),  # per client
+}
 USER = "amabench"
 IMAP_BIN = Path("/usr/lib/dovecot/imap")
 

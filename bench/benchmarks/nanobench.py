@@ -1,12 +1,17 @@
 """Warm-cache system-call latencies (FAST'15 Table 7)."""
 from __future__ import annotations
 
-from . import Info, Metric
+from . import Info, Metric, Param
 
 NAMES = ["nanobench"]
 GROUP = "main"  # see GROUPS in __init__.py
 ALIASES = {"nano": "nanobench"}
 NEEDS: set[str] = set()
+# Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
+PARAMS = {
+    "nano_iters": Param(100_000, quick=5_000),
+    "nano_meta_iters": Param(10_000, quick=500),
+}
 OPS = ["open", "read", "stat", "chmod", "mkdir", "rmdir", "unlink", "write"]
 
 INFO = {

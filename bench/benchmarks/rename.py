@@ -1,12 +1,20 @@
 """Rename by file size: rename + fsync(dir) throughput as a function of the file size."""
 from __future__ import annotations
 
-from . import Info, Metric
+from . import Info, Metric, Param
+from ..util import M, K
 
 NAMES = ["rename"]
 GROUP = "main"  # see GROUPS in __init__.py
 ALIASES = {"rename-by-size": "rename"}
 NEEDS: set[str] = set()
+# Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
+PARAMS = {
+    "rename_min": Param(4 * K, size=True),
+    "rename_max": Param(64 * M, quick=1 * M, size=True),
+    "rename_step": Param(2, quick=4),  # multiply the size by this
+    "rename_count": Param(100, quick=20),
+}
 
 INFO = {
     "rename": Info(

@@ -3,12 +3,22 @@ from __future__ import annotations
 
 import time
 
-from . import Info, Metric
+from . import Info, Metric, Param
+from ..util import M
 from ..util import PROGRESS
 
 NAMES = ["space"]
 GROUP = "main"  # see GROUPS in __init__.py
 NEEDS: set[str] = set()
+# Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
+PARAMS = {
+    "space_files": Param(8, quick=4),
+    "space_file_size": Param(512 * M, quick=16 * M, size=True),
+    "space_settle_max": Param(90, quick=6),
+    "space_settle_interval": Param(3, quick=1),
+    "space_settle_samples": Param(3, quick=2),  # this many equal readings in a row = settled
+    "space_settle_min_amaranth": Param(65, quick=0),  # Amaranth checkpoints every 60 s: wait at least one period
+}
 
 INFO = {
     "space": Info(

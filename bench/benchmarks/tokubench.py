@@ -1,11 +1,19 @@
 """TokuBench: many small files in a balanced directory tree, 4 threads."""
 from __future__ import annotations
 
-from . import Info, Metric
+from . import Info, Metric, Param
 
 NAMES = ["tokubench"]
 GROUP = "main"  # see GROUPS in __init__.py
 NEEDS: set[str] = set()
+# Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
+PARAMS = {
+    "toku_files": Param(500_000, quick=20_000),
+    "toku_threads": Param(4),
+    "toku_fanout": Param(128),
+    "toku_iosize": Param(200),
+    "toku_sample": Param(10_000, quick=2_000),
+}
 
 INFO = {
     "tokubench": Info(
