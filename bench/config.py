@@ -1,5 +1,6 @@
-"""Benchmark parameters: full defaults (about an hour for all four file systems on the 2-core/24 GiB
-machine) and the --quick preset (a few minutes, tiny sizes, every code path)."""
+"""Benchmark parameters: the shared ones (environment, seed, the Linux tree, aging quiesce times) here, each
+benchmark's own in its module's PARAMS; full defaults (about an hour for all four file systems on the
+2-core/24 GiB machine) and the --quick preset (a few minutes, tiny sizes, every code path)."""
 from __future__ import annotations
 
 from dataclasses import fields, make_dataclass, replace
