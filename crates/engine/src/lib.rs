@@ -30,6 +30,7 @@
 #![deny(missing_docs)]
 
 mod apply;
+mod buffer;
 mod cache;
 mod codec;
 mod compress;

@@ -6,9 +6,6 @@
 //! delete in a buffer is older than every point message on the keys it covers (a new range delete
 //! annihilates the older messages it covers, and trims older range deletes).
 
-use std::collections::BTreeMap;
-use std::ops::Bound;
-
 use crate::codec::{Dec, Enc};
 use crate::error::Result;
 
@@ -165,7 +162,7 @@ pub enum KeyMsgs {
 }
 
 impl KeyMsgs {
-    fn from_op(msn: Msn, op: PointOp) -> KeyMsgs {
+    pub(crate) fn from_op(msn: Msn, op: PointOp) -> KeyMsgs {
         match op {
             PointOp::Put(value) => KeyMsgs::Put { msn, value },
             PointOp::Delete => KeyMsgs::Delete { msn },
@@ -174,7 +171,7 @@ impl KeyMsgs {
     }
 
     /// Adds a newer message, folding where the result is the same.
-    fn push(&mut self, msn: Msn, op: PointOp) {
+    pub(crate) fn push(&mut self, msn: Msn, op: PointOp) {
         assert!(msn > self.max_msn(), "messages must arrive in MSN order");
         match op {
             PointOp::Put(_) | PointOp::Delete => *self = KeyMsgs::from_op(msn, op),
@@ -203,7 +200,7 @@ impl KeyMsgs {
     }
 
     /// Appends `newer` (all of whose messages are newer than ours).
-    fn push_all(&mut self, newer: KeyMsgs) {
+    pub(crate) fn push_all(&mut self, newer: KeyMsgs) {
         match newer {
             KeyMsgs::Put { .. } | KeyMsgs::Delete { .. } => *self = newer,
             KeyMsgs::Upserts(list) => {
@@ -248,7 +245,7 @@ impl KeyMsgs {
         }
     }
 
-    fn encode(&self, e: &mut Enc) {
+    pub(crate) fn encode(&self, e: &mut Enc) {
         match self {
             KeyMsgs::Put { msn, value } => {
                 e.u8(1);
@@ -271,7 +268,7 @@ impl KeyMsgs {
     }
 
     /// Moves past one encoded message set without building it (point queries on encoded buffers).
-    fn skip(d: &mut Dec<'_>, max_value: usize) -> Result<()> {
+    pub(crate) fn skip(d: &mut Dec<'_>, max_value: usize) -> Result<()> {
         match d.u8()? {
             1 => {
                 d.u64()?;
@@ -304,7 +301,7 @@ impl KeyMsgs {
         Ok(())
     }
 
-    fn decode(d: &mut Dec<'_>, max_value: usize) -> Result<KeyMsgs> {
+    pub(crate) fn decode(d: &mut Dec<'_>, max_value: usize) -> Result<KeyMsgs> {
         match d.u8()? {
             1 => {
                 let msn = d.u64()?;
@@ -353,452 +350,8 @@ impl RangeDel {
     pub fn covers(&self, key: &[u8]) -> bool {
         self.lo.as_slice() <= key && key < self.hi.as_slice()
     }
-    fn size(&self) -> usize {
+    pub(crate) fn size(&self) -> usize {
         16 + self.lo.len() + self.hi.len()
-    }
-}
-
-/// Per-entry bookkeeping overhead counted in memory estimates (map node, vector headers).
-const ENTRY_OVERHEAD: usize = 96;
-
-/// The messages an internal node holds for one child.
-#[derive(Clone, Debug, Default)]
-pub struct Buffer {
-    points: BTreeMap<Vec<u8>, KeyMsgs>,
-    /// Non-overlapping, keyed by `lo` (a map, not a sorted vector: range deletes land anywhere
-    /// in a buffer of tens of thousands, and inserting into a vector moved its tail each time,
-    /// 8% of the daemon's CPU while it deleted 15,000 unlinked files).
-    ranges: BTreeMap<Vec<u8>, RangeDel>,
-    /// Serialized size of the messages held.
-    bytes: usize,
-    /// Bytes of the `ranges` map's keys (each a copy of its range's `lo`), counted in `mem`.
-    range_keys: usize,
-    max_msn: Msn,
-}
-
-impl Buffer {
-    /// An empty buffer.
-    pub fn new() -> Buffer {
-        Buffer::default()
-    }
-
-    /// Serialized size of the messages held.
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-
-    /// Estimated memory footprint.
-    pub fn mem(&self) -> usize {
-        self.bytes + self.range_keys + (self.points.len() + self.ranges.len()) * ENTRY_OVERHEAD
-    }
-
-    /// Whether the buffer holds nothing.
-    pub fn is_empty(&self) -> bool {
-        self.points.is_empty() && self.ranges.is_empty()
-    }
-
-    /// Newest MSN ever added.
-    pub fn max_msn(&self) -> Msn {
-        self.max_msn
-    }
-
-    /// Number of keys with point messages, and number of range deletes.
-    pub fn counts(&self) -> (usize, usize) {
-        (self.points.len(), self.ranges.len())
-    }
-
-    /// Adds a point message (newer than everything held).
-    pub fn add_point(&mut self, key: impl Into<Vec<u8>>, msn: Msn, op: PointOp) {
-        let key: Vec<u8> = key.into();
-        assert!(
-            msn > self.max_msn,
-            "buffer messages out of order: {msn} after {}",
-            self.max_msn
-        );
-        self.max_msn = msn;
-        match self.points.get_mut(&key) {
-            Some(km) => {
-                self.bytes -= km.size();
-                km.push(msn, op);
-                self.bytes += km.size();
-            }
-            None => {
-                let km = KeyMsgs::from_op(msn, op);
-                self.bytes += key.len() + 4 + km.size();
-                self.points.insert(key, km);
-            }
-        }
-    }
-
-    /// Adds folded messages for a key (all newer than what the buffer holds for it).
-    pub fn add_key_msgs(&mut self, key: Vec<u8>, km: KeyMsgs) {
-        let max = km.max_msn();
-        assert!(km.min_msn() > 0 && max >= km.min_msn(), "bad message MSNs");
-        match self.points.get_mut(&key) {
-            Some(old) => {
-                assert!(km.min_msn() > old.max_msn(), "key messages out of order");
-                self.bytes -= old.size();
-                old.push_all(km);
-                self.bytes += old.size();
-            }
-            None => {
-                self.bytes += key.len() + 4 + km.size();
-                self.points.insert(key, km);
-            }
-        }
-        self.max_msn = self.max_msn.max(max);
-    }
-
-    /// Adds a range delete of `[lo, hi)` (newer than everything held): removes the older point
-    /// messages it covers and trims older range deletes.
-    pub fn add_range(&mut self, msn: Msn, lo: &[u8], hi: &[u8]) {
-        // Equal numbers happen: a range trimmed by a newer one leaves two pieces of one message.
-        assert!(
-            msn >= self.max_msn,
-            "buffer messages out of order: {msn} after {}",
-            self.max_msn
-        );
-        assert!(lo < hi, "empty range delete");
-        self.max_msn = msn;
-        // Annihilate covered point messages.
-        let covered: Vec<Vec<u8>> = self
-            .points
-            .range::<[u8], _>((Bound::Included(lo), Bound::Excluded(hi)))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in covered {
-            let km = self.points.remove(&k).expect("key just seen");
-            self.bytes -= k.len() + 4 + km.size();
-        }
-        // Trim the overlapping older ranges (a contiguous run: ranges are sorted and disjoint):
-        // the one starting at or before `lo` if it reaches past it, and those starting in the new
-        // range.
-        let before = self
-            .ranges
-            .range::<[u8], _>((Bound::Unbounded, Bound::Included(lo)))
-            .next_back()
-            .filter(|(_, r)| r.hi.as_slice() > lo)
-            .map(|(k, _)| k.clone());
-        let inside: Vec<Vec<u8>> = self
-            .ranges
-            .range::<[u8], _>((Bound::Excluded(lo), Bound::Excluded(hi)))
-            .map(|(k, _)| k.clone())
-            .collect();
-        let old: Vec<RangeDel> = before
-            .into_iter()
-            .chain(inside)
-            .map(|k| self.ranges.remove(&k).expect("range just seen"))
-            .collect();
-        for r in &old {
-            self.bytes -= r.size();
-            self.range_keys -= r.lo.len();
-        }
-        if let Some(head) = old.first().filter(|r| r.lo.as_slice() < lo) {
-            self.insert_range(RangeDel {
-                msn: head.msn,
-                lo: head.lo.clone(),
-                hi: lo.to_vec(),
-            });
-        }
-        if let Some(tail) = old.last().filter(|r| r.hi.as_slice() > hi) {
-            self.insert_range(RangeDel {
-                msn: tail.msn,
-                lo: hi.to_vec(),
-                hi: tail.hi.clone(),
-            });
-        }
-        self.insert_range(RangeDel {
-            msn,
-            lo: lo.to_vec(),
-            hi: hi.to_vec(),
-        });
-        self.check_ranges_around(lo, hi);
-    }
-
-    /// Inserts a range delete known not to overlap any held.
-    fn insert_range(&mut self, r: RangeDel) {
-        self.bytes += r.size();
-        self.range_keys += r.lo.len();
-        let prev = self.ranges.insert(r.lo.clone(), r);
-        assert!(prev.is_none(), "two range deletes start at one key");
-    }
-
-    /// Asserts that the ranges around `[lo, hi)` (where a change happened; the rest was sorted
-    /// and disjoint before) are non-empty and disjoint: cheap, so always on.
-    fn check_ranges_around(&self, lo: &[u8], hi: &[u8]) {
-        let from = self
-            .ranges
-            .range::<[u8], _>((Bound::Unbounded, Bound::Excluded(lo)))
-            .next_back()
-            .map(|(k, _)| k.clone())
-            .unwrap_or_default();
-        let mut prev: Option<&RangeDel> = None;
-        for (k, r) in self
-            .ranges
-            .range::<[u8], _>((Bound::Included(from.as_slice()), Bound::Unbounded))
-        {
-            assert!(k == &r.lo, "range delete filed under another key");
-            assert!(r.lo < r.hi, "empty range delete in a buffer");
-            if let Some(p) = prev {
-                assert!(p.hi <= r.lo, "range deletes overlap in a buffer");
-            }
-            if r.lo.as_slice() > hi {
-                break;
-            }
-            prev = Some(r);
-        }
-    }
-
-    /// The range delete covering `key`, if any.
-    pub fn range_covering(&self, key: &[u8]) -> Option<&RangeDel> {
-        let (_, r) = self
-            .ranges
-            .range::<[u8], _>((Bound::Unbounded, Bound::Included(key)))
-            .next_back()?;
-        r.covers(key).then_some(r)
-    }
-
-    /// The folded point messages for `key`, if any.
-    pub fn point(&self, key: &[u8]) -> Option<&KeyMsgs> {
-        self.points.get(key)
-    }
-
-    /// Point messages with keys in `[lo, hi)` (`hi = None`: unbounded), in key order.
-    pub fn points_in<'a>(
-        &'a self,
-        lo: &'a [u8],
-        hi: Option<&'a [u8]>,
-    ) -> impl Iterator<Item = (&'a Vec<u8>, &'a KeyMsgs)> + 'a {
-        let upper = match hi {
-            Some(h) => Bound::Excluded(h),
-            None => Bound::Unbounded,
-        };
-        self.points.range::<[u8], _>((Bound::Included(lo), upper))
-    }
-
-    /// Range deletes intersecting `[lo, hi)`, clipped to it.
-    pub fn ranges_in(&self, lo: &[u8], hi: Option<&[u8]>) -> Vec<RangeDel> {
-        // The range starting at or before `lo` (it may reach into the window), then the rest.
-        let start = self
-            .ranges
-            .range::<[u8], _>((Bound::Unbounded, Bound::Included(lo)))
-            .next_back()
-            .map(|(k, _)| k.clone())
-            .unwrap_or_default();
-        self.ranges
-            .range::<[u8], _>((Bound::Included(start.as_slice()), Bound::Unbounded))
-            .map(|(_, r)| r)
-            .take_while(|r| hi.is_none_or(|h| r.lo.as_slice() < h))
-            .filter(|r| r.hi.as_slice() > lo && hi.is_none_or(|h| r.lo.as_slice() < h))
-            .map(|r| RangeDel {
-                msn: r.msn,
-                lo: r.lo.clone().max(lo.to_vec()),
-                hi: match hi {
-                    Some(h) if r.hi.as_slice() > h => h.to_vec(),
-                    _ => r.hi.clone(),
-                },
-            })
-            .collect()
-    }
-
-    /// Takes every message out, leaving the buffer empty (its max MSN is kept).
-    pub fn take(&mut self) -> Buffer {
-        let max = self.max_msn;
-        let out = std::mem::take(self);
-        self.max_msn = max;
-        out
-    }
-
-    /// Consumes the buffer into (range deletes, point messages), both sorted by key.
-    pub fn into_parts(self) -> (Vec<RangeDel>, Vec<(Vec<u8>, KeyMsgs)>) {
-        (
-            self.ranges.into_values().collect(),
-            self.points.into_iter().collect(),
-        )
-    }
-
-    /// Serializes the buffer.
-    pub fn encode(&self, e: &mut Enc) {
-        e.u64(self.max_msn);
-        e.u32(self.ranges.len() as u32);
-        for r in self.ranges.values() {
-            e.u64(r.msn);
-            e.bytes(&r.lo);
-            e.bytes(&r.hi);
-        }
-        e.u32(self.points.len() as u32);
-        for (k, km) in &self.points {
-            e.bytes(k);
-            km.encode(e);
-        }
-    }
-
-    /// Parses a serialized buffer, checking order and bounds.
-    pub fn decode(d: &mut Dec<'_>, max_key: usize, max_value: usize) -> Result<Buffer> {
-        let mut b = Buffer {
-            max_msn: d.u64()?,
-            ..Buffer::default()
-        };
-        let nr = d.u32()? as usize;
-        if nr > d.remaining() {
-            return Err(d.corrupt(format!("bad range count {nr}")));
-        }
-        for _ in 0..nr {
-            let msn = d.u64()?;
-            let lo = d.bytes(max_key)?.to_vec();
-            let hi = d.bytes(max_key)?.to_vec();
-            if lo >= hi || msn > b.max_msn {
-                return Err(d.corrupt("bad range delete"));
-            }
-            if let Some((_, prev)) = b.ranges.last_key_value() {
-                if prev.hi > lo {
-                    return Err(d.corrupt("range deletes overlap"));
-                }
-            }
-            b.insert_range(RangeDel { msn, lo, hi });
-        }
-        let np = d.u32()? as usize;
-        if np > d.remaining() {
-            return Err(d.corrupt(format!("bad message count {np}")));
-        }
-        // Keys arrive sorted: collect them and build the map in one pass (no per-key search).
-        let mut points: Vec<(Vec<u8>, KeyMsgs)> = Vec::with_capacity(np);
-        for _ in 0..np {
-            let k = d.bytes(max_key)?;
-            if points.last().is_some_and(|(l, _)| l.as_slice() >= k) {
-                return Err(d.corrupt("buffer keys out of order"));
-            }
-            let k = k.to_vec();
-            let km = KeyMsgs::decode(d, max_value)?;
-            if km.max_msn() > b.max_msn {
-                return Err(d.corrupt("message newer than its buffer"));
-            }
-            b.bytes += k.len() + 4 + km.size();
-            points.push((k, km));
-        }
-        b.points = points.into_iter().collect();
-        Ok(b)
-    }
-}
-
-/// A buffer kept in its encoding (as [`Buffer::encode`] writes it) with an index of where each
-/// range delete and each key starts: a point query binary-searches it in place instead of building
-/// the map of thousands of keys (which costs far more than reading the sub-block), and it takes
-/// about as much memory as the encoding itself.
-#[derive(Debug)]
-pub struct EncodedBuffer {
-    raw: Box<[u8]>,
-    /// Offset of each range delete (its MSN), in `lo` order.
-    ranges: Vec<u32>,
-    /// Offset of each point entry (its key's length prefix), in key order.
-    points: Vec<u32>,
-    max_key: usize,
-    max_value: usize,
-}
-
-impl EncodedBuffer {
-    /// Indexes an encoding, checking its structure and key order on the way.
-    pub fn index(raw: Vec<u8>, max_key: usize, max_value: usize) -> Result<EncodedBuffer> {
-        let mut ranges = Vec::new();
-        let mut points = Vec::new();
-        {
-            let mut d = Dec::new(&raw, "message buffer");
-            d.u64()?;
-            let nr = d.u32()? as usize;
-            if nr > d.remaining() {
-                return Err(d.corrupt(format!("bad range count {nr}")));
-            }
-            let mut prev_hi: Option<&[u8]> = None;
-            for _ in 0..nr {
-                ranges.push(d.pos() as u32);
-                d.u64()?;
-                let lo = d.bytes(max_key)?;
-                let hi = d.bytes(max_key)?;
-                if lo >= hi || prev_hi.is_some_and(|p| p > lo) {
-                    return Err(d.corrupt("bad range delete"));
-                }
-                prev_hi = Some(hi);
-            }
-            let np = d.u32()? as usize;
-            if np > d.remaining() {
-                return Err(d.corrupt(format!("bad message count {np}")));
-            }
-            points.reserve_exact(np);
-            let mut prev: Option<&[u8]> = None;
-            for _ in 0..np {
-                points.push(d.pos() as u32);
-                let k = d.bytes(max_key)?;
-                if prev.is_some_and(|p| p >= k) {
-                    return Err(d.corrupt("buffer keys out of order"));
-                }
-                prev = Some(k);
-                KeyMsgs::skip(&mut d, max_value)?;
-            }
-            d.finish()?;
-        }
-        Ok(EncodedBuffer {
-            raw: raw.into_boxed_slice(),
-            ranges,
-            points,
-            max_key,
-            max_value,
-        })
-    }
-
-    /// Memory held.
-    pub fn mem(&self) -> usize {
-        self.raw.len() + (self.ranges.len() + self.points.len()) * 4 + 64
-    }
-
-    /// The encoding.
-    pub fn raw(&self) -> &[u8] {
-        &self.raw
-    }
-
-    /// Newest MSN in the buffer.
-    pub fn max_msn(&self) -> Msn {
-        u64::from_le_bytes(self.raw[..8].try_into().expect("8 bytes"))
-    }
-
-    fn at(&self, off: u32) -> Dec<'_> {
-        let mut d = Dec::new(&self.raw, "message buffer");
-        d.raw(off as usize)
-            .expect("indexed offset lies inside the encoding");
-        d
-    }
-
-    /// The key stored at an indexed offset (checked when indexed).
-    fn key_at(&self, off: u32) -> &[u8] {
-        self.at(off)
-            .bytes(self.max_key)
-            .expect("indexed key was checked when indexed")
-    }
-
-    /// The MSN of the range delete covering `key` and the folded point messages of `key`.
-    pub fn lookup(&self, key: &[u8]) -> Result<(Option<Msn>, Option<KeyMsgs>)> {
-        let i = self.ranges.partition_point(|&off| {
-            let mut d = self.at(off);
-            d.u64().expect("indexed");
-            d.bytes(self.max_key).expect("indexed") <= key
-        });
-        let mut range = None;
-        if i > 0 {
-            let mut d = self.at(self.ranges[i - 1]);
-            let msn = d.u64()?;
-            d.bytes(self.max_key)?;
-            if key < d.bytes(self.max_key)? {
-                range = Some(msn);
-            }
-        }
-        let j = self.points.partition_point(|&off| self.key_at(off) < key);
-        let mut point = None;
-        if let Some(&off) = self.points.get(j) {
-            let mut d = self.at(off);
-            if d.bytes(self.max_key)? == key {
-                point = Some(KeyMsgs::decode(&mut d, self.max_value)?);
-            }
-        }
-        Ok((range, point))
     }
 }
 
@@ -829,93 +382,5 @@ mod tests {
             Patch::Truncate { len: 9 }.apply(Some(b"xyz".to_vec())),
             Some(b"xyz".to_vec())
         );
-    }
-
-    #[test]
-    fn folding_matches_sequential_application() {
-        let base = Some(b"0123456789".to_vec());
-        let ops = [
-            w(0, b"ab"),
-            w(2, b"cd"),
-            w(8, b"XYZW"),
-            Patch::Truncate { len: 5 },
-            w(1, b"q"),
-        ];
-        let mut expect = base.clone();
-        for p in &ops {
-            expect = p.apply(expect);
-        }
-        let mut b = Buffer::new();
-        for (i, p) in ops.iter().enumerate() {
-            b.add_point(b"k", i as u64 + 1, PointOp::Upsert(p.clone()));
-        }
-        assert_eq!(b.point(b"k").unwrap().apply(base), expect);
-    }
-
-    #[test]
-    fn range_delete_annihilates_and_trims() {
-        let mut b = Buffer::new();
-        b.add_point(b"a", 1, PointOp::Put(b"1".to_vec()));
-        b.add_point(b"c", 2, PointOp::Put(b"2".to_vec()));
-        b.add_range(3, b"a", b"d");
-        b.add_range(4, b"b", b"z");
-        assert!(b.point(b"a").is_none());
-        assert_eq!(b.range_covering(b"a").unwrap().msn, 3);
-        assert_eq!(b.range_covering(b"c").unwrap().msn, 4);
-        assert!(b.range_covering(b"z").is_none());
-        b.add_point(b"c", 5, PointOp::Put(b"3".to_vec()));
-        let mut e = Enc::default();
-        b.encode(&mut e);
-        let back = Buffer::decode(&mut Dec::new(&e.buf, "buf"), 100, 100).unwrap();
-        assert_eq!(back.bytes(), b.bytes());
-        assert_eq!(back.point(b"c"), b.point(b"c"));
-    }
-
-    #[test]
-    fn encoded_lookup_matches_the_built_buffer() {
-        let mut b = Buffer::new();
-        let mut msn = 0;
-        for i in 0..300u32 {
-            msn += 1;
-            let key = format!("k{:05}", i * 7);
-            match i % 3 {
-                0 => b.add_point(key.as_bytes(), msn, PointOp::Put(vec![i as u8; 5])),
-                1 => b.add_point(key.as_bytes(), msn, PointOp::Delete),
-                _ => {
-                    b.add_point(key.as_bytes(), msn, PointOp::Upsert(w(2, b"xy")));
-                    msn += 1;
-                    b.add_point(
-                        key.as_bytes(),
-                        msn,
-                        PointOp::Upsert(Patch::Truncate { len: 1 }),
-                    );
-                }
-            }
-        }
-        msn += 1;
-        b.add_range(msn, b"k00100", b"k00200");
-        msn += 1;
-        b.add_range(msn, b"k01000", b"k01001");
-        let mut e = Enc::default();
-        b.encode(&mut e);
-        let enc = EncodedBuffer::index(e.buf.clone(), 100, 100).unwrap();
-        assert_eq!(enc.max_msn(), b.max_msn());
-        for i in 0..2200u32 {
-            let key = format!("k{i:05}");
-            let want = (
-                b.range_covering(key.as_bytes()).map(|r| r.msn),
-                b.point(key.as_bytes()).cloned(),
-            );
-            assert_eq!(enc.lookup(key.as_bytes()).unwrap(), want, "key {key}");
-        }
-        assert_eq!(enc.lookup(b"").unwrap(), (None, None));
-        assert_eq!(enc.lookup(b"\xff").unwrap(), (None, None));
-        // Damage: keys out of order, a truncated encoding.
-        let mut bad = e.buf.clone();
-        let at = bad.windows(6).position(|w| w == b"k00007").unwrap();
-        bad[at + 5] = b'0';
-        assert!(EncodedBuffer::index(bad, 100, 100).is_err());
-        let short = e.buf[..e.buf.len() - 3].to_vec();
-        assert!(EncodedBuffer::index(short, 100, 100).is_err());
     }
 }

@@ -13,9 +13,10 @@ use std::sync::Arc;
 use amaranth_device::round_up;
 use parking_lot::Mutex;
 
+use crate::buffer::{Buffer, EncodedBuffer};
 use crate::config::Format;
 use crate::error::Result;
-use crate::msg::{Buffer, EncodedBuffer, KeyMsgs, Msn};
+use crate::msg::{KeyMsgs, Msn};
 use crate::partition::Partition;
 
 mod layout;

@@ -6,9 +6,10 @@
 
 use std::sync::Arc;
 
+use crate::buffer::Buffer;
 use crate::cache::ReadGuard;
 use crate::error::{Error, Result};
-use crate::msg::{Buffer, KeyMsgs, Msn, RangeDel};
+use crate::msg::{KeyMsgs, Msn, RangeDel};
 use crate::node::{child_index, Body, ROOT_ID};
 use crate::partition::Partition;
 use crate::tree::Tree;

@@ -11,8 +11,9 @@
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
+use crate::buffer::Buffer;
 use crate::error::Result;
-use crate::msg::{Buffer, KeyMsgs, Msn};
+use crate::msg::{KeyMsgs, Msn};
 use crate::node::{Body, BufSlot, Internal, Leaf, Node, NodeId, ROOT_ID};
 use crate::tree::Tree;
 

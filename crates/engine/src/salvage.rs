@@ -16,8 +16,9 @@ use std::collections::{HashMap, HashSet};
 
 use amaranth_device::AlignedBuf;
 
+use crate::buffer::Buffer;
 use crate::error::{Error, Result};
-use crate::msg::{Buffer, Msn};
+use crate::msg::Msn;
 use crate::node::{self, NodeHeader, NodeId, ROOT_ID};
 use crate::partition::Partition;
 use crate::rebuild::{restrict, Builder};

@@ -14,11 +14,12 @@ use super::{
     child_bounds_of, Body, BufSlot, BufState, Internal, Leaf, Node, NodeId, PartSlot, PartState,
     BUFFER_HEADER,
 };
+use crate::buffer::Buffer;
 use crate::codec::{crc, crc_with_hole, Dec, Enc};
 use crate::compress;
 use crate::config::{Compression, Format};
 use crate::error::{Error, Result};
-use crate::msg::{Buffer, Msn};
+use crate::msg::Msn;
 use crate::partition::Partition;
 
 /// Magic number at the start of every node image.

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use super::inject::route_range;
 use super::Tree;
+use crate::buffer::Buffer;
 use crate::cache::{CachedNode, WriteGuard};
 use crate::config::Format;
 use crate::error::{Error, Result};
-use crate::msg::Buffer;
 use crate::node::{child_index, Body, Node, ROOT_ID};
 
 impl Tree {

@@ -4,8 +4,9 @@
 use std::sync::atomic::Ordering;
 
 use super::{Msg, Tree};
+use crate::buffer::Buffer;
 use crate::error::Result;
-use crate::msg::{Buffer, Msn};
+use crate::msg::Msn;
 use crate::node::{child_index, Body, Internal, ROOT_ID};
 
 impl Tree {

@@ -5,9 +5,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{Need, Tree};
+use crate::buffer::EncodedBuffer;
 use crate::cache::CachedNode;
 use crate::error::{Error, Result};
-use crate::msg::{EncodedBuffer, Msn};
+use crate::msg::Msn;
 use crate::node::NodeHeader;
 use crate::node::{self, Body, BufSlot, Node, NodeId};
 use crate::superblock::Extent;
