@@ -53,6 +53,10 @@ impl Tree {
         let runs = self.leaf_runs();
         let dirty: usize = runs.iter().flatten().filter(|s| s.in_run).count();
         let mut budget = dirty * RELOCATE_PER_DIRTY.0 / RELOCATE_PER_DIRTY.1;
+        // A relocated leaf holds its old image and its new one until the next checkpoint: move
+        // leaves only while the free space stays over twice what the checkpoint writes.
+        let free = self.store.btt.lock().alloc.free_blocks();
+        let mut room = (free / 2).saturating_sub(self.cache.dirty_space().next_blocks);
         let mut gaps: Vec<Gap> = runs
             .iter()
             .enumerate()
@@ -67,10 +71,15 @@ impl Tree {
         gaps.sort_by_key(|g| (g.range.len() * 1000 / g.fixes, g.run, g.range.start));
         let mut marked = 0;
         for g in gaps {
-            if g.range.len() > budget {
+            let blocks: u64 = runs[g.run][g.range.clone()]
+                .iter()
+                .map(|s| s.at.map_or(0, |e| e.blocks))
+                .sum();
+            if g.range.len() > budget || blocks > room {
                 continue;
             }
             budget -= g.range.len();
+            room -= blocks;
             for slot in &runs[g.run][g.range] {
                 let cn = slot.cn.as_ref().expect("a movable leaf is cached");
                 if self.mark_for_relocation(cn) {
