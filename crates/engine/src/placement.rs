@@ -98,6 +98,9 @@ impl Tree {
     /// nodes from the root: one sequence per stretch of the key space whose internal nodes are
     /// all cached (an internal node not in memory ends one).
     fn leaf_runs(&self) -> Vec<Vec<Slot>> {
+        // Looked up here rather than with `Cache::get`, which would count a use of every node.
+        let cached: HashMap<NodeId, Arc<CachedNode>> =
+            self.cache.all().into_iter().map(|cn| (cn.id, cn)).collect();
         let mut runs: Vec<Vec<NodeId>> = vec![Vec::new()];
         let mut stack: Vec<(NodeId, u32)> = vec![(ROOT_ID, u32::MAX)];
         while let Some((id, height)) = stack.pop() {
@@ -105,7 +108,7 @@ impl Tree {
                 runs.last_mut().expect("a run").push(id);
                 continue;
             }
-            let Some(cn) = self.cache.get(id) else {
+            let Some(cn) = cached.get(&id) else {
                 runs.push(Vec::new());
                 continue;
             };
@@ -130,7 +133,7 @@ impl Tree {
                 leaves
                     .into_iter()
                     .map(|id| {
-                        let cn = self.cache.get(id);
+                        let cn = cached.get(&id).cloned();
                         let (in_run, movable) = cn.as_ref().map_or((false, false), |cn| {
                             let m = cn.meta.lock();
                             let dirty = m.dirty && !m.deleted;
