@@ -70,18 +70,17 @@ impl Allocator {
     /// Allocates `blocks` contiguous blocks as the next extent of a run (see [`Placement`]): at
     /// `goal` (where the run's previous extent ended) when the free extent starting there holds
     /// them, else at the start of the smallest free extent that holds the `want` blocks the run
-    /// still expects (or, when none does, of the largest one), so that the rest of the run can
-    /// follow contiguously. Falls back to best fit when even that is too small.
+    /// still expects, so that the rest of the run can follow contiguously. When no free extent
+    /// holds them (a full or fragmented device), best fit as [`Allocator::alloc`]: a run must not
+    /// use up the large free extents that whole nodes need.
     pub fn alloc_next(&mut self, blocks: u64, goal: Option<u64>, want: u64) -> Option<Extent> {
         assert!(blocks > 0, "empty allocation");
         let at = goal
             .and_then(|g| self.by_start.get(&g).map(|&len| (g, len)))
             .filter(|&(_, len)| len >= blocks)
             .or_else(|| {
-                let want = want.max(blocks);
-                let fit = self.by_size.range((want, 0)..).next();
-                let (len, start) = *fit.or_else(|| self.by_size.iter().next_back())?;
-                (len >= blocks).then_some((start, len))
+                let &(len, start) = self.by_size.range((want.max(blocks), 0)..).next()?;
+                Some((start, len))
             });
         let Some((start, len)) = at else {
             return self.alloc(blocks);
