@@ -47,6 +47,7 @@ mod msg;
 mod node;
 mod ops;
 mod partition;
+mod placement;
 mod prefix;
 mod read;
 mod rebuild;

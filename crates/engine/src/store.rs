@@ -67,6 +67,34 @@ impl Allocator {
         })
     }
 
+    /// Allocates `blocks` contiguous blocks as the next extent of a run (see [`Placement`]): at
+    /// `goal` (where the run's previous extent ended) when the free extent starting there holds
+    /// them, else at the start of the smallest free extent that holds the `want` blocks the run
+    /// still expects, so that the rest of the run can follow contiguously. When no free extent
+    /// holds them (a full or fragmented device), best fit as [`Allocator::alloc`]: a run must not
+    /// use up the large free extents that whole nodes need.
+    pub fn alloc_next(&mut self, blocks: u64, goal: Option<u64>, want: u64) -> Option<Extent> {
+        assert!(blocks > 0, "empty allocation");
+        let at = goal
+            .and_then(|g| self.by_start.get(&g).map(|&len| (g, len)))
+            .filter(|&(_, len)| len >= blocks)
+            .or_else(|| {
+                let &(len, start) = self.by_size.range((want.max(blocks), 0)..).next()?;
+                Some((start, len))
+            });
+        let Some((start, len)) = at else {
+            return self.alloc(blocks);
+        };
+        self.remove(start, len);
+        if len > blocks {
+            self.insert(start + blocks, len - blocks);
+        }
+        Some(Extent {
+            block: start,
+            blocks,
+        })
+    }
+
     /// Marks `e` allocated (when rebuilding from a table). Fails if any block is not free.
     pub fn claim(&mut self, e: Extent) -> bool {
         let Some((&start, &len)) = self.by_start.range(..=e.block).next_back() else {
@@ -131,6 +159,60 @@ impl Allocator {
     /// Number of free extents (a fragmentation measure).
     pub fn free_extents(&self) -> usize {
         self.by_start.len()
+    }
+}
+
+/// Where the next extent of a run of node writes goes: the nodes a checkpoint writes, in key
+/// order, are placed one after another in contiguous free space, so that a scan in key order
+/// reads the device in order (docs/DESIGN.md, Placement).
+#[derive(Debug, Default)]
+pub struct Placement {
+    /// Where the run's last extent ended.
+    goal: Option<u64>,
+    /// Blocks the run still expects to write (an estimate: the extent chosen for the run's next
+    /// piece should hold them all).
+    want: u64,
+    /// Extents handed out, and how many of them continued the previous one.
+    pub extents: u64,
+    /// Extents that started where the previous one ended.
+    pub contiguous: u64,
+}
+
+impl Placement {
+    /// A run expected to write about `want` blocks.
+    pub fn new(want: u64) -> Placement {
+        Placement {
+            want,
+            ..Placement::default()
+        }
+    }
+
+    /// Takes the run's next extent from `alloc`. Asserts what the run relies on: the extent was
+    /// free (the allocator removed it from its free space) and, when the run's free space
+    /// allowed, it continues the previous extent in device order.
+    fn take(&mut self, alloc: &mut Allocator, blocks: u64) -> Option<Extent> {
+        let free_before = alloc.free_blocks();
+        let contiguous_room = self
+            .goal
+            .and_then(|g| alloc.by_start.get(&g))
+            .is_some_and(|&len| len >= blocks);
+        let ext = alloc.alloc_next(blocks, self.goal, self.want)?;
+        assert_eq!(
+            alloc.free_blocks() + blocks,
+            free_before,
+            "a run extent was not free"
+        );
+        assert!(
+            !contiguous_room || Some(ext.block) == self.goal,
+            "a run extent did not continue the run although the space after it was free"
+        );
+        self.extents += 1;
+        if Some(ext.block) == self.goal {
+            self.contiguous += 1;
+        }
+        self.goal = Some(ext.block + ext.blocks);
+        self.want = self.want.saturating_sub(blocks);
+        Some(ext)
     }
 }
 
@@ -311,6 +393,13 @@ pub struct StoreCounters {
     pub node_reads: AtomicU64,
     /// Bytes read for nodes.
     pub node_bytes_read: AtomicU64,
+    /// Extents checkpoints placed as parts of their runs (docs/DESIGN.md, Placement).
+    pub run_extents: AtomicU64,
+    /// Of those, extents that started where the run's previous one ended.
+    pub run_contiguous: AtomicU64,
+    /// Clean leaves marked dirty so that a checkpoint's run relocates them next to their key
+    /// neighbours (`placement.rs`).
+    pub relocated: AtomicU64,
 }
 
 /// The device, its space and its table.
@@ -355,8 +444,25 @@ impl Store {
     /// Allocates an extent for `buf` and writes it there. The extent is not yet referenced by any
     /// table: the caller records it (or releases it on failure).
     pub fn write_new(&self, buf: &AlignedBuf, what: &str) -> Result<Extent> {
+        self.write_placed(buf, what, None)
+    }
+
+    /// [`Store::write_new`], as the next extent of `run` when one is given.
+    pub fn write_placed(
+        &self,
+        buf: &AlignedBuf,
+        what: &str,
+        run: Option<&mut Placement>,
+    ) -> Result<Extent> {
         let blocks = (buf.len() / BLOCK_SIZE) as u64;
-        let ext = self.btt.lock().alloc.alloc(blocks).ok_or_else(|| {
+        let ext = {
+            let mut btt = self.btt.lock();
+            match run {
+                Some(run) => run.take(&mut btt.alloc, blocks),
+                None => btt.alloc.alloc(blocks),
+            }
+        }
+        .ok_or_else(|| {
             Error::NoSpace(format!("no free extent of {} bytes for {what}", buf.len()))
         })?;
         if let Err(e) = self.dev.write_at(ext.offset(), buf) {
@@ -420,6 +526,41 @@ mod tests {
         }));
         assert_eq!(a.free_blocks(), 90);
         assert!(a.alloc(1000).is_none());
+    }
+
+    #[test]
+    fn a_run_fills_contiguous_space_in_order() {
+        let mut a = Allocator::new(0, 1000);
+        // Holes of 10 blocks at 100, 300 and 500, and the free space from 600 on.
+        let held: Vec<Extent> = [(0, 100), (110, 190), (310, 190), (510, 90)]
+            .iter()
+            .map(|&(block, blocks)| Extent { block, blocks })
+            .collect();
+        for e in &held {
+            assert!(a.claim(*e));
+        }
+        // First fit per node would take the holes in turn; a run of 4 x 8 blocks goes to the
+        // smallest free extent that holds all of it, one extent after the other.
+        let mut run = Placement::new(32);
+        let got: Vec<Extent> = (0..4).map(|_| run.take(&mut a, 8).unwrap()).collect();
+        for (i, e) in got.iter().enumerate() {
+            assert_eq!(e.block, 600 + 8 * i as u64, "extent {i} of the run");
+        }
+        assert_eq!((run.extents, run.contiguous), (4, 3));
+        // When the space after the run is taken, the run goes on elsewhere.
+        assert!(a.claim(Extent {
+            block: 632,
+            blocks: 368
+        }));
+        let e = run.take(&mut a, 8).unwrap();
+        assert_eq!(e.blocks, 8);
+        assert!([100, 300, 500].contains(&e.block), "{e:?}");
+        let f = run.take(&mut a, 2).unwrap();
+        assert_eq!(f.block, e.block + 8, "the run continues in its new place");
+        assert_eq!(a.free_blocks(), 30 - 10);
+        // Nothing fits: no extent, nothing taken.
+        assert!(run.take(&mut a, 50).is_none());
+        assert_eq!(a.free_blocks(), 20);
     }
 
     #[test]

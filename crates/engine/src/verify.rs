@@ -27,6 +27,26 @@ pub struct Report {
     pub buffered_bytes: u64,
     /// Nodes in the translation table that the tree does not reach (space leaks, harmless).
     pub leaked_nodes: Vec<NodeId>,
+    /// Where each leaf's current image lies, `(first block, blocks)`, leaves in key order (a
+    /// leaf never written yet is left out).
+    pub leaf_extents: Vec<(u64, u64)>,
+}
+
+impl Report {
+    /// The leaves' static layout score: the fraction of leaves, after the first in key order,
+    /// whose image starts on the device where the previous leaf's ends (1.0: a scan in key order
+    /// reads the leaves in one sweep). 1.0 with fewer than two leaves.
+    pub fn leaf_layout_score(&self) -> f64 {
+        if self.leaf_extents.len() < 2 {
+            return 1.0;
+        }
+        let next = self
+            .leaf_extents
+            .windows(2)
+            .filter(|w| w[0].0 + w[0].1 == w[1].0)
+            .count();
+        next as f64 / (self.leaf_extents.len() - 1) as f64
+    }
 }
 
 /// A node still to visit: (id, inclusive low bound, exclusive high bound, expected height, oldest
@@ -42,6 +62,7 @@ pub fn verify(tree: &Tree) -> Result<Report> {
     let _w = tree.writers.write();
     let mut report = Report::default();
     let mut seen: HashSet<NodeId> = HashSet::new();
+    let mut leaves: Vec<(Vec<u8>, (u64, u64))> = Vec::new();
     let mut stack: Vec<Pending> = vec![(ROOT_ID, Vec::new(), None, None, u64::MAX)];
     while let Some((id, lo, hi, height, msn_bound)) = stack.pop() {
         if !seen.insert(id) {
@@ -71,6 +92,9 @@ pub fn verify(tree: &Tree) -> Result<Report> {
         match &g.body {
             Body::Leaf(l) => {
                 report.leaves += 1;
+                if let Some(e) = tree.store.location(id) {
+                    leaves.push((lo.clone(), (e.block, e.blocks)));
+                }
                 if l.pivots.len() + 1 != l.parts.len() {
                     return Err(broken(format!(
                         "leaf {id}: {} pivots for {} partitions",
@@ -184,5 +208,8 @@ pub fn verify(tree: &Tree) -> Result<Report> {
         .collect();
     leaked.sort();
     report.leaked_nodes = leaked;
+    // Leaves' ranges are disjoint, so their low bounds order them.
+    leaves.sort_by(|a, b| a.0.cmp(&b.0));
+    report.leaf_extents = leaves.into_iter().map(|(_, e)| e).collect();
     Ok(report)
 }

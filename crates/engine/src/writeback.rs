@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::cache::CachedNode;
 use crate::error::Result;
 use crate::node::{self, Body, NodeId, SubLoc};
+use crate::store::Placement;
 use crate::superblock::Extent;
 use crate::tree::Tree;
 
@@ -40,6 +41,9 @@ impl Tree {
             }
             self.shed(cn);
         }
+        // Nodes written back here go one after another into one run of free space (in the
+        // order they are evicted), rather than each into the smallest hole that holds it.
+        let mut run = Placement::new(self.cache.dirty_space().next_blocks);
         for cn in by_level() {
             if self.cache.used() <= target {
                 break;
@@ -55,7 +59,7 @@ impl Tree {
                     // Nothing is written: a dirty node (replayed from the log) stays in memory.
                     continue;
                 }
-                self.write_back(cn)?;
+                self.write_back(cn, Some(&mut run))?;
                 self.cache
                     .counters
                     .writebacks
@@ -104,8 +108,9 @@ impl Tree {
         dropped
     }
 
-    /// Writes a dirty node to a new extent and, if it did not change meanwhile, marks it clean there.
-    pub fn write_back(&self, cn: &Arc<CachedNode>) -> Result<()> {
+    /// Writes a dirty node to a new extent (the next of `run` if given) and, if it did not change
+    /// meanwhile, marks it clean there.
+    pub fn write_back(&self, cn: &Arc<CachedNode>, run: Option<&mut Placement>) -> Result<()> {
         let mut g = cn.read();
         if !g.fully_resident() {
             drop(g);
@@ -123,7 +128,9 @@ impl Tree {
         drop(g);
         // The image is memory too while it is written (up to a node per writing thread).
         self.cache.add_used(img.buf.len() as isize);
-        let r = self.store.write_new(&img.buf, &format!("node {}", cn.id));
+        let r = self
+            .store
+            .write_placed(&img.buf, &format!("node {}", cn.id), run);
         self.cache.add_used(-(img.buf.len() as isize));
         self.install(cn, version, r?, &img.sublocs, false);
         Ok(())
@@ -193,9 +200,11 @@ impl Tree {
     /// Writes a node that was dirty when the running checkpoint began, unless a modifier already
     /// saved it.
     /// Returns what [`Tree::drain_checkpoint_queue`] returns for the image, if one was written.
+    /// The image goes to the next extent of `run` (the checkpoint's nodes in key order).
     pub fn checkpoint_write(
         &self,
         cn: &Arc<CachedNode>,
+        run: &mut Placement,
     ) -> Result<Option<(NodeId, Extent, Option<Extent>)>> {
         let g = cn.read();
         let version = {
@@ -211,19 +220,30 @@ impl Tree {
         let img = node::serialize(cn.id, &g, self.format.compression);
         drop(g);
         self.cache.add_used(img.buf.len() as isize);
-        let r = self
-            .store
-            .write_new(&img.buf, &format!("node {} (checkpoint)", cn.id));
+        let r =
+            self.store
+                .write_placed(&img.buf, &format!("node {} (checkpoint)", cn.id), Some(run));
         self.cache.add_used(-(img.buf.len() as isize));
         let ext = r?;
         self.install(cn, version, ext, &img.sublocs, true);
         Ok(Some((cn.id, ext, was_at)))
     }
 
+    /// Sorts nodes into the order a checkpoint writes them: leaves in key order (by their lowest
+    /// key), then internal nodes from the root down, each level in key order. A scan in key order
+    /// then finds the leaves a checkpoint wrote one after another on the device.
+    pub fn sort_for_placement(&self, nodes: &mut [Arc<CachedNode>]) {
+        nodes.sort_by_cached_key(|cn| placement_key(&cn.read()));
+    }
+
     /// Writes the images modifiers saved for the running checkpoint. Returns, for each, the node,
     /// where its image went and the extent the node was at when the image was saved (for
     /// [`Tree::adopt_checkpoint_images`]).
-    pub fn drain_checkpoint_queue(&self) -> Result<Vec<(NodeId, Extent, Option<Extent>)>> {
+    /// They join `run` where they come.
+    pub fn drain_checkpoint_queue(
+        &self,
+        run: &mut Placement,
+    ) -> Result<Vec<(NodeId, Extent, Option<Extent>)>> {
         let mut written = Vec::new();
         loop {
             let item = self.ckpt_queue.lock().pop();
@@ -233,7 +253,7 @@ impl Tree {
             let len = buf.len();
             let r = self
                 .store
-                .write_new(&buf, &format!("node {id} (checkpoint)"));
+                .write_placed(&buf, &format!("node {id} (checkpoint)"), Some(run));
             self.cache.add_used(-(len as isize));
             let ext = r?;
             self.store
@@ -274,5 +294,29 @@ impl Tree {
         for (_, buf, _) in items {
             self.cache.add_used(-(buf.len() as isize));
         }
+    }
+}
+
+/// Where a node goes in a checkpoint's run: leaves first (class 0) by their lowest key, then
+/// internal nodes by decreasing height (`u32::MAX - height`) and the lowest key they name.
+fn placement_key(node: &node::Node) -> (u32, Vec<u8>) {
+    match &node.body {
+        Body::Leaf(l) => {
+            let lowest = l
+                .parts
+                .iter()
+                .find_map(|slot| {
+                    slot.data()
+                        .filter(|p| !p.is_empty())
+                        .map(|p| p.key(0).to_vec())
+                })
+                .or_else(|| l.pivots.first().cloned())
+                .unwrap_or_default();
+            (0, lowest)
+        }
+        Body::Internal(n) => (
+            u32::MAX - node.height,
+            n.pivots.first().cloned().unwrap_or_default(),
+        ),
     }
 }

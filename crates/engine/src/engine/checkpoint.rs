@@ -24,7 +24,7 @@ use crate::cache::CachedNode;
 use crate::copies::Located;
 use crate::error::{Error, Result};
 use crate::node::{NodeId, ROOT_ID};
-use crate::store;
+use crate::store::{self, Placement};
 use crate::superblock::{Extent, Superblock};
 
 /// Owner of the checkpoint protocol and of the current superblock.
@@ -162,6 +162,8 @@ impl Checkpointer {
             if inner.groups.has_records() {
                 continue;
             }
+            // Clean leaves this checkpoint rewrites next to their dirty neighbours.
+            tree.relocate_for_order();
             let (tail_voff, tail_lsn) = inner.log.replay_start();
             let ckpt_lsn = inner.log.next_lsn();
             let mut btt = tree.store.btt.lock();
@@ -201,11 +203,19 @@ impl Checkpointer {
         // checkpoint goes on: under memory pressure the cache must not hold every node that
         // was dirty when the checkpoint began until it ends.
         // Images that modifiers saved meanwhile are written as they come, not held to the end.
+        // The nodes go in key order into one run of contiguous free space (as far as there is
+        // any), sized by what the dirty nodes' images are expected to take.
+        tree.sort_for_placement(&mut begun.pending);
+        let mut run = Placement::new(tree.cache.dirty_space().next_blocks);
         for cn in begun.pending.drain(..) {
-            saved.extend(tree.checkpoint_write(&cn)?);
-            saved.extend(tree.drain_checkpoint_queue()?);
+            saved.extend(tree.checkpoint_write(&cn, &mut run)?);
+            saved.extend(tree.drain_checkpoint_queue(&mut run)?);
         }
-        saved.extend(tree.drain_checkpoint_queue()?);
+        saved.extend(tree.drain_checkpoint_queue(&mut run)?);
+        let c = &tree.store.counters;
+        c.run_extents.fetch_add(run.extents, Ordering::Relaxed);
+        c.run_contiguous
+            .fetch_add(run.contiguous, Ordering::Relaxed);
         let (table, count) = {
             let btt = tree.store.btt.lock();
             let ip = btt.in_progress.as_ref().expect("checkpoint in progress");

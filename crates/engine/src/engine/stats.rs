@@ -53,6 +53,12 @@ pub struct Stats {
     pub node_reads: u64,
     /// Bytes read for nodes.
     pub node_bytes_read: u64,
+    /// Node images checkpoints placed in their key-ordered runs (docs/DESIGN.md, Placement).
+    pub run_extents: u64,
+    /// Of those, images that started where the previous one of their run ended.
+    pub run_contiguous: u64,
+    /// Clean leaves rewritten by checkpoints to restore key order on the device.
+    pub relocated: u64,
     /// Device bytes written per byte of user data.
     pub write_amplification: f64,
     /// Log activity.
@@ -155,6 +161,9 @@ impl Engine {
             node_bytes_written: sc.node_bytes_written.load(Ordering::Relaxed),
             node_reads: sc.node_reads.load(Ordering::Relaxed),
             node_bytes_read: sc.node_bytes_read.load(Ordering::Relaxed),
+            run_extents: sc.run_extents.load(Ordering::Relaxed),
+            run_contiguous: sc.run_contiguous.load(Ordering::Relaxed),
+            relocated: sc.relocated.load(Ordering::Relaxed),
             write_amplification: if user > 0 {
                 device.bytes_written as f64 / user as f64
             } else {

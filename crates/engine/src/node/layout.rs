@@ -165,6 +165,15 @@ pub fn serialize(id: NodeId, node: &Node, codec: Compression) -> NodeImage {
     let total = offset;
     let span = HEADER_LEN + index_len;
     assert!(total <= u32::MAX as usize, "node {id}: image too long");
+    // Sub-blocks lie in key order (partition or child order) inside the image, so a scan of the
+    // node reads it front to back.
+    for w in sublocs.windows(2) {
+        let (off, len) = w[0].aligned_range();
+        assert!(
+            off as usize + len <= w[1].offset as usize,
+            "node {id}: sub-blocks out of key order in the image"
+        );
+    }
     for loc in &sublocs {
         let (off, len) = loc.aligned_range();
         assert!(
