@@ -328,3 +328,31 @@ fn model_sequential_reads_match_with_read_ahead() {
     );
     e.close().unwrap();
 }
+
+#[test]
+fn a_forward_range_iteration_reads_ahead() {
+    let blocks = 32 * MIB as u64 / BLOCK as u64;
+    let dev = image(blocks);
+    let e = Engine::open(dev, options(256 * MIB, 4)).unwrap();
+    let mut n = 0u64;
+    for (i, kv) in e
+        .range(Bound::Included(&key(0)), Bound::Excluded(&key(blocks)))
+        .enumerate()
+    {
+        let (k, v) = kv.unwrap();
+        assert_eq!(k, key(i as u64));
+        assert_eq!(v, value(i as u64, 0));
+        if i as u64 % PER_SCAN == 0 {
+            e.wait_read_ahead();
+        }
+        n += 1;
+    }
+    assert_eq!(n, blocks);
+    let st = e.stats();
+    eprintln!(
+        "{} prefetch loads, {} hits",
+        st.prefetch_loads, st.prefetch_hits
+    );
+    assert!(st.prefetch_hits >= 4, "{} hits", st.prefetch_hits);
+    e.close().unwrap();
+}

@@ -105,6 +105,9 @@ impl Tree {
     /// wholly in memory. Walks only cached nodes; nothing is read here.
     pub(crate) fn read_ahead_from(&self, key: &[u8]) {
         let window = self.readahead.window();
+        if window == 0 {
+            return;
+        }
         let mut want: Vec<NodeId> = Vec::new();
         let mut key = key.to_vec();
         for _ in 0..MAX_PARENTS {
