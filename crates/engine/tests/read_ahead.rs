@@ -342,7 +342,7 @@ fn a_forward_range_iteration_reads_ahead() {
         let (k, v) = kv.unwrap();
         assert_eq!(k, key(i as u64));
         assert_eq!(v, value(i as u64, 0));
-        if i as u64 % PER_SCAN == 0 {
+        if (i as u64).is_multiple_of(PER_SCAN) {
             e.wait_read_ahead();
         }
         n += 1;
