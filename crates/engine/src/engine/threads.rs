@@ -36,9 +36,12 @@ impl Engine {
         t.push(spawn("amaranth-clean", Inner::background_cleaner));
     }
 
-    /// Read-ahead workers run in read-only mode too (they only read); tests that turn the other
-    /// background threads off keep them unless `read_ahead` is 0.
+    /// Read-ahead workers run in read-only mode too (they only read), but not when the background
+    /// threads are off (tests that want every step in the calling thread).
     fn start_read_ahead(&self) {
+        if !self.inner.options.background_threads {
+            return;
+        }
         let tree = &self.inner.tree;
         let window = tree.read_ahead_window(self.inner.options.read_ahead);
         if window == 0 {

@@ -205,6 +205,12 @@ impl Tree {
         if self.leaf_resident(id) {
             return Ok(());
         }
+        // Read ahead only into room the cache has: never evict past its usual point for a leaf
+        // that may not be needed (the reader then loads it itself).
+        self.make_room()?;
+        if self.cache.used() + self.format.node_size > self.cache.eviction_point() {
+            return Ok(());
+        }
         let cn = match self.cache.peek(id) {
             Some(cn) => {
                 self.load_partitions(&cn, None)?;
