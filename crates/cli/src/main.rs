@@ -14,6 +14,9 @@
 //! `fsck.amaranth`, `mkfs.amaranth`: links to this binary), it is what `mount(8)`, `umount(8)`,
 //! `fsck(8)` and `mkfs(8)` run for Amaranth (see `helpers.rs`).
 
+// The `amaranth stat` JSON object has more fields than serde_json's macro expands by default.
+#![recursion_limit = "256"]
+
 #[macro_use]
 mod out;
 

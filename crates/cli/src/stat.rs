@@ -27,6 +27,8 @@ pub fn engine_json(s: &Stats) -> Value {
         "cache_hits": s.cache_hits,
         "cache_misses": s.cache_misses,
         "partition_loads": s.partition_loads,
+        "prefetch_loads": s.prefetch_loads,
+        "prefetch_hits": s.prefetch_hits,
         "evictions": s.evictions,
         "writebacks": s.writebacks,
         "writes": s.writes,

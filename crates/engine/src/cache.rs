@@ -6,7 +6,7 @@
 //! can change without the latch.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
@@ -59,6 +59,8 @@ pub struct CachedNode {
     /// node (concurrent FUSE reads of one file) do not both read it: the second waits and finds
     /// them loaded.
     pub subblock_load: Mutex<()>,
+    /// Read ahead (whole, in the background) and not yet used by a scan.
+    pub prefetched: AtomicBool,
 }
 
 impl CachedNode {
@@ -91,6 +93,10 @@ pub struct CacheCounters {
     pub writebacks: AtomicU64,
     /// Highest accounted usage seen.
     pub peak: AtomicUsize,
+    /// Leaves read ahead for a sequential scan.
+    pub prefetch_loads: AtomicU64,
+    /// Leaves read ahead that a scan then used (first use only).
+    pub prefetch_hits: AtomicU64,
 }
 
 /// What the dirty nodes will take on disk once written (in blocks).
@@ -198,7 +204,12 @@ impl Cache {
             .store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
     }
 
-    /// The node if resident (pinned by the returned `Arc`).
+    /// The node if it is in memory, without counting a use (pinned by the returned `Arc`).
+    pub fn peek(&self, id: NodeId) -> Option<Arc<CachedNode>> {
+        self.map.lock().get(&id).cloned()
+    }
+
+    /// The node if it is in memory (a use: it becomes the most recently used, and counts a hit).
     pub fn get(&self, id: NodeId) -> Option<Arc<CachedNode>> {
         let cn = self.map.lock().get(&id).cloned();
         if let Some(c) = &cn {
@@ -229,6 +240,7 @@ impl Cache {
             meta: Mutex::new(meta),
             last_used: AtomicU64::new(0),
             subblock_load: Mutex::new(()),
+            prefetched: AtomicBool::new(false),
         });
         self.touch(&cn);
         let prev = self.map.lock().insert(id, cn.clone());

@@ -173,6 +173,9 @@ pub struct Options {
     /// The longest an atomic group may stay open (see [`crate::Engine::begin_atomic`]): past it,
     /// anyone waiting for the group commits it as it stands and its later changes fail.
     pub atomic_group_timeout: Duration,
+    /// Leaves read ahead of a sequential scan (one that starts where a recent one ended), by
+    /// background threads; at most a quarter of `cache_size` in nodes. 0 turns read-ahead off.
+    pub read_ahead: usize,
 }
 
 impl Default for Options {
@@ -188,6 +191,7 @@ impl Default for Options {
             check_invariants: false,
             salvage: false,
             atomic_group_timeout: Duration::from_secs(10),
+            read_ahead: 4,
         }
     }
 }

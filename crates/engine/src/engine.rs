@@ -205,9 +205,20 @@ impl Engine {
         }
         let (lo, hi) = normalize(lo, hi);
         let Some(lo) = lo else { return Ok(()) };
+        let tree = &self.inner.tree;
+        let sequential = tree.note_scan(&lo, hi.as_deref());
         self.inner
-            .seen(scan_tree(&self.inner.tree, &lo, hi.as_deref(), &mut f))?;
-        self.inner.tree.make_room()
+            .seen(scan_tree(tree, &lo, hi.as_deref(), &mut f))?;
+        if let (true, Some(h)) = (sequential, &hi) {
+            tree.read_ahead_from(h);
+        }
+        tree.make_room()
+    }
+
+    /// Waits until the leaves being read ahead for sequential scans are in memory (tests and
+    /// tools that check read-ahead; readers never need to).
+    pub fn wait_read_ahead(&self) {
+        self.inner.tree.wait_read_ahead();
     }
 
     /// Iterates over the range in increasing key order (owned copies; see [`Engine::scan`]).

@@ -159,6 +159,7 @@ impl Tree {
                                 }
                             }
                         }
+                        self.note_leaf_use(&cn);
                         let buffers: Vec<&Buffer> = path.iter().map(|(_, b)| &**b).collect();
                         let chunk =
                             Chunk::build(lo, hi, &cf, ct.as_deref(), parts, &buffers, g.max_msn);

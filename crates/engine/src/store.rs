@@ -415,6 +415,39 @@ pub struct Store {
     /// engine adopts this as its failure whenever it checks for one (before every write, switch of
     /// mode and checkpoint), so it refuses writes after any failed node write.
     pub write_failure: Mutex<Option<Error>>,
+    /// Buffers of whole-image reads kept for the next ones (at most [`POOLED_IMAGES`]): a fresh
+    /// mapping costs a page fault and a kernel page clear per 4 KiB before the device can fill it.
+    image_pool: Mutex<Vec<AlignedBuf>>,
+}
+
+/// Read buffers kept for reuse: one per read-ahead worker and one for a foreground reader.
+const POOLED_IMAGES: usize = 3;
+
+/// Reads at least this long take their buffer from the pool.
+const POOLED_MIN: usize = 1 << 20;
+
+/// The bytes of a whole-image read, in a buffer that goes back to the store's pool when dropped.
+pub struct Image<'a> {
+    buf: Option<AlignedBuf>,
+    len: usize,
+    pool: &'a Mutex<Vec<AlignedBuf>>,
+}
+
+impl std::ops::Deref for Image<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf.as_ref().expect("image buffer")[..self.len]
+    }
+}
+
+impl Drop for Image<'_> {
+    fn drop(&mut self) {
+        let buf = self.buf.take().expect("image buffer");
+        let mut pool = self.pool.lock();
+        if buf.len() >= POOLED_MIN && pool.len() < POOLED_IMAGES {
+            pool.push(buf);
+        }
+    }
 }
 
 impl Store {
@@ -425,7 +458,34 @@ impl Store {
             btt: Mutex::new(btt),
             counters: StoreCounters::default(),
             write_failure: Mutex::new(None),
+            image_pool: Mutex::new(Vec::new()),
         }
+    }
+
+    /// [`Store::read`] of a whole node image into a reused buffer (large reads: scans, read-ahead,
+    /// flushes). The bytes past `len` in the buffer are never exposed.
+    pub fn read_image(&self, offset: u64, len: usize, what: &str) -> Result<Image<'_>> {
+        let len = amaranth_device::round_up(len);
+        let pooled = if len >= POOLED_MIN {
+            let mut pool = self.image_pool.lock();
+            let i = pool.iter().position(|b| b.len() >= len);
+            i.map(|i| pool.swap_remove(i))
+        } else {
+            None
+        };
+        let mut buf = pooled.unwrap_or_else(|| AlignedBuf::zeroed(len.next_power_of_two()));
+        self.dev
+            .read_at(offset, &mut buf[..len])
+            .map_err(|e| Error::io(format!("reading {what}"), e))?;
+        self.counters.node_reads.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .node_bytes_read
+            .fetch_add(len as u64, Ordering::Relaxed);
+        Ok(Image {
+            buf: Some(buf),
+            len,
+            pool: &self.image_pool,
+        })
     }
 
     /// Reads `len` bytes (rounded up to blocks) at `offset`.

@@ -40,7 +40,10 @@ use crate::superblock::Extent;
 mod flush;
 mod inject;
 mod load;
+mod readahead;
 mod split_merge;
+
+pub use readahead::ReadAhead;
 
 pub(crate) use load::check_header;
 
@@ -131,6 +134,8 @@ pub struct Tree {
     /// Nothing may be written to the device: modifications are refused and eviction keeps dirty
     /// nodes (a read-only open or remount).
     read_only: AtomicBool,
+    /// Read-ahead for sequential scans (`tree/readahead.rs`).
+    pub readahead: ReadAhead,
 }
 
 impl Tree {
@@ -154,6 +159,7 @@ impl Tree {
             counters: TreeCounters::default(),
             check_invariants: cfg!(debug_assertions),
             read_only: AtomicBool::new(false),
+            readahead: ReadAhead::default(),
         }
     }
 

@@ -57,6 +57,11 @@ impl Reply {
         self.buf.extend_from_slice(b);
     }
 
+    /// The buffer to append payload bytes to directly (it holds the header first: append only).
+    pub(crate) fn payload_buf(&mut self) -> &mut Vec<u8> {
+        &mut self.buf
+    }
+
     /// Payload bytes so far.
     pub(crate) fn payload_len(&self) -> usize {
         self.buf.len() - HEADER

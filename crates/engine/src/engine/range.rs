@@ -42,6 +42,8 @@ pub struct RangeIter<'a> {
     /// Next position: forward, the inclusive start; reverse, the exclusive end.
     cursor: Option<Option<Vec<u8>>>,
     buf: VecDeque<(Vec<u8>, Vec<u8>)>,
+    /// Leaves visited so far (forward): read-ahead starts from the second.
+    leaves: usize,
 }
 
 impl<'a> RangeIter<'a> {
@@ -62,6 +64,7 @@ impl<'a> RangeIter<'a> {
             forward,
             cursor,
             buf: VecDeque::new(),
+            leaves: 0,
         }
     }
 
@@ -84,6 +87,14 @@ impl<'a> RangeIter<'a> {
                     Some(h) if self.hi.as_ref().is_none_or(|e| h < e) => Some(Some(h.clone())),
                     _ => None,
                 };
+                // A forward iteration past its first leaf is sequential: read the next leaves
+                // ahead while the caller consumes this one.
+                if let Some(Some(h)) = &self.cursor {
+                    if self.leaves > 0 {
+                        tree.read_ahead_from(h);
+                    }
+                }
+                self.leaves += 1;
             } else {
                 let chunk = tree.chunk(Target::Before(cur.as_deref()), &self.lo, cur.as_deref())?;
                 chunk.walk(&self.lo, cur.as_deref(), false, &mut push);

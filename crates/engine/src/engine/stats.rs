@@ -35,6 +35,10 @@ pub struct Stats {
     pub cache_misses: u64,
     /// Partition loads from disk.
     pub partition_loads: u64,
+    /// Leaves read ahead for sequential scans.
+    pub prefetch_loads: u64,
+    /// Leaves read ahead that a scan then used.
+    pub prefetch_hits: u64,
     /// Nodes evicted.
     pub evictions: u64,
     /// Dirty nodes written by eviction.
@@ -152,6 +156,8 @@ impl Engine {
             cache_hits: cc.hits.load(Ordering::Relaxed),
             cache_misses: cc.misses.load(Ordering::Relaxed),
             partition_loads: cc.partition_loads.load(Ordering::Relaxed),
+            prefetch_loads: cc.prefetch_loads.load(Ordering::Relaxed),
+            prefetch_hits: cc.prefetch_hits.load(Ordering::Relaxed),
             evictions: cc.evictions.load(Ordering::Relaxed),
             writebacks: cc.writebacks.load(Ordering::Relaxed),
             writes: i.counters.writes.load(Ordering::Relaxed),

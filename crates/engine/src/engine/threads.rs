@@ -10,11 +10,15 @@ use std::time::{Duration, Instant};
 use super::{Engine, Inner};
 use crate::apply::flush_root;
 
+/// Threads reading ahead (each has one leaf read in flight).
+const READ_AHEAD_WORKERS: usize = 2;
+
 /// How often the cleaner hands the allocator's free pages back to the system.
 const TRIM_INTERVAL: Duration = Duration::from_secs(1);
 
 impl Engine {
     pub(super) fn start_threads(&self) {
+        self.start_read_ahead();
         if !self.inner.options.background_threads || self.inner.tree.is_read_only() {
             return;
         }
@@ -32,7 +36,32 @@ impl Engine {
         t.push(spawn("amaranth-clean", Inner::background_cleaner));
     }
 
+    /// Read-ahead workers run in read-only mode too (they only read), but not when the background
+    /// threads are off (tests that want every step in the calling thread).
+    fn start_read_ahead(&self) {
+        if !self.inner.options.background_threads {
+            return;
+        }
+        let tree = &self.inner.tree;
+        let window = tree.read_ahead_window(self.inner.options.read_ahead);
+        if window == 0 {
+            return;
+        }
+        tree.readahead.start(window);
+        let mut t = self.threads.lock();
+        for i in 0..READ_AHEAD_WORKERS {
+            let inner = self.inner.clone();
+            t.push(
+                std::thread::Builder::new()
+                    .name(format!("amaranth-ra{i}"))
+                    .spawn(move || inner.tree.read_ahead_worker())
+                    .expect("spawning a read-ahead thread"),
+            );
+        }
+    }
+
     pub(super) fn stop_threads(&self) {
+        self.inner.tree.readahead.stop();
         self.inner.stop.store(true, Ordering::Release);
         {
             let _w = self.inner.wake_state.lock();

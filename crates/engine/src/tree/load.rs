@@ -47,18 +47,21 @@ impl Tree {
             Error::Corrupt(format!("node {id} is referenced but has no location"))
         })?;
         let what = format!("node {id}");
-        let image = if whole {
-            let image = self.store.read(ext.offset(), ext.len(), &what)?;
+        if whole {
+            let image = self.store.read_image(ext.offset(), ext.len(), &what)?;
             // As for a skeleton: a header whose span cannot be read is refused here.
             node::header_span(&image, &what, ext.offset())?;
-            image
-        } else {
-            self.read_header_image(ext, &what)?
-        };
+            let h = node::parse_header(&image, &self.format, &what, ext.offset())?;
+            check_header(&h, id, Some(ext), &what)?;
+            return Ok((
+                node::build_node(&h, Some(&image), &self.format, ext.offset())?,
+                ext,
+            ));
+        }
+        let image = self.read_header_image(ext, &what)?;
         let h = node::parse_header(&image, &self.format, &what, ext.offset())?;
         check_header(&h, id, Some(ext), &what)?;
-        let full = if whole { Some(&image[..]) } else { None };
-        Ok((node::build_node(&h, full, &self.format, ext.offset())?, ext))
+        Ok((node::build_node(&h, None, &self.format, ext.offset())?, ext))
     }
 
     /// Reads the start of the image at `ext` that holds its whole header: one block, or more
@@ -123,7 +126,7 @@ impl Tree {
                 // benchmark). Partitions decode cheaply; buffers do not, so they stay as asked.
                 missing = (0..count).filter(|&i| !resident(i)).collect();
             }
-            let img = self.store.read(ext.offset(), ext.len(), "node")?;
+            let img = self.store.read_image(ext.offset(), ext.len(), "node")?;
             if let Body::Internal(n) = &g.body {
                 // Keep the encodings of the other buffers too (cheap: no map is built), so that
                 // the next range asked for does not read the whole node again.

@@ -36,6 +36,15 @@ impl Fs {
 
     /// Reads up to `size` bytes at `offset` (holes read as zeros).
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let mut buf = Vec::new();
+        self.read_into(ino, offset, size, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// [`Fs::read`] appending to `out` (a reply being built): the block values are copied once,
+    /// straight from the engine's partitions into `out`, and only holes are zero-filled. Returns
+    /// the number of bytes appended; on error `out` is left as it was.
+    pub fn read_into(&self, ino: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<usize> {
         let _ns = self.ns.read();
         let shared = self.node_inode(ino)?;
         let (fk, file_size, kind) = {
@@ -46,39 +55,59 @@ impl Fs {
             return Err(Errno::EISDIR);
         }
         if offset >= file_size || size == 0 {
-            return Ok(Vec::new());
+            return Ok(0);
         }
         let end = file_size.min(offset + size as u64);
-        let buf = self.read_bytes(&fk, offset, end)?;
+        self.read_bytes_into(&fk, offset, end, out)?;
+        let n = (end - offset) as usize;
         self.counters
             .bytes_read
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+            .fetch_add(n as u64, Ordering::Relaxed);
         self.touch_atime(ino, &shared);
-        Ok(buf)
+        Ok(n)
     }
 
     /// The bytes `[offset, end)` of the file at `fk` (holes and missing tails read as zeros).
     pub(super) fn read_bytes(&self, fk: &[u8], offset: u64, end: u64) -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; (end - offset) as usize];
-        if end == offset {
-            return Ok(buf);
+        let mut buf = Vec::new();
+        self.read_bytes_into(fk, offset, end, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Appends the bytes `[offset, end)` of the file at `fk` to `out` (holes and missing tails
+    /// read as zeros); on error `out` is truncated back to its length at the call.
+    fn read_bytes_into(&self, fk: &[u8], offset: u64, end: u64, out: &mut Vec<u8>) -> Result<()> {
+        let base = out.len();
+        let want = (end - offset) as usize;
+        if want == 0 {
+            return Ok(());
         }
+        out.reserve(want);
         let prefix_len = keys::data_prefix(fk).len();
         let lo = keys::data_key(fk, offset / BLOCK);
         let hi = keys::data_key(fk, (end - 1) / BLOCK + 1);
-        self.engine
+        // Block keys come in increasing order, so each value lands right after what is filled.
+        let r = self
+            .engine
             .scan(Bound::Included(&lo), Bound::Excluded(&hi), |k, v| {
                 if let Some(blk) = keys::block_of(k, prefix_len) {
                     let start = blk * BLOCK;
                     let (a, z) = (start.max(offset), (start + v.len() as u64).min(end));
                     if a < z {
-                        buf[(a - offset) as usize..(z - offset) as usize]
-                            .copy_from_slice(&v[(a - start) as usize..(z - start) as usize]);
+                        let at = base + (a - offset) as usize;
+                        assert!(at >= out.len(), "file blocks out of order");
+                        out.resize(at, 0);
+                        out.extend_from_slice(&v[(a - start) as usize..(z - start) as usize]);
                     }
                 }
                 true
-            })?;
-        Ok(buf)
+            });
+        if let Err(e) = r {
+            out.truncate(base);
+            return Err(e.into());
+        }
+        out.resize(base + want, 0);
+        Ok(())
     }
 
     /// Writes `data` at `offset` (at the end for `O_APPEND` handles). `kill_suidgid`: the writer

@@ -1,0 +1,246 @@
+//! Read-ahead for scans that continue one another (a file read in order, 1 MiB FUSE read after
+//! 1 MiB FUSE read): the leaves that follow are read in the background, whole (one large device
+//! request each), by a few worker threads, so that the device stays busy while the reader copies.
+//!
+//! A scan is *sequential* when it starts where a recent scan ended (the same key). After such a
+//! scan, the leaves from the one holding its end key onwards (up to the window) that are not
+//! wholly in memory are queued; only nodes already in the cache are walked to find them. The
+//! window is bounded by the cache: at most a quarter of the cache bound is ever being read ahead,
+//! and every node read ahead is an ordinary cache entry (counted, evictable). A leaf read ahead is
+//! marked; the first scan that uses it counts a hit ([`crate::Stats::prefetch_hits`]).
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::Ordering;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::Tree;
+use crate::node::{child_index, Body, NodeId, ROOT_ID};
+
+/// How many recent scan ends are remembered (concurrent readers each continue their own).
+const RECENT_ENDS: usize = 16;
+
+/// Parents walked to fill one window (a window crossing into the next parent's children).
+const MAX_PARENTS: usize = 4;
+
+/// Read-ahead state: recent scan ends, the queue of leaves to read, the workers' progress.
+#[derive(Default)]
+pub struct ReadAhead {
+    recent: Mutex<VecDeque<Vec<u8>>>,
+    queue: Mutex<Queue>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Leaves read ahead after one another by ascending key.
+    jobs: VecDeque<NodeId>,
+    /// Leaves queued or being read (each is queued once).
+    busy: HashSet<NodeId>,
+    /// Leaves being read now.
+    running: usize,
+    /// Leaves ahead of a scan (0: off).
+    window: usize,
+    stop: bool,
+}
+
+impl ReadAhead {
+    /// Sets the window in leaves (0 turns read-ahead off) and lets workers run.
+    pub(crate) fn start(&self, window: usize) {
+        let mut q = self.queue.lock();
+        q.window = window;
+        q.stop = false;
+    }
+
+    /// Makes the workers return (queued leaves are dropped).
+    pub(crate) fn stop(&self) {
+        let mut q = self.queue.lock();
+        q.stop = true;
+        for id in std::mem::take(&mut q.jobs) {
+            q.busy.remove(&id);
+        }
+        self.changed.notify_all();
+    }
+
+    fn window(&self) -> usize {
+        self.queue.lock().window
+    }
+}
+
+impl Tree {
+    /// The window in leaves for a wish of `leaves`: at most a quarter of the cache bound in
+    /// whole nodes, at least one leaf ahead.
+    pub(crate) fn read_ahead_window(&self, leaves: usize) -> usize {
+        if leaves == 0 {
+            return 0;
+        }
+        let bound = self.cache.budget() / 4 / self.format.node_size;
+        leaves.min(bound).max(1)
+    }
+
+    /// Records a scan of `[lo, hi)` about to run; returns whether it continues a recent scan (and
+    /// read-ahead is on).
+    pub(crate) fn note_scan(&self, lo: &[u8], hi: Option<&[u8]>) -> bool {
+        if self.readahead.window() == 0 {
+            return false;
+        }
+        let mut recent = self.readahead.recent.lock();
+        let seq = match recent.iter().position(|e| e.as_slice() == lo) {
+            Some(i) => {
+                recent.remove(i);
+                true
+            }
+            None => false,
+        };
+        if let Some(h) = hi {
+            if recent.len() == RECENT_ENDS {
+                recent.pop_front();
+            }
+            recent.push_back(h.to_vec());
+        }
+        seq
+    }
+
+    /// Queues the leaves from the one holding `key` onwards (up to the window) that are not
+    /// wholly in memory. Walks only cached nodes; nothing is read here.
+    pub(crate) fn read_ahead_from(&self, key: &[u8]) {
+        let window = self.readahead.window();
+        if window == 0 {
+            return;
+        }
+        let mut want: Vec<NodeId> = Vec::new();
+        let mut key = key.to_vec();
+        for _ in 0..MAX_PARENTS {
+            let Some(hi) = self.leaves_from(&key, window - want.len(), &mut want) else {
+                break;
+            };
+            if want.len() >= window {
+                break;
+            }
+            key = hi;
+        }
+        let missing: Vec<NodeId> = want
+            .into_iter()
+            .filter(|&id| !self.leaf_resident(id))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        let mut q = self.readahead.queue.lock();
+        if q.stop {
+            return;
+        }
+        for id in missing {
+            if q.busy.insert(id) {
+                q.jobs.push_back(id);
+            }
+        }
+        self.readahead.changed.notify_all();
+    }
+
+    /// Appends to `out` up to `n` leaves of the cached parent whose range holds `key`, from the
+    /// one holding `key`; returns the parent's exclusive high bound (`None`: the last parent, or
+    /// the path is not in memory).
+    fn leaves_from(&self, key: &[u8], n: usize, out: &mut Vec<NodeId>) -> Option<Vec<u8>> {
+        let mut cn = self.cache.get(ROOT_ID)?;
+        let mut lo: Vec<u8> = Vec::new();
+        let mut hi: Option<Vec<u8>> = None;
+        loop {
+            let g = cn.read();
+            let Body::Internal(node) = &g.body else {
+                return None;
+            };
+            let c = child_index(&node.pivots, key);
+            if g.height == 1 {
+                out.extend(node.children[c..].iter().take(n));
+                return hi;
+            }
+            let (cl, ch) = node.child_bounds(c, &lo, hi.as_deref());
+            let (cl, ch) = (cl.to_vec(), ch.map(|h| h.to_vec()));
+            let next = self.cache.get(node.children[c])?;
+            drop(g);
+            (lo, hi) = (cl, ch);
+            cn = next;
+        }
+    }
+
+    /// Whether node `id` is in memory with every partition.
+    fn leaf_resident(&self, id: NodeId) -> bool {
+        let Some(cn) = self.cache.peek(id) else {
+            return false;
+        };
+        let g = cn.read();
+        match &g.body {
+            Body::Leaf(l) => l.parts.iter().all(|p| p.data().is_some()),
+            Body::Internal(_) => true,
+        }
+    }
+
+    /// A worker: reads queued leaves until [`ReadAhead::stop`]. Errors are left to the reader that
+    /// later needs the node (a leaf merged away meanwhile has no location: nothing to read).
+    pub(crate) fn read_ahead_worker(&self) {
+        loop {
+            let id = {
+                let mut q = self.readahead.queue.lock();
+                loop {
+                    if q.stop {
+                        return;
+                    }
+                    if let Some(id) = q.jobs.pop_front() {
+                        q.running += 1;
+                        break id;
+                    }
+                    self.readahead.changed.wait(&mut q);
+                }
+            };
+            let _ = self.read_ahead_one(id);
+            let mut q = self.readahead.queue.lock();
+            q.running -= 1;
+            q.busy.remove(&id);
+            self.readahead.changed.notify_all();
+        }
+    }
+
+    fn read_ahead_one(&self, id: NodeId) -> crate::error::Result<()> {
+        if self.leaf_resident(id) {
+            return Ok(());
+        }
+        // Read ahead only into room the cache has: never evict past its usual point for a leaf
+        // that may not be needed (the reader then loads it itself).
+        self.make_room()?;
+        if self.cache.used() + self.format.node_size > self.cache.eviction_point() {
+            return Ok(());
+        }
+        let cn = match self.cache.peek(id) {
+            Some(cn) => {
+                self.load_partitions(&cn, None)?;
+                cn
+            }
+            None => self.load_with(id, true)?,
+        };
+        cn.prefetched.store(true, Ordering::Relaxed);
+        self.cache
+            .counters
+            .prefetch_loads
+            .fetch_add(1, Ordering::Relaxed);
+        self.make_room()
+    }
+
+    /// Waits until no leaf is queued or being read ahead.
+    pub fn wait_read_ahead(&self) {
+        let mut q = self.readahead.queue.lock();
+        while !q.jobs.is_empty() || q.running > 0 {
+            self.readahead.changed.wait(&mut q);
+        }
+    }
+
+    /// Counts a hit if the leaf was read ahead and this is its first use since.
+    pub(crate) fn note_leaf_use(&self, cn: &crate::cache::CachedNode) {
+        if cn.prefetched.load(Ordering::Relaxed) && cn.prefetched.swap(false, Ordering::Relaxed) {
+            self.cache
+                .counters
+                .prefetch_hits
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
