@@ -457,14 +457,8 @@ impl EncodedBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::msg::tests::w;
     use crate::msg::Patch;
-
-    fn w(offset: u32, data: &[u8]) -> Patch {
-        Patch::Write {
-            offset,
-            data: data.to_vec(),
-        }
-    }
 
     #[test]
     fn folding_matches_sequential_application() {

@@ -356,10 +356,11 @@ impl RangeDel {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn w(offset: u32, data: &[u8]) -> Patch {
+    /// A write patch (for tests here and in buffer.rs).
+    pub(crate) fn w(offset: u32, data: &[u8]) -> Patch {
         Patch::Write {
             offset,
             data: data.to_vec(),

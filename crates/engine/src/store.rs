@@ -57,14 +57,20 @@ impl Allocator {
     pub fn alloc(&mut self, blocks: u64) -> Option<Extent> {
         assert!(blocks > 0, "empty allocation");
         let &(len, start) = self.by_size.range((blocks, 0)..).next()?;
+        Some(self.take_front(start, len, blocks))
+    }
+
+    /// Takes the first `blocks` blocks of the free extent `(start, len)`, leaving the rest free.
+    fn take_front(&mut self, start: u64, len: u64, blocks: u64) -> Extent {
+        assert!(len >= blocks, "extent of {len} blocks cannot give {blocks}");
         self.remove(start, len);
         if len > blocks {
             self.insert(start + blocks, len - blocks);
         }
-        Some(Extent {
+        Extent {
             block: start,
             blocks,
-        })
+        }
     }
 
     /// Allocates `blocks` contiguous blocks as the next extent of a run (see [`Placement`]): at
@@ -85,14 +91,7 @@ impl Allocator {
         let Some((start, len)) = at else {
             return self.alloc(blocks);
         };
-        self.remove(start, len);
-        if len > blocks {
-            self.insert(start + blocks, len - blocks);
-        }
-        Some(Extent {
-            block: start,
-            blocks,
-        })
+        Some(self.take_front(start, len, blocks))
     }
 
     /// Marks `e` allocated (when rebuilding from a table). Fails if any block is not free.
