@@ -1,20 +1,23 @@
 """Large-file benchmarks (BetrFS micro/large-file): sequential write, cold sequential read, cold
-random 4-byte writes into the same file. One fresh FS per repetition serves all three."""
+random 4 KiB reads and cold random 4-byte writes into the same file. One fresh FS per repetition
+serves all four."""
 from __future__ import annotations
 
 from . import Info, Metric, Param
 from ..util import G, M
 from ._common import MiB
 
-NAMES = ["seqwrite", "seqread", "randwrite"]
+NAMES = ["seqwrite", "seqread", "randread", "randwrite"]
 GROUP = "main"  # see GROUPS in __init__.py
-ALIASES = {"largefile": "seqwrite,seqread,randwrite"}
+ALIASES = {"largefile": "seqwrite,seqread,randread,randwrite"}
 NEEDS: set[str] = set()
 # Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
 PARAMS = {
     "large_file": Param(4 * G, quick=384 * M, size=True),
     "seq_write_block": Param(40 * M, size=True),
     "seq_read_block": Param(10 * M, size=True),
+    "rand_reads": Param(8192, quick=1024),
+    "rand_read_size": Param(4096, size=True),
     "rand_writes": Param(262_144, quick=8192),
     "rand_write_size": Param(4),
 }
@@ -37,6 +40,16 @@ INFO = {
         "BetrFS run-large-file-read.sh (dd bs=40960 after a cache clear); here 10 MiB reads",
         [Metric("read", "mib_per_s", "cold read", "MiB/s", True)], ["read"],
         secondary=[Metric("read", "seconds", "cold read", "s", False)]),
+    "randread": Info(
+        "randread", "Random 4 KiB reads (cold)",
+        "cold cache, then `rand_reads` pread()s of `rand_read_size` bytes at block-aligned offsets drawn "
+        "uniformly from the file (xorshift64* seeded with `rand_seed`, drawn before the clock starts) after "
+        "POSIX_FADV_RANDOM; reads/s and device bytes read per read (C helper `seqio randread`)",
+        "not in the BetrFS scripts; the point-read case of the engine benchmark (docs/benchmarks/engine.md) on "
+        "the mount",
+        [Metric("randread", "reads_per_s", "cold random reads", "reads/s", True)], ["randread"],
+        secondary=[Metric("randread", "dev_bytes_per_read", "device bytes read per read", "B", False),
+                   Metric("randread", "read_s", "reads", "s", False)]),
     "randwrite": Info(
         "randwrite", "Random 4-byte writes (cold)",
         "cold cache, then `rand_writes` pwrite()s of `rand_write_size` bytes at offsets "
@@ -79,6 +92,18 @@ def run(ctx, names):
             raise RuntimeError(f"read {j['bytes']} bytes, expected {p.large_file}")
         ctx.record("seqread", "read", "mib_per_s", j["bytes"] / MiB / j["read_s"], "MiB/s")
         ctx.record("seqread", "read", "seconds", j["read_s"], "s")
+    if "randread" in names:
+        r = ctx.timed("randread", "randread",
+                      [seqio, "randread", str(f), str(p.rand_reads), str(p.rand_read_size), str(p.rand_seed)],
+                      cold=True, record_seconds=False,
+                      label=f"cold {p.rand_reads:,} random {p.rand_read_size >> 10} KiB reads")
+        j = ctx.helper_json(r)
+        if j["file_bytes"] != p.large_file:
+            raise RuntimeError(f"file holds {j['file_bytes']} bytes, expected {p.large_file}")
+        dev_read = r.extra["trace"].read_bytes
+        ctx.record("randread", "randread", "reads_per_s", j["reads"] / j["read_s"], "reads/s")
+        ctx.record("randread", "randread", "read_s", j["read_s"], "s")
+        ctx.record("randread", "randread", "dev_bytes_per_read", dev_read / j["reads"], "B")
     if "randwrite" in names:
         r = ctx.timed("randwrite", "randwrite",
                       [str(ctx.helpers["randwrite"]), str(f), str(p.rand_writes), str(p.rand_write_size),

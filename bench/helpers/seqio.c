@@ -5,6 +5,10 @@
  *                                  writes (taken at rotating offsets from one random pool, so no two
  *                                  blocks are identical), then one fsync.
  *   seqio read FILE BLOCK                 read the whole file in BLOCK-sized reads.
+ *   seqio randread FILE COUNT BLOCK SEED  COUNT preads of BLOCK bytes at BLOCK-aligned offsets drawn
+ *                                  uniformly from the file (xorshift64* seeded with SEED, offsets
+ *                                  drawn before the clock starts), after POSIX_FADV_RANDOM so the
+ *                                  kernel reads no more than each call asks for.
  *
  * Prints one JSON object on stdout: bytes, seconds for the writes/reads, seconds for the fsync.
  * Buffer generation happens before the clock starts.
@@ -74,10 +78,53 @@ static int do_read(const char *path, size_t block) {
     return 0;
 }
 
+static uint64_t xorshift64s(uint64_t *x) {
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    return *x * 0x2545F4914F6CDD1Dull;
+}
+
+static int do_randread(const char *path, unsigned long long count, size_t block, unsigned long long seed) {
+    if (block == 0 || count == 0) die("randread: COUNT and BLOCK must be positive");
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) die("open %s", path);
+    struct stat st;
+    if (fstat(fd, &st)) die("fstat %s", path);
+    unsigned long long blocks = (unsigned long long)st.st_size / block;
+    if (blocks == 0) die("randread: %s is smaller than one block", path);
+    int e = posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+    if (e) {
+        errno = e;
+        die("posix_fadvise %s", path);
+    }
+    off_t *offs = xmalloc(count * sizeof *offs);
+    uint64_t x = seed ? seed : 1;
+    for (unsigned long long i = 0; i < count; i++) offs[i] = (off_t)((xorshift64s(&x) % blocks) * block);
+    char *buf = xmalloc(block);
+    double t0 = now_s();
+    for (unsigned long long i = 0; i < count; i++) {
+        ssize_t n = pread(fd, buf, block, offs[i]);
+        if (n < 0 && errno == EINTR) {
+            i--;
+            continue;
+        }
+        if (n != (ssize_t)block) die("pread %s at %lld returned %zd", path, (long long)offs[i], n);
+    }
+    double t1 = now_s();
+    close(fd);
+    printf("{\"reads\": %llu, \"block\": %zu, \"file_bytes\": %lld, \"read_s\": %.6f}\n", count, block,
+           (long long)st.st_size, t1 - t0);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 5 && !strcmp(argv[1], "write"))
         return do_write(argv[2], parse_u64(argv[3]), (size_t)parse_u64(argv[4]));
     if (argc == 4 && !strcmp(argv[1], "read")) return do_read(argv[2], (size_t)parse_u64(argv[3]));
-    fprintf(stderr, "usage: seqio write FILE SIZE BLOCK | seqio read FILE BLOCK\n");
+    if (argc == 6 && !strcmp(argv[1], "randread"))
+        return do_randread(argv[2], parse_u64(argv[3]), (size_t)parse_u64(argv[4]), parse_u64(argv[5]));
+    fprintf(stderr, "usage: seqio write FILE SIZE BLOCK | seqio read FILE BLOCK | "
+                    "seqio randread FILE COUNT BLOCK SEED\n");
     return 2;
 }

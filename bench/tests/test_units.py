@@ -71,7 +71,7 @@ class Config(unittest.TestCase):
 
     def test_benchmark_names(self):
         self.assertEqual(benchmarks.expand("randwrite,seqwrite"), ["seqwrite", "randwrite"])
-        self.assertEqual(benchmarks.expand("largefile"), ["seqwrite", "seqread", "randwrite"])
+        self.assertEqual(benchmarks.expand("largefile"), ["seqwrite", "seqread", "randread", "randwrite"])
         aging = benchmarks.expand("aging")
         self.assertEqual(aging, ["aging-git", "aging-mail", "aging-intrafile", "aging-interfile"])
         extra = [n for m in benchmarks.EXTRA_MODULES for n in m.NAMES]  # crash tests: only when asked for
