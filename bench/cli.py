@@ -179,6 +179,10 @@ def main(argv=None) -> int:
             return 2
     params = replace(params, amaranth_cache_size=params.cache_size())  # the value used, in run.json too
     args.amaranth_cache_size = params.amaranth_cache_size
+    if params.amaranth_compression not in ("", "none", "lz4", "zstd"):
+        print(f"amaranth_compression={params.amaranth_compression!r}: choose none, lz4 or zstd", file=sys.stderr)
+        return 2
+    args.amaranth_compression = params.amaranth_compression
     args.workdir = args.workdir.resolve()
     out = (args.out or REPO / "bench" / "results" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)

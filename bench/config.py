@@ -15,6 +15,7 @@ SHARED: dict[str, Param] = {
     "image_size": Param(16 * G, quick=3 * G, size=True),  # every FS gets a sparse image file of this size on a loop device
     "mem_limit": Param(2 * G, quick=256 * M, size=True),  # cgroup v1 memory limit for the workload (and the Amaranth daemon)
     "amaranth_cache_size": Param(0, size=True),  # 0 = half of mem_limit
+    "amaranth_compression": Param(""),  # `amaranth mkfs --compression`: none, lz4, zstd; '' = mkfs's default
     "repeat": Param(3, quick=1),
     "timeout": Param(3600, quick=600),  # per command, seconds
     "hdd_seek_ms": Param(8.0),

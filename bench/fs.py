@@ -152,9 +152,10 @@ class Amaranth(Driver):
     name = "amaranth"
     kernel = False
 
-    def __init__(self, binary: Path, cache_size: int, pid_dir: Path):
+    def __init__(self, binary: Path, cache_size: int, pid_dir: Path, compression: str = ""):
         self.bin = binary
         self.cache_size = cache_size
+        self.compression = compression  # `mkfs --compression`; '' = the mkfs default
         self.pid_dir = pid_dir
         self.pid: int | None = None
         self.hwm_kb = 0  # highest VmHWM seen over daemons since reset_stats()
@@ -182,7 +183,8 @@ class Amaranth(Driver):
         return self.pid_dir / "amaranth.pid"
 
     def mkfs(self, loop, log):
-        run([str(self.bin), "mkfs", loop.dev], timeout=600, stdout=log, stderr=log)
+        comp = ["--compression", self.compression] if self.compression else []
+        run([str(self.bin), "mkfs"] + comp + [loop.dev], timeout=600, stdout=log, stderr=log)
 
     def _supports_log_file(self) -> bool:
         """Newer CLIs take --log-file for the daemon's log (beyond the contract): use it when offered,
@@ -332,5 +334,6 @@ def make_driver(name: str, args) -> Driver:
     if name == "btrfs":
         return Btrfs()
     if name == "amaranth":
-        return Amaranth(Path(args.amaranth_bin), args.amaranth_cache_size, args.workdir)
+        return Amaranth(Path(args.amaranth_bin), args.amaranth_cache_size, args.workdir,
+                        getattr(args, "amaranth_compression", ""))
     raise ValueError(f"unknown file system {name!r}")
