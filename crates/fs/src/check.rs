@@ -412,6 +412,7 @@ pub fn check(engine: &Engine, repair: bool, mut progress: impl FnMut(&str)) -> C
     c.counts();
     progress("checking the inode index");
     c.index();
+    c.names();
     if repair {
         progress("writing repairs");
         c.write();

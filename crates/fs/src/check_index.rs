@@ -2,7 +2,10 @@
 //! root has exactly one entry, saying where it is (its parent directory's number and its name, or
 //! "at its home" for a hard-linked or unlinked-while-open inode), and there is no other entry.
 //!
-//! The index holds nothing the names do not, so its repair rewrites it from the names found. It is
+//! The names index (schema 6, see `fs/links.rs`) is checked the same way: one entry per name that
+//! holds a redirect (the redirect's inode, its directory's number, the name), and no other entry.
+//!
+//! The indexes hold nothing the names do not, so their repair rewrites them from the names found. It is
 //! not structural: it runs in a round without structural repairs, once the names hold still, so
 //! that names moved into `/lost+found` (or given a new number) are indexed where they end up.
 
@@ -12,7 +15,7 @@ use amaranth_engine::Op;
 
 use crate::check::{parent_of, scan_tag, Checker, Class};
 use crate::describe::path_of;
-use crate::fs::{Place, INDEX_SCHEMA};
+use crate::fs::{Place, INDEX_SCHEMA, NAMES_SCHEMA};
 use crate::inode::Kind;
 use crate::keys;
 use crate::table::ROOT_INO;
@@ -61,6 +64,88 @@ impl Checker<'_> {
         self.index_rewrite(missing, &want, "are missing");
     }
 
+    /// Compares the names index with the redirects found; queues its repair (stray entries go,
+    /// missing ones are written).
+    pub(crate) fn names(&mut self) {
+        if self.schema.is_none_or(|s| s < NAMES_SCHEMA) {
+            return;
+        }
+        let want = self.expected_names();
+        let mut stray: Vec<Vec<u8>> = Vec::new();
+        let mut found: HashSet<Vec<u8>> = HashSet::new();
+        let scan = scan_tag(self.engine, keys::NAMES, |k, _| {
+            found.insert(k.to_vec());
+        });
+        if let Err(e) = scan {
+            self.problem(Class::EngineCorruption, e.to_string());
+            return;
+        }
+        for k in &found {
+            let ino = keys::name_of_name_key(k).map(|(ino, _, _)| ino);
+            if !want.contains(k) && !ino.is_some_and(|i| self.unplaced_redirect(i)) {
+                stray.push(k.clone());
+            }
+        }
+        let mut missing: Vec<Vec<u8>> = want.difference(&found).cloned().collect();
+        missing.sort_unstable();
+        stray.sort_unstable();
+        if let Some(first) = stray.first() {
+            let i = self.problem(
+                Class::InodeIndex,
+                format!(
+                    "names index: {} entries name no redirect (the first: {})",
+                    stray.len(),
+                    describe_name_key(first)
+                ),
+            );
+            let ops = stray.into_iter().map(|key| Op::Delete { key }).collect();
+            self.fix(i, ops);
+        }
+        if let Some(first) = missing.first() {
+            let i = self.problem(
+                Class::InodeIndex,
+                format!(
+                    "names index: {} redirects are missing (the first: {})",
+                    missing.len(),
+                    describe_name_key(first)
+                ),
+            );
+            let ops = missing
+                .into_iter()
+                .map(|key| Op::Put { key, value: vec![1] })
+                .collect();
+            self.fix(i, ops);
+        }
+    }
+
+    /// The names-index keys the redirects found call for (those whose directory is known).
+    fn expected_names(&self) -> HashSet<Vec<u8>> {
+        let mut want = HashSet::new();
+        for (&ino, names) in &self.redirects {
+            for fk in names {
+                if let Some((dir, name)) = self.dir_and_name(fk) {
+                    want.insert(keys::name_key(ino, dir, &name));
+                }
+            }
+        }
+        want
+    }
+
+    /// Whether a redirect to `ino` has no known directory (a structural repair moves it first).
+    fn unplaced_redirect(&self, ino: u64) -> bool {
+        self.redirects
+            .get(&ino)
+            .is_some_and(|names| names.iter().any(|fk| self.dir_and_name(fk).is_none()))
+    }
+
+    /// The directory number and name of the path key `fk`, if its directory is known.
+    fn dir_and_name(&self, fk: &[u8]) -> Option<(u64, Vec<u8>)> {
+        let parent = parent_of(fk)?;
+        let dir = self.paths.get(&parent).filter(|i| i.kind == Kind::Dir)?;
+        let name = keys::name_of_child(fk, keys::children_prefix(&parent).len())?;
+        Some((dir.ino, name))
+    }
+
     /// Where every inode should be according to the names, and the inodes whose place is not
     /// known yet (their name has no parent directory: a structural repair moves it).
     fn expected_places(&self) -> (HashMap<u64, Place>, HashSet<u64>) {
@@ -75,14 +160,9 @@ impl Checker<'_> {
                 want.insert(ino, Place::Home);
                 continue;
             }
-            let place = parent_of(fk).and_then(|parent| {
-                let dir = self.paths.get(&parent).filter(|i| i.kind == Kind::Dir)?;
-                let name = keys::name_of_child(fk, keys::children_prefix(&parent).len())?;
-                Some(Place::At {
-                    parent: dir.ino,
-                    name,
-                })
-            });
+            let place = self
+                .dir_and_name(fk)
+                .map(|(parent, name)| Place::At { parent, name });
             match place {
                 Some(p) => {
                     want.insert(ino, p);
@@ -146,4 +226,15 @@ impl Checker<'_> {
 fn index_ino(key: &[u8]) -> Option<u64> {
     let raw: [u8; 8] = key.get(1..)?.try_into().ok()?;
     Some(u64::from_be_bytes(raw))
+}
+
+/// A names-index key in words.
+fn describe_name_key(key: &[u8]) -> String {
+    match keys::name_of_name_key(key) {
+        Some((ino, dir, name)) => format!(
+            "inode {ino} as {:?} in directory {dir}",
+            String::from_utf8_lossy(&name)
+        ),
+        None => format!("a key of {} bytes", key.len()),
+    }
 }

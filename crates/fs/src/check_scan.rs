@@ -37,6 +37,8 @@ impl Checker<'_> {
             Ok(Some(v)) if v == 3u32.to_le_bytes() => self.schema = Some(3),
             // Schema 4 has no parked files (a writable mount records 5).
             Ok(Some(v)) if v == 4u32.to_le_bytes() => self.schema = Some(4),
+            // Schema 5 has no names index (a writable mount builds it).
+            Ok(Some(v)) if v == 5u32.to_le_bytes() => self.schema = Some(5),
             Ok(other) => {
                 let missing = other.is_none();
                 let i = self.problem(Class::BadSchema, format!("schema record is {other:?}"));

@@ -7,7 +7,7 @@ use std::ops::Bound;
 use amaranth_engine::{Engine, Result};
 
 use crate::inode::Meta;
-use crate::keys::{self, BLOCK, DATA, END, HOME, INDEX, META, SEP, SYSTEM, XATTR};
+use crate::keys::{self, BLOCK, DATA, END, HOME, INDEX, META, NAMES, SEP, SYSTEM, XATTR};
 
 /// A path key (or a truncated piece of one, as pivots are) as `/a/b`, lossily.
 pub fn path_of(file_key: &[u8]) -> String {
@@ -86,6 +86,13 @@ pub fn describe_key(key: &[u8]) -> String {
         INDEX => match <[u8; 8]>::try_from(rest) {
             Ok(b) => format!("inode-index entry of inode {}", u64::from_be_bytes(b)),
             Err(_) => "the inode index".into(),
+        },
+        NAMES => match keys::name_of_name_key(key) {
+            Some((ino, dir, name)) => format!(
+                "names-index entry of inode {ino} ({} in directory {dir})",
+                String::from_utf8_lossy(&name)
+            ),
+            None => "the names index".into(),
         },
         _ => format!("key {key:02x?}"),
     }

@@ -35,9 +35,11 @@ mod attr;
 mod data;
 mod handles;
 mod limits;
+mod links;
 mod namespace;
 
 pub(crate) use handles::{Place, INDEX_SCHEMA};
+pub(crate) use links::NAMES_SCHEMA;
 mod orphans;
 mod readdir;
 mod rename;
@@ -52,10 +54,10 @@ pub(crate) use orphans::parked_path;
 /// Version of the file-system schema stored in `s/format` (2: names carry their hash, so a
 /// directory's children are in hash order; 3: the inode index, see `fs/handles.rs`; 4: inodes
 /// count their blocks and reservations; 5: a regular file's home with link count 0 may name, in its
-/// target field, the path where its data still is, see `fs/orphans.rs`). Version-1 images are
-/// refused; versions 2 to 4 are upgraded at their first writable mount or remount
-/// (`fs/upgrade.rs`).
-pub const SCHEMA_VERSION: u32 = 5;
+/// target field, the path where its data still is, see `fs/orphans.rs`; 6: the names index of
+/// hard-linked files, see `fs/links.rs`). Version-1 images are refused; versions 2 to 5 are
+/// upgraded at their first writable mount or remount (`fs/upgrade.rs`).
+pub const SCHEMA_VERSION: u32 = 6;
 /// Longest file name.
 pub const NAME_MAX: usize = 255;
 /// Longest symlink target.

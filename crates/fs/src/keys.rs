@@ -24,7 +24,10 @@
 //! - `'m' file_key` → the inode (metadata) of a file, directory, symlink or special file;
 //! - `'d' file_key 0x00 block(u64 BE)` → 4 KiB data blocks (shorter for the tail; missing = hole);
 //! - `'x' file_key 0x00 name` → extended attributes;
-//! - `'s' name` → file-system-wide records (format, inode counter).
+//! - `'s' name` → file-system-wide records (format, inode counter);
+//! - `'i' ino(u64 BE)` → where inode `ino` is (the inode index, schema 3);
+//! - `'l' ino(u64 BE) parent(u64 BE) name` → one entry per name of a hard-linked inode (the
+//!   names index, schema 6): each name that holds a redirect to the home of `ino`.
 //!
 //! A `file_key` is either a path key (starts with `SEP`; the root's is empty) or an inode-keyed
 //! *home* (`HOME ino(u64 BE)`): hard-linked and open-unlinked files live at their home, and each
@@ -51,6 +54,8 @@ pub const XATTR: u8 = b'x';
 pub const SYSTEM: u8 = b's';
 /// The inode index: where each inode is, by number (schema 3).
 pub const INDEX: u8 = b'i';
+/// The names index: every name of a hard-linked inode, by number (schema 6).
+pub const NAMES: u8 = b'l';
 
 /// Size of a data block.
 pub const BLOCK: u64 = 4096;
@@ -285,9 +290,44 @@ pub fn homes_range() -> (Vec<u8>, Vec<u8>) {
     (vec![META, HOME], vec![META, HOME + 1])
 }
 
+/// The names-index key saying that `name` in directory `parent` redirects to the home of `ino`.
+pub fn name_key(ino: u64, parent: u64, name: &[u8]) -> Vec<u8> {
+    let mut k = names_prefix(ino);
+    k.extend_from_slice(&parent.to_be_bytes());
+    k.extend_from_slice(name);
+    k
+}
+
+/// Prefix of the names-index keys of inode `ino`.
+pub fn names_prefix(ino: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(17);
+    k.push(NAMES);
+    k.extend_from_slice(&ino.to_be_bytes());
+    k
+}
+
+/// Reverses [`name_key`]: the inode, the parent directory and the name (not empty).
+pub fn name_of_name_key(key: &[u8]) -> Option<(u64, u64, Vec<u8>)> {
+    if key.len() <= 17 || key[0] != NAMES {
+        return None;
+    }
+    let ino = u64::from_be_bytes(key[1..9].try_into().ok()?);
+    let parent = u64::from_be_bytes(key[9..17].try_into().ok()?);
+    Some((ino, parent, key[17..].to_vec()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn name_keys_round_trip_and_group_by_inode() {
+        let k = name_key(7, 9, b"x\x00y");
+        assert_eq!(name_of_name_key(&k), Some((7, 9, b"x\x00y".to_vec())));
+        assert!(k.starts_with(&names_prefix(7)));
+        assert!(!name_key(8, 0, b"a").starts_with(&names_prefix(7)));
+        assert_eq!(name_of_name_key(&names_prefix(7)), None);
+    }
 
     #[test]
     fn children_first_and_subtree_contiguous() {

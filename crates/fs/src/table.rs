@@ -361,6 +361,23 @@ impl Table {
         self.detach(ino);
     }
 
+    /// The directory and name of a path-keyed inode (`None` if homed, detached or unknown).
+    pub fn place(&self, ino: u64) -> Option<(u64, Vec<u8>)> {
+        let n = self.nodes.get(&ino)?;
+        (!n.homed && n.parent != 0).then(|| (n.parent, n.name.to_vec()))
+    }
+
+    /// Marks a homed inode as living at `parent/name` again (its link count returned to one and
+    /// it moved back from its home). The caller checked that the table holds `parent`.
+    pub fn unhome(&mut self, ino: u64, parent: u64, name: &[u8]) {
+        let Some(n) = self.nodes.get_mut(&ino) else {
+            return;
+        };
+        assert!(n.homed && n.parent == 0, "inode {ino} is not homed");
+        n.homed = false;
+        self.attach(ino, parent, name);
+    }
+
     /// Marks an inode whose record was deleted (its last name removed, or its last close after
     /// that) and detaches it: it has no key any more, so nothing reads or writes it, and it keeps
     /// its entry only while the kernel knows it.

@@ -194,15 +194,33 @@ impl Fs {
         out
     }
 
+    /// The inode numbers of every home.
+    fn homes(&self) -> Result<Vec<u64>> {
+        let (lo, hi) = keys::homes_range();
+        let mut homes = Vec::new();
+        self.engine.scan(
+            std::ops::Bound::Included(&lo),
+            std::ops::Bound::Excluded(&hi),
+            |k, _| {
+                if let Some(ino) = keys::home_ino(&k[1..]) {
+                    homes.push(ino);
+                }
+                true
+            },
+        )?;
+        Ok(homes)
+    }
+
     /// Whether this image has the inode index (schema 3 and later).
     pub(super) fn has_index(&self) -> bool {
         self.schema() >= INDEX_SCHEMA
     }
 
-    /// Builds the inode index of an image from before it (schema 2), walking the directories
-    /// from the root, then records the new schema. Idempotent: a crash in the middle leaves the
-    /// old schema, and the next mount starts again.
-    pub(super) fn build_index(&self) -> Result<u64> {
+    /// Builds the names index (schema 6, `links.rs`) of an image from before it and, when
+    /// `inodes` (schema 2), the inode index, walking the directories from the root, then records
+    /// the new schema. Idempotent: a crash in the middle leaves the old schema, and the next mount
+    /// starts again.
+    pub(super) fn build_index(&self, inodes: bool) -> Result<u64> {
         let mut b = Batch::new();
         let mut entries = 0u64;
         let mut dirs = vec![(ROOT_INO, Vec::<u8>::new())];
@@ -224,12 +242,19 @@ impl Fs {
                 };
                 match Meta::decode(&v)? {
                     Meta::Inode(i) => {
-                        index_at(&mut b, i.ino, dir_ino, &name);
+                        if inodes {
+                            index_at(&mut b, i.ino, dir_ino, &name);
+                        }
                         if i.kind == Kind::Dir {
                             dirs.push((i.ino, keys::child_key(&dir_key, &name)));
                         }
                     }
-                    Meta::Redirect(ino) => index_home(&mut b, ino),
+                    Meta::Redirect(ino) => {
+                        if inodes {
+                            index_home(&mut b, ino);
+                        }
+                        super::links::name_put(&mut b, ino, dir_ino, &name);
+                    }
                 }
                 entries += 1;
                 if b.len() >= UPGRADE_BATCH {
@@ -239,20 +264,10 @@ impl Fs {
             }
         }
         // Homes without names: files unlinked while open.
-        let (lo, hi) = keys::homes_range();
-        let mut homes = Vec::new();
-        self.engine.scan(
-            std::ops::Bound::Included(&lo),
-            std::ops::Bound::Excluded(&hi),
-            |k, _| {
-                if let Some(ino) = keys::home_ino(&k[1..]) {
-                    homes.push(ino);
-                }
-                true
-            },
-        )?;
-        for ino in homes {
-            index_home(&mut b, ino);
+        if inodes {
+            for ino in self.homes()? {
+                index_home(&mut b, ino);
+            }
         }
         b.put(
             keys::system_key("format"),

@@ -5,6 +5,7 @@ use std::ops::Bound;
 
 use amaranth_engine::Batch;
 
+use super::links::{self, Unhomed};
 use super::{check_name, handles, orphans, Ctx, Found, Fs, NewNode, NAME_MAX, SYMLINK_MAX};
 use crate::error::{Errno, Result};
 use crate::inode::{Inode, Kind, Meta, Time};
@@ -206,35 +207,40 @@ impl Fs {
         let mut dir = dir_shared.lock();
         let mut b = Batch::new();
         let now = Time::now();
-        let after = self.remove_file_ops(&mut b, &found, now, false)?;
+        let removal = self.remove_file_ops(&mut b, &found, now, false, (parent, name))?;
         let mut next_dir = dir.clone();
         Self::touch_dir(&mut next_dir, now);
         b.put(keys::meta_key(&dkey), next_dir.encode());
         self.commit(&mut b)?;
         *dir = next_dir;
         drop(dir);
-        self.apply_removal(&found, after);
+        self.apply_removal(&found, removal);
         Ok(())
     }
 
-    /// Operations removing the name `found` of a non-directory. Returns the inode's state after.
-    /// A file the kernel still holds keeps existing, with link count 0, until the kernel forgets
-    /// it (`fs/orphans.rs`): a regular file is parked at its path (nothing moves) or, when
-    /// `reused` (a rename puts another file at that path in the same batch), moved to its home.
+    /// Operations removing the name `found` (`at`: its directory and name) of a non-directory.
+    /// Returns the inode's state after. A file the kernel still holds keeps existing, with link
+    /// count 0, until the kernel forgets it (`fs/orphans.rs`): a regular file is parked at its
+    /// path (nothing moves) or, when `reused` (a rename puts another file at that path in the same
+    /// batch), moved to its home. A homed file left with one name moves back to it when it can
+    /// (`fs/links.rs`).
     pub(super) fn remove_file_ops(
         &self,
         b: &mut Batch,
         found: &Found,
         now: Time,
         reused: bool,
-    ) -> Result<Inode> {
+        at: (u64, &[u8]),
+    ) -> Result<Removal> {
         let ino = found.inode.ino;
         let known = self.kernel_knows(ino);
         let mut after = found.inode.clone();
         after.nlink = after.nlink.saturating_sub(1);
         after.ctime = now;
+        let mut unhomed = None;
         if found.redirect {
             b.delete(keys::meta_key(&found.key));
+            links::name_drop(b, ino, at.0, at.1);
             let home = keys::home_key(ino);
             if after.nlink == 0 && !known {
                 self.delete_file_ops(b, &home, &found.inode);
@@ -242,7 +248,12 @@ impl Fs {
                 self.count_inodes(b, -1);
                 after.homed = false;
             } else {
-                b.put(keys::meta_key(&home), after.encode());
+                if after.nlink == 1 {
+                    unhomed = self.unhome_ops(b, &mut after, at)?;
+                }
+                if unhomed.is_none() {
+                    b.put(keys::meta_key(&home), after.encode());
+                }
             }
         } else if known && found.inode.kind == Kind::File {
             after.homed = true;
@@ -259,7 +270,7 @@ impl Fs {
             handles::index_drop(b, ino);
             self.count_inodes(b, -1);
         }
-        Ok(after)
+        Ok(Removal { after, unhomed })
     }
 
     /// Operations moving a file's data and xattrs from its path to its home.
@@ -270,8 +281,9 @@ impl Fs {
     }
 
     /// Updates the table after a name of `found` was removed.
-    fn apply_removal(&self, found: &Found, after: Inode) {
+    fn apply_removal(&self, found: &Found, removal: Removal) {
         let ino = found.inode.ino;
+        let Removal { after, unhomed } = removal;
         let Some(shared) = self.table.lock().inode(ino) else {
             return;
         };
@@ -280,6 +292,10 @@ impl Fs {
             self.note_parked(ino, p.to_vec());
         }
         *shared.lock() = after;
+        if let Some(u) = &unhomed {
+            self.note_unhomed(ino, u);
+            return;
+        }
         let mut t = self.table.lock();
         if homed {
             t.set_homed(ino);
@@ -324,7 +340,11 @@ impl Fs {
         let mut after = found.inode.clone();
         after.nlink = 0;
         after.ctime = now;
-        self.apply_removal(&found, after);
+        let removal = Removal {
+            after,
+            unhomed: None,
+        };
+        self.apply_removal(&found, removal);
         Ok(())
     }
 
@@ -377,11 +397,14 @@ impl Fs {
         if !inode.homed {
             // The first extra name: the file moves to its inode-keyed home and its path becomes a
             // redirect, like every later name.
+            let (parent, name) = self.table.lock().place(ino).ok_or(Errno::ENOENT)?;
             next.homed = true;
             self.home_ops(&mut b, &path, ino);
             b.put(keys::meta_key(&path), Meta::redirect(ino));
             handles::index_home(&mut b, ino);
+            links::name_put(&mut b, ino, parent, &name);
         }
+        links::name_put(&mut b, ino, new_parent, new_name);
         b.put(keys::meta_key(&home), next.encode());
         b.put(keys::meta_key(&new_key), Meta::redirect(ino));
         let mut next_dir = dir.clone();
@@ -403,4 +426,12 @@ impl Fs {
         }
         Ok(next)
     }
+}
+
+/// What removing a name did to its inode.
+pub(super) struct Removal {
+    /// The inode's state after.
+    pub after: Inode,
+    /// Where it lives now, if it moved back from its home to its one remaining name.
+    pub unhomed: Option<Unhomed>,
 }

@@ -3,9 +3,10 @@
 
 use amaranth_engine::Batch;
 
-use super::{check_name, handles, Found, Fs, RENAME_EXCHANGE, RENAME_NOREPLACE};
+use super::namespace::Removal;
+use super::{check_name, handles, links, Found, Fs, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use crate::error::{Errno, Result};
-use crate::inode::{Inode, Kind, Meta, Time};
+use crate::inode::{Kind, Meta, Time};
 use crate::keys;
 
 impl Fs {
@@ -107,7 +108,15 @@ impl Fs {
         if let Some(d) = ddir.as_mut() {
             Self::touch_dir(d, now);
         }
-        let mut replaced: Option<Inode> = None;
+        let mut replaced: Option<Removal> = None;
+        // The names index follows the redirects that move (`fs/links.rs`).
+        if src.redirect {
+            links::name_drop(&mut b, src.inode.ino, parent, name);
+        }
+        if let Some(d) = dst.as_ref().filter(|d| exchange && d.redirect) {
+            links::name_drop(&mut b, d.inode.ino, new_parent, new_name);
+            links::name_put(&mut b, d.inode.ino, parent, name);
+        }
         if exchange {
             let d = dst.as_ref().expect("checked");
             // Through a place whose keys are shorter than any path's: no key of either side is
@@ -150,9 +159,13 @@ impl Fs {
                     target_dir.nlink -= 1;
                     let mut gone = d.inode.clone();
                     gone.nlink = 0;
-                    replaced = Some(gone);
+                    replaced = Some(Removal {
+                        after: gone,
+                        unhomed: None,
+                    });
                 } else {
-                    replaced = Some(self.remove_file_ops(&mut b, d, now, true)?);
+                    let at = (new_parent, new_name);
+                    replaced = Some(self.remove_file_ops(&mut b, d, now, true, at)?);
                 }
             }
             self.move_entry_ops(&mut b, &src, &dst_key);
@@ -163,6 +176,9 @@ impl Fs {
                 sdir.nlink -= 1;
                 ddir.as_mut().expect("two parents").nlink += 1;
             }
+        }
+        if src.redirect {
+            links::name_put(&mut b, src.inode.ino, new_parent, new_name);
         }
         b.put(keys::meta_key(&src_dkey), sdir.encode());
         if let Some(d) = &ddir {
@@ -188,7 +204,7 @@ impl Fs {
             if let Some(shared) = dst_shared {
                 let mut i = shared.lock();
                 match &replaced {
-                    Some(r) if !exchange => *i = r.clone(),
+                    Some(r) if !exchange => *i = r.after.clone(),
                     _ => i.ctime = now,
                 }
             }
@@ -199,7 +215,9 @@ impl Fs {
                 t.detach(d.inode.ino);
                 t.detach(src_ino);
                 t.attach(d.inode.ino, parent, name);
-            } else if replaced.as_ref().is_some_and(|r| r.homed) {
+            } else if let Some(u) = replaced.as_ref().and_then(|r| r.unhomed.as_ref()) {
+                t.unhome(d.inode.ino, u.parent, &u.name);
+            } else if replaced.as_ref().is_some_and(|r| r.after.homed) {
                 t.set_homed(d.inode.ino);
             } else {
                 t.set_deleted(d.inode.ino);

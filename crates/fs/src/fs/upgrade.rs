@@ -2,7 +2,8 @@
 //! writable (its first writable mount, or a remount read-write after a read-only mount): schema 2
 //! gets the inode index (`handles.rs`), and schemas 2 and 3 get the record of schema 4, whose
 //! inodes count their blocks and reservations (schema 5, parked files, `orphans.rs`, needs nothing
-//! but the record: older images have none). Their inodes in encoding 1 stay as they are and read
+//! but the record: older images have none); schemas 2 to 5 get the names index of hard-linked
+//! files (schema 6, `links.rs`), built by the same walk of the directories. Their inodes in encoding 1 stay as they are and read
 //! as dense files (see `Meta::decode`) until rewritten, or recounted by `amaranth fsck --repair`;
 //! the record comes before the first inode in encoding 2, which older versions cannot read.
 
@@ -11,6 +12,7 @@ use std::sync::atomic::Ordering;
 use amaranth_engine::Batch;
 
 use super::handles::INDEX_SCHEMA;
+use super::links::NAMES_SCHEMA;
 use super::{Fs, SCHEMA_VERSION};
 use crate::error::Result;
 use crate::keys;
@@ -37,11 +39,11 @@ impl Fs {
         if from == SCHEMA_VERSION {
             return Ok(());
         }
-        if from < INDEX_SCHEMA {
-            // The index's last batch records the new schema: a crash before it leaves schema 2,
-            // and the next writable mount builds the index again.
-            let n = self.build_index()?;
-            log::info!("amaranth: built the inode index ({n} names)");
+        if from < NAMES_SCHEMA {
+            // The index's last batch records the new schema: a crash before it leaves the old
+            // one, and the next writable mount builds the index again.
+            let n = self.build_index(from < INDEX_SCHEMA)?;
+            log::info!("amaranth: built the inode and names indexes ({n} names)");
         } else {
             let mut b = Batch::new();
             b.put(
