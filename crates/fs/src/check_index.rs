@@ -112,7 +112,10 @@ impl Checker<'_> {
             );
             let ops = missing
                 .into_iter()
-                .map(|key| Op::Put { key, value: vec![1] })
+                .map(|key| Op::Put {
+                    key,
+                    value: vec![1],
+                })
                 .collect();
             self.fix(i, ops);
         }

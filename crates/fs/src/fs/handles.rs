@@ -127,7 +127,7 @@ impl Fs {
 
     /// Puts inode `ino` into the table (its ancestors too, without kernel lookups) from the index;
     /// `None` if the index has no such inode. `count`: the kernel gets a lookup of it.
-    fn bring_in(&self, ino: u64, count: bool) -> Result<Option<Inode>> {
+    pub(super) fn bring_in(&self, ino: u64, count: bool) -> Result<Option<Inode>> {
         // Walk up to an inode the table holds, remembering the way.
         let mut chain: Vec<(u64, u64, Vec<u8>)> = Vec::new();
         let mut cur = ino;

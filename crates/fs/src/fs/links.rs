@@ -20,8 +20,6 @@
 //!   one seek saved is small beside reading it);
 //! - a key at the path would be too long (an extended attribute with a long name under a long
 //!   path: the name itself fitted, since the redirect is there);
-//! - the kernel holds the inode but not the remaining name's directory (the table keeps an inode
-//!   at a path only under a parent it holds);
 //! - the names index does not give exactly one other name, or that name does not hold a redirect
 //!   to the inode (a damaged index: `fsck` reports and rewrites it).
 
@@ -110,7 +108,9 @@ impl Fs {
                 handles::Place::Home => return Ok(None),
             }
         };
-        Ok(Some(names.iter().rev().fold(base, |k, n| keys::child_key(&k, n))))
+        Ok(Some(
+            names.iter().rev().fold(base, |k, n| keys::child_key(&k, n)),
+        ))
     }
 
     /// Operations moving the homed file `after` (its state once the name `removed` is gone, link
@@ -123,7 +123,10 @@ impl Fs {
         removed: (u64, &[u8]),
     ) -> Result<Option<Unhomed>> {
         let ino = after.ino;
-        assert!(after.homed && after.nlink == 1, "inode {ino}: not homed once");
+        assert!(
+            after.homed && after.nlink == 1,
+            "inode {ino}: not homed once"
+        );
         assert!(after.target.is_empty() || after.kind == Kind::Symlink);
         if !self.has_names() || after.blocks > UNHOME_MAX_BLOCKS {
             return Ok(None);
@@ -137,7 +140,11 @@ impl Fs {
         let (parent, name) = (*parent, name.clone());
         let known = self.table.lock().get(ino).is_some();
         if known && parent != ROOT_INO && self.table.lock().get(parent).is_none() {
-            return Ok(None);
+            // The table keeps an inode at a path only under a directory it holds: enter the
+            // directory (and its ancestors) without kernel lookups, as a file handle would.
+            if self.bring_in(parent, false)?.is_none() {
+                return Ok(None);
+            }
         }
         let Some(dir_key) = self.dir_key_of(parent)? else {
             return Ok(None);
