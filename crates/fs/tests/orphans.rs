@@ -225,7 +225,7 @@ fn the_end_of_a_session_deletes_what_the_kernel_still_held() {
 }
 
 #[test]
-fn a_schema_4_image_opens_and_is_marked_5() {
+fn a_schema_4_image_opens_and_is_upgraded() {
     let dev = Arc::new(MemDevice::new(64 << 20));
     let engine = Engine::create(dev, format(), engine_options()).unwrap();
     Fs::mkfs(&engine, 0, 0).unwrap();
@@ -239,7 +239,7 @@ fn a_schema_4_image_opens_and_is_marked_5() {
         engine.get(&key).unwrap(),
         Some(amaranth_fs::SCHEMA_VERSION.to_le_bytes().to_vec())
     );
-    assert_eq!(amaranth_fs::SCHEMA_VERSION, 5);
+    assert_eq!(amaranth_fs::SCHEMA_VERSION, 6);
     assert_eq!(problems(&fs), vec![]);
     // Version 1 stays refused.
     let mut b = amaranth_engine::Batch::new();

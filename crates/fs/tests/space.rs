@@ -578,7 +578,7 @@ fn downgrade(t: &T, schema: u32) {
 
 /// An image of schema 2 (no inode index, inodes without block counts) gets both at its first
 /// writable mount: the index is built (fsck finds it complete, a hard link's file at its home
-/// included) and schema 5 recorded; its files count every block up to their size until
+/// included) and the current schema recorded; its files count every block up to their size until
 /// `fsck --repair` recounts them, and files written since count exactly.
 #[test]
 fn schema_2_images_get_the_index_and_the_block_counts_at_a_writable_mount() {
@@ -592,7 +592,7 @@ fn schema_2_images_get_the_index_and_the_block_counts_at_a_writable_mount() {
     downgrade(&t, 2);
     t.remount();
     assert_eq!(t.schema(), amaranth_fs::SCHEMA_VERSION);
-    assert_eq!(amaranth_fs::SCHEMA_VERSION, 5);
+    assert_eq!(amaranth_fs::SCHEMA_VERSION, 6);
     for ino in [t.look("d"), dense, sparse] {
         assert!(
             t.fs().engine().get(&keys::ino_key(ino)).unwrap().is_some(),
@@ -648,7 +648,7 @@ fn older_schemas_upgrade_when_remounted_writable() {
     }
 }
 
-/// An image of schema 3 (inodes without block counts) mounts, is marked schema 5, and its files
+/// An image of schema 3 (inodes without block counts) mounts, is marked current, and its files
 /// count every block up to their size (an upper bound) until `fsck --repair` recounts them; fsck
 /// also finds and repairs a wrong reserved-hole counter.
 #[test]
@@ -677,7 +677,7 @@ fn schema_3_images_upgrade_and_fsck_recounts() {
         schema,
         Some(amaranth_fs::SCHEMA_VERSION.to_le_bytes().to_vec())
     );
-    assert_eq!(amaranth_fs::SCHEMA_VERSION, 5);
+    assert_eq!(amaranth_fs::SCHEMA_VERSION, 6);
     let f = t.look("f");
     assert_eq!(
         t.du(f),
