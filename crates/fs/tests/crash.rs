@@ -78,3 +78,32 @@ fn long_random_workloads() {
     }
     eprintln!("long random workloads: {runs} workloads, {states} crash states checked");
 }
+
+/// Hard links whose count returns to one (the file moves from its home back to its remaining
+/// path, `fs/links.rs`): by unlink of either name, by a rename over a name, after a rename of
+/// the remaining name, and linked again afterwards. Every crash state is a prefix and fsck-clean
+/// (the names index included).
+#[test]
+fn hard_links_returning_to_one_name() {
+    let ops = vec![
+        FsOp::Link("A/foo", "B/foo2"),
+        FsOp::Unlink("A/foo"),
+        FsOp::Link("B/foo2", "A/C/again"),
+        FsOp::Rename("A/C/again", "A/renamed"),
+        FsOp::Rename("B/bar", "B/foo2"),
+        FsOp::Sync,
+        FsOp::Link("A/renamed", "B/third"),
+        FsOp::Link("B/third", "B/fourth"),
+        FsOp::Unlink("B/third"),
+        FsOp::Checkpoint,
+        FsOp::Unlink("A/renamed"),
+        FsOp::Append {
+            path: "B/fourth",
+            len: 3000,
+            fill: 4,
+        },
+    ];
+    let run = record(&ops);
+    let states = check_run(&run, 13, 40, "hard links returning to one name");
+    eprintln!("hard links returning to one name: {states} crash states checked");
+}
