@@ -1,7 +1,7 @@
 //! The offline checker behind `amaranth fsck`: engine invariants and checksums, then the schema:
 //! every name's parent is a directory, every redirect has a home, link counts, every data block and
 //! extended attribute has its file, sizes cover the data, the inode counters, and the inode index
-//! agrees with the names (schema 3, see `check_index.rs`).
+//! agrees with the names (schema 3, see `check_index.rs`), as does the names index (schema 6).
 //!
 //! Every problem has a named class and a severity: *benign* problems are leaks or counters that
 //! lose no data, *corruption* means data or structure is damaged. With `repair`, every class is

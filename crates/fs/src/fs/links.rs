@@ -113,6 +113,34 @@ impl Fs {
         ))
     }
 
+    /// The one name of `ino` left once `removed` goes, with its path key, if the names index
+    /// gives exactly one and it holds a redirect to `ino`.
+    fn remaining_name(
+        &self,
+        ino: u64,
+        removed: (u64, &[u8]),
+    ) -> Result<Option<(u64, Vec<u8>, Vec<u8>)>> {
+        let mut names = self.names_of(ino)?;
+        names.retain(|(p, n)| (*p, &n[..]) != removed);
+        let [(parent, name)] = &names[..] else {
+            log::warn!("amaranth: inode {ino}: {} other names indexed", names.len());
+            return Ok(None);
+        };
+        let Some(dir_key) = self.dir_key_of(*parent)? else {
+            return Ok(None);
+        };
+        let path = keys::child_key(&dir_key, &name);
+        let holds = match self.engine.get(&keys::meta_key(&path))? {
+            Some(v) => Some(Meta::decode(&v)?),
+            None => None,
+        };
+        if !matches!(holds, Some(Meta::Redirect(i)) if i == ino) {
+            log::warn!("amaranth: inode {ino}: its indexed name does not redirect to it");
+            return Ok(None);
+        }
+        Ok(Some((*parent, name.clone(), path)))
+    }
+
     /// Operations moving the homed file `after` (its state once the name `removed` is gone, link
     /// count 1) back to its one remaining name, if it can move (see the module's comment).
     /// `after` is updated (not homed). Returns where it went.
@@ -131,33 +159,9 @@ impl Fs {
         if !self.has_names() || after.blocks > UNHOME_MAX_BLOCKS {
             return Ok(None);
         }
-        let mut names = self.names_of(ino)?;
-        names.retain(|(p, n)| (*p, &n[..]) != removed);
-        let [(parent, name)] = &names[..] else {
-            log::warn!("amaranth: inode {ino}: {} other names indexed", names.len());
+        let Some((parent, name, path)) = self.remaining_name(ino, removed)? else {
             return Ok(None);
         };
-        let (parent, name) = (*parent, name.clone());
-        let known = self.table.lock().get(ino).is_some();
-        if known && parent != ROOT_INO && self.table.lock().get(parent).is_none() {
-            // The table keeps an inode at a path only under a directory it holds: enter the
-            // directory (and its ancestors) without kernel lookups, as a file handle would.
-            if self.bring_in(parent, false)?.is_none() {
-                return Ok(None);
-            }
-        }
-        let Some(dir_key) = self.dir_key_of(parent)? else {
-            return Ok(None);
-        };
-        let path = keys::child_key(&dir_key, &name);
-        let holds = match self.engine.get(&keys::meta_key(&path))? {
-            Some(v) => Some(Meta::decode(&v)?),
-            None => None,
-        };
-        if !matches!(holds, Some(Meta::Redirect(i)) if i == ino) {
-            log::warn!("amaranth: inode {ino}: its indexed name does not redirect to it");
-            return Ok(None);
-        }
         let home = keys::home_key(ino);
         let at_home = Found {
             key: home.clone(),
@@ -166,6 +170,14 @@ impl Fs {
         };
         if self.check_move_fits(&at_home, &path).is_err() {
             return Ok(None);
+        }
+        let known = self.table.lock().get(ino).is_some();
+        if known && parent != ROOT_INO && self.table.lock().get(parent).is_none() {
+            // The table keeps an inode at a path only under a directory it holds: enter the
+            // directory (and its ancestors) without kernel lookups, as a file handle would.
+            if self.bring_in(parent, false)?.is_none() {
+                return Ok(None);
+            }
         }
         after.homed = false;
         b.delete(keys::meta_key(&home));
