@@ -281,6 +281,17 @@ fn the_names_index_is_checked_repaired_and_built_for_older_images() {
     assert!(r.problems.iter().any(|p| p.class == Class::InodeIndex));
     check::repair(&engine, |_| {});
     assert_clean(&fs, "repaired");
+    // An entry of no redirect (`d/zz` does not exist) is found and deleted.
+    let mut stray = keys::names_prefix(a);
+    stray.extend_from_slice(&d.to_be_bytes());
+    stray.extend_from_slice(b"zz");
+    let mut batch = Batch::new();
+    batch.put(stray, vec![1]);
+    engine.write(&batch).unwrap();
+    let r = check::check(&engine, false, |_| {});
+    assert!(r.problems.iter().any(|p| p.class == Class::InodeIndex));
+    check::repair(&engine, |_| {});
+    assert_clean(&fs, "stray entry repaired");
     // Back to schema 5 (no names index): the first writable mount builds it.
     let mut batch = Batch::new();
     batch.range_delete(vec![keys::NAMES], vec![keys::NAMES + 1]);
