@@ -119,7 +119,7 @@ impl Fs {
         &self,
         ino: u64,
         removed: (u64, &[u8]),
-    ) -> Result<Option<(u64, Vec<u8>, Vec<u8>)>> {
+    ) -> Result<Option<(Unhomed, Vec<u8>)>> {
         let mut names = self.names_of(ino)?;
         names.retain(|(p, n)| (*p, &n[..]) != removed);
         let [(parent, name)] = &names[..] else {
@@ -129,7 +129,7 @@ impl Fs {
         let Some(dir_key) = self.dir_key_of(*parent)? else {
             return Ok(None);
         };
-        let path = keys::child_key(&dir_key, &name);
+        let path = keys::child_key(&dir_key, name);
         let holds = match self.engine.get(&keys::meta_key(&path))? {
             Some(v) => Some(Meta::decode(&v)?),
             None => None,
@@ -138,7 +138,11 @@ impl Fs {
             log::warn!("amaranth: inode {ino}: its indexed name does not redirect to it");
             return Ok(None);
         }
-        Ok(Some((*parent, name.clone(), path)))
+        let at = Unhomed {
+            parent: *parent,
+            name: name.clone(),
+        };
+        Ok(Some((at, path)))
     }
 
     /// Operations moving the homed file `after` (its state once the name `removed` is gone, link
@@ -159,7 +163,7 @@ impl Fs {
         if !self.has_names() || after.blocks > UNHOME_MAX_BLOCKS {
             return Ok(None);
         }
-        let Some((parent, name, path)) = self.remaining_name(ino, removed)? else {
+        let Some((at, path)) = self.remaining_name(ino, removed)? else {
             return Ok(None);
         };
         let home = keys::home_key(ino);
@@ -172,6 +176,7 @@ impl Fs {
             return Ok(None);
         }
         let known = self.table.lock().get(ino).is_some();
+        let parent = at.parent;
         if known && parent != ROOT_INO && self.table.lock().get(parent).is_none() {
             // The table keeps an inode at a path only under a directory it holds: enter the
             // directory (and its ancestors) without kernel lookups, as a file handle would.
@@ -184,9 +189,9 @@ impl Fs {
         b.move_prefix(keys::data_prefix(&home), keys::data_prefix(&path));
         b.move_prefix(keys::xattr_prefix(&home), keys::xattr_prefix(&path));
         b.put(keys::meta_key(&path), after.encode());
-        name_drop(b, ino, parent, &name);
-        handles::index_at(b, ino, parent, &name);
-        Ok(Some(Unhomed { parent, name }))
+        name_drop(b, ino, parent, &at.name);
+        handles::index_at(b, ino, parent, &at.name);
+        Ok(Some(at))
     }
 
     /// After the batch of [`Fs::unhome_ops`] is committed: the table keeps the inode at its path.
