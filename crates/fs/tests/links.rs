@@ -292,7 +292,20 @@ fn the_names_index_is_checked_repaired_and_built_for_older_images() {
     assert!(r.problems.iter().any(|p| p.class == Class::InodeIndex));
     check::repair(&engine, |_| {});
     assert_clean(&fs, "stray entry repaired");
-    // Back to schema 5 (no names index): the first writable mount builds it.
+    // What an older version left after an unlink of one of two names: a home with one name.
+    let c = file(&fs, d, b"c", &data(2500, 12));
+    fs.link(c, d, b"c2").unwrap();
+    let home = keys::meta_key(&keys::home_key(c));
+    let Meta::Inode(mut inode) = Meta::decode(&engine.get(&home).unwrap().unwrap()).unwrap() else {
+        panic!("no inode at the home of {c}");
+    };
+    inode.nlink = 1;
+    let mut batch = Batch::new();
+    batch.put(home, inode.encode());
+    batch.delete(keys::meta_key(&keys::path_key(&[b"d", b"c2"])));
+    engine.write(&batch).unwrap();
+    // Back to schema 5 (no names index): the first writable mount builds it, and moves the file
+    // with one name back to it.
     let mut batch = Batch::new();
     batch.range_delete(vec![keys::NAMES], vec![keys::NAMES + 1]);
     batch.put(keys::system_key("format"), 5u32.to_le_bytes().to_vec());
@@ -301,6 +314,7 @@ fn the_names_index_is_checked_repaired_and_built_for_older_images() {
     close(fs);
     let fs = open(&dev);
     assert_clean(&fs, "upgraded");
+    assert!(!at_home(&fs, c) && at_path(&fs, &[b"d", b"c"], c));
     fs.lookup(ROOT_INO, b"a2").unwrap();
     fs.unlink(ROOT_INO, b"a2").unwrap();
     assert!(at_path(&fs, &[b"d", b"a"], a));

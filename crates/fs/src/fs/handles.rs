@@ -195,7 +195,7 @@ impl Fs {
     }
 
     /// The inode numbers of every home.
-    fn homes(&self) -> Result<Vec<u64>> {
+    pub(super) fn homes(&self) -> Result<Vec<u64>> {
         let (lo, hi) = keys::homes_range();
         let mut homes = Vec::new();
         self.engine.scan(

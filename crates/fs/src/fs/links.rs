@@ -194,6 +194,28 @@ impl Fs {
         Ok(Some(at))
     }
 
+    /// After an upgrade built the names index: files that older versions left at their homes
+    /// with one name move back to it, one batch each (a crash in between leaves the rest at their
+    /// homes, which is correct). Returns how many moved.
+    pub(super) fn unhome_single_names(&self) -> Result<u64> {
+        let mut moved = 0;
+        for ino in self.homes()? {
+            let Some((mut inode, _)) = self.load(&keys::home_key(ino))? else {
+                continue;
+            };
+            let plain = inode.target.is_empty() || inode.kind == Kind::Symlink;
+            if inode.nlink != 1 || !inode.homed || !plain {
+                continue;
+            }
+            let mut b = Batch::new();
+            if self.unhome_ops(&mut b, &mut inode, (0, &[]))?.is_some() {
+                self.engine.write(&b)?;
+                moved += 1;
+            }
+        }
+        Ok(moved)
+    }
+
     /// After the batch of [`Fs::unhome_ops`] is committed: the table keeps the inode at its path.
     pub(super) fn note_unhomed(&self, ino: u64, at: &Unhomed) {
         self.table.lock().unhome(ino, at.parent, &at.name);

@@ -3,7 +3,8 @@
 //! gets the inode index (`handles.rs`), and schemas 2 and 3 get the record of schema 4, whose
 //! inodes count their blocks and reservations (schema 5, parked files, `orphans.rs`, needs nothing
 //! but the record: older images have none); schemas 2 to 5 get the names index of hard-linked
-//! files (schema 6, `links.rs`), built by the same walk of the directories. Their inodes in encoding 1 stay as they are and read
+//! files (schema 6, `links.rs`), built by the same walk of the directories, after which the files
+//! they left at their homes with one name move back to it. Their inodes in encoding 1 stay as they are and read
 //! as dense files (see `Meta::decode`) until rewritten, or recounted by `amaranth fsck --repair`;
 //! the record comes before the first inode in encoding 2, which older versions cannot read.
 
@@ -54,6 +55,10 @@ impl Fs {
         }
         self.schema.store(SCHEMA_VERSION, Ordering::Release);
         log::info!("amaranth: upgraded the schema from version {from} to {SCHEMA_VERSION}");
+        if from < NAMES_SCHEMA {
+            let n = self.unhome_single_names()?;
+            log::info!("amaranth: moved {n} files with one name back from their homes");
+        }
         Ok(())
     }
 }
