@@ -26,7 +26,7 @@
 use amaranth_engine::Batch;
 
 use super::{handles, Found, Fs};
-use crate::error::Result;
+use crate::error::{Errno, Result};
 use crate::inode::{Inode, Kind, Meta};
 use crate::keys;
 use crate::table::ROOT_INO;
@@ -172,8 +172,10 @@ impl Fs {
             inode: after.clone(),
             redirect: false,
         };
-        if self.check_move_fits(&at_home, &path).is_err() {
-            return Ok(None);
+        match self.check_move_fits(&at_home, &path) {
+            Ok(()) => {}
+            Err(Errno::ENAMETOOLONG) => return Ok(None),
+            Err(e) => return Err(e),
         }
         let known = self.table.lock().get(ino).is_some();
         let parent = at.parent;
