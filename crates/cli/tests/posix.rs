@@ -383,6 +383,70 @@ fn rename_files_directories_and_flags() {
     s.finish(m);
 }
 
+/// Whether the image holds inode `ino` itself at `path` (not a redirect to its home) and no
+/// record at its home: read with a read-only engine after the unmount.
+fn lives_at_path(img: &Path, path: &[&[u8]], ino: u64) -> bool {
+    use amaranth_engine::{Engine, Options};
+    use amaranth_fs::{keys, Meta};
+    use std::sync::Arc;
+    let opts = Options {
+        read_only: true,
+        background_threads: false,
+        ..Options::default()
+    };
+    let dev = amaranth_device::FileDevice::open_read_only(img).unwrap();
+    let e = Engine::open(Arc::new(dev), opts).unwrap();
+    let home = e.get(&keys::meta_key(&keys::home_key(ino))).unwrap();
+    let meta = e.get(&keys::meta_key(&keys::path_key(path))).unwrap();
+    let at =
+        matches!(meta.map(|v| Meta::decode(&v).unwrap()), Some(Meta::Inode(i)) if i.ino == ino);
+    home.is_none() && at
+}
+
+/// git's way of writing an object (a temporary name, `link()` to the final name, `unlink()` of
+/// the temporary one), with the file open or not: it ends up at its final path, not at the
+/// inode-keyed home hard-linked files live at (docs/AGING.md), and fsck is clean.
+#[test]
+fn a_file_linked_then_unlinked_lives_at_its_remaining_path() {
+    if !mount_env_ok() {
+        return;
+    }
+    let (s, m) = setup("unhome", "256M");
+    let p = |x: &str| m.p(x);
+    fs::create_dir_all(p("objects/ab")).unwrap();
+    fs::write(p("objects/ab/tmp_obj_1"), b"closed object").unwrap();
+    fs::hard_link(p("objects/ab/tmp_obj_1"), p("objects/ab/cdef")).unwrap();
+    fs::remove_file(p("objects/ab/tmp_obj_1")).unwrap();
+    let mut held = File::create(p("objects/ab/tmp_obj_2")).unwrap();
+    held.write_all(b"open object").unwrap();
+    fs::hard_link(p("objects/ab/tmp_obj_2"), p("objects/9876")).unwrap();
+    fs::remove_file(p("objects/ab/tmp_obj_2")).unwrap();
+    held.write_all(b", written on").unwrap();
+    drop(held);
+    assert_eq!(fs::read(p("objects/ab/cdef")).unwrap(), b"closed object");
+    assert_eq!(
+        fs::read(p("objects/9876")).unwrap(),
+        b"open object, written on"
+    );
+    let closed = fs::metadata(p("objects/ab/cdef")).unwrap();
+    let open = fs::metadata(p("objects/9876")).unwrap();
+    assert_eq!((closed.nlink(), open.nlink()), (1, 1));
+    let img = m.image.clone();
+    s.finish(m);
+    assert!(lives_at_path(
+        &img,
+        &[b"objects", b"ab", b"cdef"],
+        closed.ino()
+    ));
+    assert!(lives_at_path(&img, &[b"objects", b"9876"], open.ino()));
+    let m = s.mount(&img, "mnt", &MountOpts::default());
+    assert_eq!(
+        fs::read(m.p("objects/9876")).unwrap(),
+        b"open object, written on"
+    );
+    s.finish(m);
+}
+
 #[test]
 fn hard_links_symlinks_and_special_files() {
     if !mount_env_ok() {
