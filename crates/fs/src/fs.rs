@@ -7,7 +7,8 @@
 //! copy_file_range and the batch builders `write_ops`/`zero_ops`), `attr.rs` (getattr, setattr,
 //! xattrs), `limits.rs` (the space and key-length policies, statfs), `readdir.rs` (opendir,
 //! readdir, releasedir), `times.rs` (access times), `orphans.rs` (files unlinked while held),
-//! `handles.rs` (inodes by number) and `upgrade.rs` (schema upgrades).
+//! `handles.rs` (inodes by number), `links.rs` (the names of hard-linked files, and moving a file
+//! back from its home) and `upgrade.rs` (schema upgrades).
 //!
 //! Locking: `ns` (the namespace lock) is taken shared by operations that do not change names
 //! (read, write, setattr, xattrs) and exclusive by those that do (create, unlink, rename, link...),
