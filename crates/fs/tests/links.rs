@@ -223,13 +223,18 @@ fn after_a_remount_the_remaining_name_is_found_through_the_indexes() {
     fs.lookup(ROOT_INO, b"top").unwrap();
     fs.unlink(ROOT_INO, b"top").unwrap();
     assert!(at_path(&fs, &[b"d", b"deep", b"a"], a));
+    // The kernel still holds the inode: the table keeps it at its path (its directories entered).
+    assert_eq!(fs.read(a, 0, 1 << 16).unwrap(), data(4000, 9));
+    fs.write(a, 0, 4000, b"end", false).unwrap();
+    assert_eq!(fs.getattr(a).unwrap().size, 4003);
     assert_clean(&fs, "after remount");
     close(fs);
     let fs = open(&dev);
     let dd = fs.lookup(ROOT_INO, b"d").unwrap().ino;
     let de = fs.lookup(dd, b"deep").unwrap().ino;
     assert_eq!(fs.lookup(de, b"a").unwrap().ino, a);
-    assert_eq!(fs.read(a, 0, 1 << 16).unwrap(), data(4000, 9));
+    assert_eq!(fs.read(a, 0, 1 << 16).unwrap()[..4000], data(4000, 9));
+    assert_eq!(fs.read(a, 4000, 3).unwrap(), b"end");
     close(fs);
 }
 
