@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::msg::{KeyMsgs, Msn, RangeDel};
 use crate::node::{child_index, Body, ROOT_ID};
 use crate::partition::Partition;
-use crate::tree::Tree;
+use crate::tree::{Bounds, Tree};
 
 /// How many times a query restarts after loading a node before giving up.
 const MAX_RESTARTS: usize = 1000;
@@ -21,26 +21,31 @@ impl Tree {
     /// The value of `key`, with pending messages applied.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let mut pins = Vec::new();
+        let mut bounds = Bounds::root();
         for _ in 0..MAX_RESTARTS {
             // (range delete msn covering the key, folded point messages), top to bottom.
             let mut layers: Vec<(Option<Msn>, Option<KeyMsgs>)> = Vec::new();
+            // The node's bounds; the key as it stores it is `key[bounds.prefix().len()..]`.
+            bounds.reset_root();
             let mut cn = self.pin(ROOT_ID)?;
             let mut g = cn.read();
             loop {
+                let stored = bounds.lift(key);
                 let next = match &g.body {
                     Body::Internal(n) => {
-                        let c = child_index(&n.pivots, key);
-                        let Some(layer) = n.buffers[c].lookup(key)? else {
+                        let c = child_index(&n.pivots, stored);
+                        let Some(layer) = n.buffers[c].lookup(stored)? else {
                             drop(g);
                             self.load_buffer_encoding(&cn, c)?;
                             pins.push(cn);
                             break;
                         };
                         layers.push(layer);
+                        bounds.descend(n, c);
                         n.children[c]
                     }
                     Body::Leaf(l) => {
-                        let p = child_index(&l.pivots, key);
+                        let p = child_index(&l.pivots, stored);
                         let Some(part) = l.parts[p].data() else {
                             drop(g);
                             self.load_partitions(&cn, Some(p))?;
@@ -48,7 +53,7 @@ impl Tree {
                             break;
                         };
                         let leaf_msn = g.max_msn;
-                        let mut v = part.get(key).map(|x| x.to_vec());
+                        let mut v = part.get(stored).map(|x| x.to_vec());
                         for (range, point) in layers.iter().rev() {
                             if let Some(m) = range {
                                 assert!(*m > leaf_msn, "ancestor message already applied below");
@@ -94,19 +99,20 @@ impl Tree {
     pub fn chunk(&self, target: Target<'_>, from: &[u8], to: Option<&[u8]>) -> Result<Chunk> {
         let mut pins = Vec::new();
         'restart: for _ in 0..MAX_RESTARTS {
-            let mut lo: Vec<u8> = Vec::new();
-            let mut hi: Option<Vec<u8>> = None;
+            let mut bounds = Bounds::root();
             // The path's read latches stay held until the leaf is reached and its range known, so
             // only the messages for the wanted range are copied out of each ancestor's buffer.
-            let mut path: Vec<(ReadGuard, Arc<Buffer>)> = Vec::new();
+            // Each buffer comes with the prefix length of the node holding it.
+            let mut path: Vec<(ReadGuard, Arc<Buffer>, usize)> = Vec::new();
             let mut cn = self.pin(ROOT_ID)?;
             let mut g = cn.read();
             loop {
                 let next = match &g.body {
                     Body::Internal(n) => {
                         let c = match target {
-                            Target::AtOrAfter(k) => child_index(&n.pivots, k),
+                            Target::AtOrAfter(k) => child_index(&n.pivots, bounds.lift(k)),
                             Target::Before(Some(e)) => {
+                                let e = bounds.lift(e);
                                 n.pivots.partition_point(|p| p.as_slice() < e)
                             }
                             Target::Before(None) => n.children.len() - 1,
@@ -118,27 +124,17 @@ impl Tree {
                             pins.push(cn);
                             continue 'restart;
                         };
-                        let (cl, ch) = n.child_bounds(c, &lo, hi.as_deref());
-                        let (cl, ch) = (cl.to_vec(), ch.map(|h| h.to_vec()));
-                        lo = cl;
-                        hi = ch;
-                        (n.children[c], b)
+                        let plen = bounds.prefix().len();
+                        bounds.descend(n, c);
+                        (n.children[c], b, plen)
                     }
                     Body::Leaf(l) => {
-                        // The part of the leaf that is wanted, and the partitions holding it.
-                        let cf: Vec<u8> = if from > lo.as_slice() {
-                            from.to_vec()
-                        } else {
-                            lo.clone()
-                        };
-                        let ct: Option<Vec<u8>> = match (to, &hi) {
-                            (Some(t), Some(h)) => Some(if t < h.as_slice() {
-                                t.to_vec()
-                            } else {
-                                h.clone()
-                            }),
-                            (Some(t), None) => Some(t.to_vec()),
-                            (None, h) => h.clone(),
+                        // The part of the leaf that is wanted (stored form), and the partitions
+                        // holding it.
+                        let cf = bounds.lift_clipped(from);
+                        let ct: Option<Vec<u8>> = match to {
+                            Some(t) => Some(bounds.lift_clipped(t)),
+                            None => bounds.hi().map(|h| h.to_vec()),
                         };
                         let p0 = child_index(&l.pivots, &cf);
                         let p1 = match &ct {
@@ -160,20 +156,21 @@ impl Tree {
                             }
                         }
                         self.note_leaf_use(&cn);
-                        let buffers: Vec<&Buffer> = path.iter().map(|(_, b)| &**b).collect();
-                        let chunk =
-                            Chunk::build(lo, hi, &cf, ct.as_deref(), parts, &buffers, g.max_msn);
-                        drop(buffers);
+                        let layers: Vec<(&Buffer, usize)> =
+                            path.iter().map(|(_, b, plen)| (&**b, *plen)).collect();
+                        let window = (cf.as_slice(), ct.as_deref());
+                        let chunk = Chunk::build(&bounds, window, parts, &layers, g.max_msn);
+                        drop(layers);
                         drop(g);
                         drop(path);
                         return Ok(chunk);
                     }
                 };
-                let (next, buf) = next;
+                let (next, buf, plen) = next;
                 match self.cache.get(next) {
                     Some(ccn) => {
                         let cg = ccn.read();
-                        path.push((std::mem::replace(&mut g, cg), buf));
+                        path.push((std::mem::replace(&mut g, cg), buf, plen));
                         cn = ccn;
                     }
                     None => {
@@ -209,6 +206,8 @@ pub struct Chunk {
     pub lo: Vec<u8>,
     /// Exclusive high bound (`None`: unbounded).
     pub hi: Option<Vec<u8>>,
+    /// The leaf's bounds: the stored keys below (entries, overlay, deletes) omit its prefix.
+    bounds: Bounds,
     parts: Vec<Arc<Partition>>,
     /// Keys touched by point messages and their resulting values, sorted by key; bytes in `arena`.
     overlay: Vec<OvEntry>,
@@ -229,39 +228,60 @@ struct OvEntry {
 const GONE: u32 = u32::MAX;
 
 impl Chunk {
-    /// Builds the chunk of a leaf (its resident partitions) under the buffers of its ancestors for
-    /// it, top to bottom (the caller holds their latches).
-    #[allow(clippy::too_many_arguments)]
+    /// Builds the chunk of a leaf with bounds `leaf` (its resident partitions holding the stored
+    /// `window`) under the buffers of its ancestors for it, top to bottom, each with the prefix
+    /// length of its node (the caller holds their latches). Ancestor messages are re-expressed as
+    /// the leaf stores its keys.
     fn build(
-        lo: Vec<u8>,
-        hi: Option<Vec<u8>>,
-        from: &[u8],
-        to: Option<&[u8]>,
+        leaf: &Bounds,
+        window: (&[u8], Option<&[u8]>),
         parts: Vec<Arc<Partition>>,
-        buffers: &[&Buffer],
+        layers: &[(&Buffer, usize)],
         leaf_msn: Msn,
     ) -> Chunk {
-        let ranges: Vec<Vec<RangeDel>> = buffers
+        let plen = leaf.prefix().len();
+        // Per layer: the bytes its keys have beyond the leaf's (`d`), and the window in its form.
+        let windows: Vec<(usize, Vec<u8>, Option<Vec<u8>>)> = layers
             .iter()
-            .map(|b| {
-                b.ranges_in(from, to)
+            .map(|&(_, lp)| {
+                assert!(lp <= plen, "an ancestor with a longer prefix than its leaf");
+                let tail = &leaf.prefix()[lp..];
+                let up = |k: &[u8]| [tail, k].concat();
+                (plen - lp, up(window.0), window.1.map(up))
+            })
+            .collect();
+        let ranges: Vec<Vec<RangeDel>> = layers
+            .iter()
+            .zip(&windows)
+            .map(|((b, _), (d, from, to))| {
+                b.ranges_in(from, to.as_deref())
                     .into_iter()
                     .filter(|r| r.msn > leaf_msn)
+                    .map(|r| RangeDel {
+                        msn: r.msn,
+                        lo: r.lo[*d..].to_vec(),
+                        hi: r.hi[*d..].to_vec(),
+                    })
                     .collect()
             })
             .collect();
         // Per layer, a cursor into its sorted, disjoint range deletes (keys come in order).
         let mut rcur = vec![0usize; ranges.len()];
-        let mut iters: Vec<_> = buffers
+        let mut iters: Vec<_> = layers
             .iter()
-            .map(|b| b.points_in(from, to).peekable())
+            .zip(&windows)
+            .map(|((b, _), (d, from, to))| {
+                b.points_in(from, to.as_deref())
+                    .map(move |(k, km)| (&k[*d..], km))
+                    .peekable()
+            })
             .collect();
         let mut overlay = Vec::new();
         let mut arena = Vec::new();
         // A cursor over the base entries, moving forward with the (sorted) overlay keys.
         let (mut bp, mut bi) = (0usize, 0usize);
         loop {
-            let mut min: Option<&Vec<u8>> = None;
+            let mut min: Option<&[u8]> = None;
             for it in iters.iter_mut() {
                 if let Some((k, _)) = it.peek() {
                     if min.is_none_or(|m| *k < m) {
@@ -279,7 +299,7 @@ impl Chunk {
                     bi = 0;
                     continue;
                 }
-                match p.key(bi).cmp(k.as_slice()) {
+                match p.key(bi).cmp(k) {
                     std::cmp::Ordering::Less => bi += 1,
                     std::cmp::Ordering::Equal => {
                         base = Some(p.value(bi));
@@ -293,7 +313,7 @@ impl Chunk {
                 base.map(std::borrow::Cow::Borrowed);
             for li in (0..iters.len()).rev() {
                 let rs = &ranges[li];
-                while rcur[li] < rs.len() && rs[rcur[li]].hi.as_slice() <= k.as_slice() {
+                while rcur[li] < rs.len() && rs[rcur[li]].hi.as_slice() <= k {
                     rcur[li] += 1;
                 }
                 if rcur[li] < rs.len() && rs[rcur[li]].covers(k) {
@@ -352,8 +372,9 @@ impl Chunk {
         }
         drop(iters);
         Chunk {
-            lo,
-            hi,
+            lo: leaf.full_lo(),
+            hi: leaf.full_hi(),
+            bounds: leaf.clone(),
             parts,
             overlay,
             arena,
@@ -381,6 +402,21 @@ impl Chunk {
         f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
     ) -> bool {
         let parts = &self.parts;
+        let start = &self.bounds.lift_clipped(start)[..];
+        let end_stored = end.map(|e| self.bounds.lift_clipped(e));
+        let end = end_stored.as_deref();
+        // The callback gets full keys: the prefix and the stored key in one reused buffer.
+        let prefix = self.bounds.prefix();
+        let mut full = Vec::new();
+        let mut f = |k: &[u8], v: &[u8]| {
+            if prefix.is_empty() {
+                return f(k, v);
+            }
+            full.clear();
+            full.extend_from_slice(prefix);
+            full.extend_from_slice(k);
+            f(&full, v)
+        };
         let in_range = |k: &[u8]| k >= start && end.is_none_or(|e| k < e);
         // Position of the first base entry >= k, as (partition, index).
         let lower = |k: &[u8]| -> (usize, usize) {

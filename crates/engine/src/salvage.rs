@@ -14,6 +14,14 @@
 
 use std::collections::{HashMap, HashSet};
 
+// The survey reads nodes by their images and places them by the full keys of their pivots and
+// entries: right only while nodes store full keys. Turning lifting on re-lifts salvage with the
+// nodes' prefix hints (docs/SURGERY.md §2.7) and rewrites adopted orphans at their new lift.
+const _: () = assert!(
+    !crate::tree::LIFT_KEYS,
+    "salvage and rebuild read stored keys as full keys"
+);
+
 use amaranth_device::AlignedBuf;
 
 use crate::buffer::Buffer;

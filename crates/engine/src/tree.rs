@@ -1,5 +1,6 @@
 //! The Bε-tree: its state, the modification protocol, and its jobs in submodules (an `impl Tree`
 //! spans them):
+//! - `tree/bounds.rs`: a node's key bounds during a descent and the lift of its keys;
 //! - `tree/load.rs`: loading nodes, their partitions and buffers on demand;
 //! - `tree/inject.rs`: message injection at the root and routing into child buffers;
 //! - `tree/flush.rs`: flushes of the heaviest child and passes over a key range (`drain_from`);
@@ -37,6 +38,7 @@ use crate::node::{self, Body, Leaf, Node, NodeId};
 use crate::store::Store;
 use crate::superblock::Extent;
 
+mod bounds;
 mod flush;
 mod inject;
 mod load;
@@ -44,6 +46,9 @@ mod readahead;
 mod split_merge;
 
 pub use readahead::ReadAhead;
+
+pub(crate) use bounds::Bounds;
+pub(crate) use bounds::LIFT_KEYS;
 
 pub(crate) use load::check_header;
 

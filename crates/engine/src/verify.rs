@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use crate::error::{Error, Result};
 use crate::node::{Body, NodeId, ROOT_ID};
-use crate::tree::Tree;
+use crate::tree::{Bounds, Tree};
 
 /// What a verification found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -49,9 +49,8 @@ impl Report {
     }
 }
 
-/// A node still to visit: (id, inclusive low bound, exclusive high bound, expected height, oldest
-/// message its parent buffers for it).
-type Pending = (NodeId, Vec<u8>, Option<Vec<u8>>, Option<u32>, u64);
+/// A node still to visit: (id, bounds, expected height, oldest message its parent buffers for it).
+type Pending = (NodeId, Bounds, Option<u32>, u64);
 
 fn broken(msg: String) -> Error {
     Error::Corrupt(msg)
@@ -63,8 +62,8 @@ pub fn verify(tree: &Tree) -> Result<Report> {
     let mut report = Report::default();
     let mut seen: HashSet<NodeId> = HashSet::new();
     let mut leaves: Vec<(Vec<u8>, (u64, u64))> = Vec::new();
-    let mut stack: Vec<Pending> = vec![(ROOT_ID, Vec::new(), None, None, u64::MAX)];
-    while let Some((id, lo, hi, height, msn_bound)) = stack.pop() {
+    let mut stack: Vec<Pending> = vec![(ROOT_ID, Bounds::root(), None, u64::MAX)];
+    while let Some((id, bounds, height, msn_bound)) = stack.pop() {
         if !seen.insert(id) {
             return Err(broken(format!("node {id} is reachable twice")));
         }
@@ -87,13 +86,14 @@ pub fn verify(tree: &Tree) -> Result<Report> {
                 g.max_msn
             )));
         }
-        let in_bounds =
-            |k: &[u8]| k >= lo.as_slice() && hi.as_ref().is_none_or(|h| k < h.as_slice());
+        // Stored keys, compared with the node's bounds in stored form: the same as comparing the
+        // full keys (the prefix put back) with the full bounds.
+        let in_bounds = |k: &[u8]| bounds.contains(k);
         match &g.body {
             Body::Leaf(l) => {
                 report.leaves += 1;
                 if let Some(e) = tree.store.location(id) {
-                    leaves.push((lo.clone(), (e.block, e.blocks)));
+                    leaves.push((bounds.full_lo(), (e.block, e.blocks)));
                 }
                 if l.pivots.len() + 1 != l.parts.len() {
                     return Err(broken(format!(
@@ -141,7 +141,7 @@ pub fn verify(tree: &Tree) -> Result<Report> {
                     return Err(broken(format!("node {id}: internal node at height 0")));
                 }
                 for p in &n.pivots {
-                    if !in_bounds(p) && p.as_slice() != lo.as_slice() {
+                    if !in_bounds(p) && p.as_slice() != bounds.lo() {
                         return Err(broken(format!("node {id}: pivot outside the node's range")));
                     }
                 }
@@ -159,7 +159,7 @@ pub fn verify(tree: &Tree) -> Result<Report> {
                             "node {id}: buffer {i} size differs from its slot"
                         )));
                     }
-                    let (cl, ch) = n.child_bounds(i, &lo, hi.as_deref());
+                    let (cl, ch) = n.child_bounds(i, bounds.lo(), bounds.hi());
                     let mut oldest = u64::MAX;
                     for (k, km) in b.points_in(&[], None) {
                         if k.as_slice() < cl || ch.is_some_and(|h| k.as_slice() >= h) {
@@ -187,8 +187,7 @@ pub fn verify(tree: &Tree) -> Result<Report> {
                     report.buffered_bytes += b.bytes() as u64;
                     stack.push((
                         n.children[i],
-                        cl.to_vec(),
-                        ch.map(|h| h.to_vec()),
+                        bounds.child(n, i),
                         Some(g.height - 1),
                         oldest,
                     ));

@@ -299,6 +299,8 @@ impl Tree {
 
 /// Where a node goes in a checkpoint's run: leaves first (class 0) by their lowest key, then
 /// internal nodes by decreasing height (`u32::MAX - height`) and the lowest key they name.
+/// Stored keys order nodes only while they are full keys (`crate::tree::LIFT_KEYS` off); lifted
+/// nodes need their position from a walk instead.
 fn placement_key(node: &node::Node) -> (u32, Vec<u8>) {
     match &node.body {
         Body::Leaf(l) => {

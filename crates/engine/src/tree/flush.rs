@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::inject::route_range;
-use super::Tree;
+use super::{Bounds, Tree};
 use crate::buffer::Buffer;
 use crate::cache::{CachedNode, WriteGuard};
 use crate::config::Format;
@@ -37,6 +37,8 @@ impl Tree {
                 }
             }
             let mut pcn = root;
+            // The bounds of the node `pg` latches.
+            let mut pb = Bounds::root();
             loop {
                 let (c, cid) = match &pg.body {
                     Body::Internal(n) if n.buffered_bytes() > threshold => {
@@ -74,12 +76,15 @@ impl Tree {
                     pins.push(ccn);
                     continue 'retry;
                 }
-                let child_alive = self.flush_into_child(&pcn, &mut pg, c, &ccn, &mut cg)?;
+                let child_alive = self.flush_into_child(&pcn, &mut pg, &pb, c, &ccn, &mut cg)?;
                 did = true;
                 let child_over = child_alive
                     && matches!(&cg.body, Body::Internal(n) if n.buffered_bytes() > threshold);
                 if child_over {
                     // Go down: the child must drain before more is pushed into it.
+                    if let Body::Internal(n) = &pg.body {
+                        pb.descend(n, c);
+                    }
                     drop(pg);
                     pg = cg;
                     pcn = ccn;
@@ -115,7 +120,7 @@ impl Tree {
             deletes_only,
             flushes: 0,
         };
-        let resume = self.drain_node(&root, &mut g, from, None, &mut work)?;
+        let resume = self.drain_node(&root, &mut g, from, &Bounds::root(), &mut work)?;
         Ok((work.flushes, resume))
     }
 
@@ -124,26 +129,26 @@ impl Tree {
         cn: &Arc<CachedNode>,
         g: &mut WriteGuard,
         from: &[u8],
-        node_hi: Option<&[u8]>,
+        bounds: &Bounds,
         work: &mut DrainWork,
     ) -> Result<Option<Vec<u8>>> {
         let mut i = match &g.body {
-            Body::Internal(n) => child_index(&n.pivots, from),
+            Body::Internal(n) => child_index(&n.pivots, &bounds.lift_clipped(from)),
             Body::Leaf(_) => return Ok(None),
         };
         loop {
-            let (cid, pending, lo, hi) = match &g.body {
+            let (cid, pending, cb) = match &g.body {
                 Body::Internal(n) if i < n.children.len() => {
-                    let (l, h) = n.child_bounds(i, &[], node_hi);
                     let pending = if work.deletes_only {
                         n.buffers[i].data().is_some_and(|b| b.counts().1 > 0)
                     } else {
                         !n.buffers[i].is_empty()
                     };
-                    (n.children[i], pending, l.to_vec(), h.map(|h| h.to_vec()))
+                    (n.children[i], pending, bounds.child(n, i))
                 }
                 _ => return Ok(None),
             };
+            let lo = cb.full_lo();
             if work.flushes >= work.max_flushes {
                 return Ok(Some(lo));
             }
@@ -168,7 +173,7 @@ impl Tree {
             };
             let mut cg = ccn.write();
             if pending {
-                let alive = self.flush_into_child(cn, g, i, &ccn, &mut cg)?;
+                let alive = self.flush_into_child(cn, g, bounds, i, &ccn, &mut cg)?;
                 work.flushes += 1;
                 if !alive {
                     // Merged into its left sibling: look at that one again.
@@ -177,12 +182,18 @@ impl Tree {
                 }
             }
             if matches!(cg.body, Body::Internal(_)) {
+                // The flush may have split or merged the child: its bounds as they are now.
+                let cb = match &g.body {
+                    Body::Internal(n) => bounds.child(n, i),
+                    Body::Leaf(_) => unreachable!("a node with children became a leaf"),
+                };
+                let lo = cb.full_lo();
                 let start = if from > lo.as_slice() {
                     from
                 } else {
                     lo.as_slice()
                 };
-                if let Some(resume) = self.drain_node(&ccn, &mut cg, start, hi.as_deref(), work)? {
+                if let Some(resume) = self.drain_node(&ccn, &mut cg, start, &cb, work)? {
                     return Ok(Some(resume));
                 }
             }
@@ -190,12 +201,14 @@ impl Tree {
         }
     }
 
-    /// Moves buffer `c` of the parent into the child, then restructures the child (split or merge).
-    /// Returns whether the child still exists (a merge may fold it into its left sibling).
+    /// Moves buffer `c` of the parent (whose bounds are `pb`) into the child, then restructures
+    /// the child (split or merge). Returns whether the child still exists (a merge may fold it
+    /// into its left sibling).
     pub(super) fn flush_into_child(
         &self,
         pcn: &Arc<CachedNode>,
         pg: &mut WriteGuard,
+        pb: &Bounds,
         c: usize,
         ccn: &Arc<CachedNode>,
         cg: &mut WriteGuard,
@@ -206,25 +219,37 @@ impl Tree {
             unreachable!("flush from a leaf")
         };
         let buf = pn.buffers[c].take();
+        let (cb, extra) = (pb.child(pn, c), pb.extra(pn, c));
         self.counters.flushes.fetch_add(1, Ordering::Relaxed);
         self.counters
             .bytes_flushed
             .fetch_add(buf.bytes() as u64, Ordering::Relaxed);
-        deliver(buf, cg, &self.format);
+        deliver(buf, cg, &cb, extra, &self.format);
         // The buffer left the parent: count that before the child's growth, or the accounted
         // usage holds the messages twice (measured: 13 MiB above the eviction point in one step).
         self.cache.remeasure(pcn, pg);
         self.end_modify(ccn, cg);
-        let alive = self.restructure_child(pg, c, ccn, cg)?;
+        let alive = self.restructure_child(pg, pb, c, ccn, cg)?;
         self.end_modify(pcn, pg);
         Ok(alive)
     }
 }
 
-/// Applies a parent's buffer to a child (internal: into its buffers; leaf: into its entries).
-pub(super) fn deliver(buf: Buffer, node: &mut Node, format: &Format) {
+/// Applies a parent's buffer to a child (internal: into its buffers; leaf: into its entries). The
+/// child has bounds `cb` and strips `extra` bytes more than the parent: every message key and range
+/// bound loses them on the way down (re-lifted to the child's prefix).
+pub(super) fn deliver(buf: Buffer, node: &mut Node, cb: &Bounds, extra: usize, format: &Format) {
     let max = buf.max_msn();
-    let (mut ranges, points) = buf.into_parts();
+    let (mut ranges, mut points) = buf.into_parts();
+    if extra > 0 {
+        for r in &mut ranges {
+            Bounds::strip(cb, extra, &mut r.lo);
+            Bounds::strip(cb, extra, &mut r.hi);
+        }
+        for (k, _) in &mut points {
+            Bounds::strip(cb, extra, k);
+        }
+    }
     match &mut node.body {
         Body::Internal(n) => {
             // Ranges are independent of each other; deliver them in MSN order so each buffer sees

@@ -16,6 +16,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::Tree;
 use crate::node::{child_index, Body, NodeId, ROOT_ID};
+use crate::tree::Bounds;
 
 /// How many recent scan ends are remembered (concurrent readers each continue their own).
 const RECENT_ENDS: usize = 16;
@@ -143,23 +144,20 @@ impl Tree {
     /// the path is not in memory).
     fn leaves_from(&self, key: &[u8], n: usize, out: &mut Vec<NodeId>) -> Option<Vec<u8>> {
         let mut cn = self.cache.get(ROOT_ID)?;
-        let mut lo: Vec<u8> = Vec::new();
-        let mut hi: Option<Vec<u8>> = None;
+        let mut bounds = Bounds::root();
         loop {
             let g = cn.read();
             let Body::Internal(node) = &g.body else {
                 return None;
             };
-            let c = child_index(&node.pivots, key);
+            let c = child_index(&node.pivots, bounds.lift(key));
             if g.height == 1 {
                 out.extend(node.children[c..].iter().take(n));
-                return hi;
+                return bounds.full_hi();
             }
-            let (cl, ch) = node.child_bounds(c, &lo, hi.as_deref());
-            let (cl, ch) = (cl.to_vec(), ch.map(|h| h.to_vec()));
             let next = self.cache.get(node.children[c])?;
+            bounds.descend(node, c);
             drop(g);
-            (lo, hi) = (cl, ch);
             cn = next;
         }
     }

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::flush::deliver;
-use super::{Need, Tree};
+use super::{Bounds, Need, Tree};
 use crate::cache::{CachedNode, WriteGuard};
 use crate::error::Result;
 use crate::node::{Body, BufSlot, Internal, Leaf, Node, NodeId};
@@ -87,11 +87,13 @@ impl Tree {
                     }));
                 }
                 let buffers = children.iter().map(|_| BufSlot::empty()).collect();
-                rg.body = Body::Internal(Internal {
+                let int = Internal {
                     pivots,
                     children,
                     buffers,
-                });
+                };
+                root_children_lift(&int);
+                rg.body = Body::Internal(int);
                 rg.height = 1;
                 self.end_modify(root, rg);
                 Ok(Ok(true))
@@ -128,11 +130,13 @@ impl Tree {
                     }));
                 }
                 let buffers = children.iter().map(|_| BufSlot::empty()).collect();
-                rg.body = Body::Internal(Internal {
+                let int = Internal {
                     pivots,
                     children,
                     buffers,
-                });
+                };
+                root_children_lift(&int);
+                rg.body = Body::Internal(int);
                 rg.height = height + 1;
                 self.end_modify(root, rg);
                 Ok(Ok(true))
@@ -165,11 +169,12 @@ impl Tree {
     pub(super) fn restructure_child(
         &self,
         pg: &mut WriteGuard,
+        pb: &Bounds,
         c: usize,
         ccn: &Arc<CachedNode>,
         cg: &mut WriteGuard,
     ) -> Result<bool> {
-        if self.split_child(pg, c, ccn, cg) {
+        if self.split_child(pg, pb, c, ccn, cg) {
             return Ok(true);
         }
         let f = &self.format;
@@ -220,12 +225,18 @@ impl Tree {
             self.counters
                 .bytes_flushed
                 .fetch_add(sbuf.bytes() as u64, Ordering::Relaxed);
-            deliver(sbuf, &mut sg, &self.format);
+            let (sb, extra) = (pb.child(pn, s), pb.extra(pn, s));
+            deliver(sbuf, &mut sg, &sb, extra, &self.format);
         }
         let (left_is_child, li) = if s > c { (true, c) } else { (false, s) };
+        let halves = (pb.child(pn, li), pb.child(pn, li + 1));
         let pivot = pn.pivots.remove(li);
         pn.children.remove(li + 1);
         pn.buffers.remove(li + 1);
+        // The merged node's prefix is the common part of the halves' (never longer).
+        let merged = pb.child(pn, li);
+        same_lift(&halves.0, &merged);
+        same_lift(&halves.1, &merged);
         let (lcn, lg, rcn, rg): (
             &Arc<CachedNode>,
             &mut WriteGuard,
@@ -253,6 +264,7 @@ impl Tree {
     pub(super) fn split_child(
         &self,
         pg: &mut WriteGuard,
+        pb: &Bounds,
         c: usize,
         ccn: &Arc<CachedNode>,
         cg: &mut WriteGuard,
@@ -318,14 +330,39 @@ impl Tree {
         let Body::Internal(pn) = &mut pg.body else {
             unreachable!()
         };
+        let whole = pb.child(pn, c);
+        let count = pieces.len();
         for (k, (low, node)) in pieces.into_iter().enumerate() {
             let id = self.new_node(node);
             pn.pivots.insert(c + k, low);
             pn.children.insert(c + 1 + k, id);
             pn.buffers.insert(c + 1 + k, BufSlot::empty());
         }
+        // Each piece's prefix extends the whole's (a sub-range's lcp is at least as long).
+        for k in c..=c + count {
+            same_lift(&whole, &pb.child(pn, k));
+        }
         self.end_modify(ccn, cg);
         true
+    }
+}
+
+/// Checks that a node keeps its lift when its bounds change (`from` to `to`): while
+/// [`super::LIFT_KEYS`] is off, every prefix is empty. Increment 1b re-lifts instead (split pieces
+/// to their longer prefix, merged halves to the shorter one).
+fn same_lift(from: &Bounds, to: &Bounds) {
+    assert_eq!(
+        from.prefix(),
+        to.prefix(),
+        "a node's bounds changed its lift, which this build does not re-lift"
+    );
+}
+
+/// Checks the lift of the root's new children after a root split (the root's own prefix is empty).
+fn root_children_lift(root: &Internal) {
+    let b = Bounds::root();
+    for c in 0..root.children.len() {
+        same_lift(&b, &b.child(root, c));
     }
 }
 
