@@ -261,6 +261,27 @@ impl Buffer {
         out
     }
 
+    /// The same messages with every key (point keys, range bounds) passed through `f`, which must
+    /// keep their order (re-lifting a node whose prefix changes). The max MSN is kept.
+    pub fn rekeyed(self, f: impl Fn(&[u8]) -> Vec<u8>) -> Buffer {
+        let mut b = Buffer {
+            max_msn: self.max_msn,
+            ..Buffer::default()
+        };
+        for r in self.ranges.into_values() {
+            let (lo, hi) = (f(&r.lo), f(&r.hi));
+            assert!(b.ranges.last_key_value().is_none_or(|(_, p)| p.hi <= lo));
+            b.insert_range(RangeDel { msn: r.msn, lo, hi });
+        }
+        for (k, km) in self.points {
+            let k = f(&k);
+            assert!(b.points.last_key_value().is_none_or(|(p, _)| *p < k));
+            b.bytes += k.len() + 4 + km.size();
+            b.points.insert(k, km);
+        }
+        b
+    }
+
     /// Consumes the buffer into (range deletes, point messages), both sorted by key.
     pub fn into_parts(self) -> (Vec<RangeDel>, Vec<(Vec<u8>, KeyMsgs)>) {
         (

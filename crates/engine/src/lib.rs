@@ -42,6 +42,8 @@ mod heap;
 mod info;
 #[cfg(test)]
 mod invariant_tests;
+#[cfg(test)]
+mod lift_tests;
 mod load;
 mod msg;
 mod node;

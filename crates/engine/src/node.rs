@@ -21,6 +21,7 @@ use crate::partition::Partition;
 
 mod layout;
 mod leaf_apply;
+mod lift;
 
 pub use layout::{
     build_node, decode_buffer, decode_buffer_payload, decode_partition, decode_sub, header_span,

@@ -125,14 +125,28 @@ impl Bounds {
 
     /// The bytes child `c` of `n` (a node with these bounds) strips beyond this node's prefix.
     pub(crate) fn extra(&self, n: &Internal, c: usize) -> usize {
-        let (l, h) = n.child_bounds(c, &self.lo, self.hi.as_deref());
+        self.extra_of(&n.pivots, c)
+    }
+
+    /// [`Bounds::extra`] for a node given by its pivots only.
+    pub(crate) fn extra_of(&self, pivots: &[Vec<u8>], c: usize) -> usize {
+        let l: &[u8] = if c == 0 { &self.lo } else { &pivots[c - 1] };
+        let h = match pivots.get(c) {
+            Some(p) => Some(p.as_slice()),
+            None => self.hi.as_deref(),
+        };
         lift_len(l, h)
     }
 
     /// Child `c`'s bounds, for a node `n` with these bounds.
     pub(crate) fn child(&self, n: &Internal, c: usize) -> Bounds {
+        self.child_of(&n.pivots, c)
+    }
+
+    /// [`Bounds::child`] for a node given by its pivots only (the pieces of a split).
+    pub(crate) fn child_of(&self, pivots: &[Vec<u8>], c: usize) -> Bounds {
         let mut b = self.clone();
-        b.descend(n, c);
+        b.descend_pivots(pivots, c);
         b
     }
 
@@ -140,23 +154,29 @@ impl Bounds {
     /// query's descent does not allocate once they have grown).
     pub(crate) fn descend(&mut self, n: &Internal, c: usize) {
         assert!(c < n.children.len(), "child {c} of {}", n.children.len());
-        let e = self.extra(n, c);
+        self.descend_pivots(&n.pivots, c);
+    }
+
+    /// [`Bounds::descend`] for a node given by its pivots only: the one place a lift is computed.
+    fn descend_pivots(&mut self, pivots: &[Vec<u8>], c: usize) {
+        assert!(c <= pivots.len(), "child {c} of {}", pivots.len() + 1);
+        let e = self.extra_of(pivots, c);
         let add_lo = if c == 0 {
             &self.lo[..e]
         } else {
-            &n.pivots[c - 1][..e]
+            &pivots[c - 1][..e]
         };
         self.prefix.extend_from_slice(add_lo);
         if c == 0 {
             self.lo.drain(..e);
         } else {
             self.lo.clear();
-            self.lo.extend_from_slice(&n.pivots[c - 1][e..]);
+            self.lo.extend_from_slice(&pivots[c - 1][e..]);
         }
-        if c < n.pivots.len() {
+        if c < pivots.len() {
             let hi = self.hi.get_or_insert_with(Vec::new);
             hi.clear();
-            hi.extend_from_slice(&n.pivots[c][e..]);
+            hi.extend_from_slice(&pivots[c][e..]);
         } else if let Some(h) = &mut self.hi {
             h.drain(..e);
         }
@@ -168,6 +188,16 @@ impl Bounds {
             !LIFT_KEYS || self.hi.as_deref().is_none_or(|h| lcp(&self.lo, h) == 0),
             "a lift that is not maximal"
         );
+    }
+
+    /// The bytes a node with bounds `inner` (inside these) strips beyond this node's prefix:
+    /// what its stored keys lack in this node's stored form.
+    pub(crate) fn tail_of<'a>(&self, inner: &'a Bounds) -> &'a [u8] {
+        assert!(
+            inner.prefix.starts_with(&self.prefix),
+            "bounds that are not inside these"
+        );
+        &inner.prefix[self.prefix.len()..]
     }
 
     /// Strips from a message key moving from a node into its child (which strips `extra` bytes

@@ -69,31 +69,20 @@ impl Tree {
                 };
                 let pieces = l.split(f);
                 let first = std::mem::replace(l, Leaf::empty());
-                let mut pivots = Vec::new();
-                let mut children = vec![self.new_node(Node {
+                let leaf = |body| Node {
                     height: 0,
                     max_msn,
-                    body: Body::Leaf(first),
-                })];
+                    body,
+                };
+                let mut first = leaf(Body::Leaf(first));
+                let mut rest: Vec<(Vec<u8>, Node)> = pieces
+                    .into_iter()
+                    .map(|(low, l)| (low, leaf(Body::Leaf(l))))
+                    .collect();
                 self.counters
                     .leaf_splits
-                    .fetch_add(pieces.len() as u64, Ordering::Relaxed);
-                for (low, leaf) in pieces {
-                    pivots.push(low);
-                    children.push(self.new_node(Node {
-                        height: 0,
-                        max_msn,
-                        body: Body::Leaf(leaf),
-                    }));
-                }
-                let buffers = children.iter().map(|_| BufSlot::empty()).collect();
-                let int = Internal {
-                    pivots,
-                    children,
-                    buffers,
-                };
-                root_children_lift(&int);
-                rg.body = Body::Internal(int);
+                    .fetch_add(rest.len() as u64, Ordering::Relaxed);
+                rg.body = Body::Internal(self.new_root_body(&mut first, &mut rest));
                 rg.height = 1;
                 self.end_modify(root, rg);
                 Ok(Ok(true))
@@ -112,31 +101,20 @@ impl Tree {
                     },
                 );
                 let (first, rest) = split_internal(all, f.max_fanout, true);
-                let mut pivots = Vec::new();
-                let mut children = vec![self.new_node(Node {
+                let int = |body| Node {
                     height,
                     max_msn,
-                    body: Body::Internal(first),
-                })];
+                    body,
+                };
+                let mut first = int(Body::Internal(first));
+                let mut rest: Vec<(Vec<u8>, Node)> = rest
+                    .into_iter()
+                    .map(|(low, n)| (low, int(Body::Internal(n))))
+                    .collect();
                 self.counters
                     .internal_splits
                     .fetch_add(rest.len() as u64, Ordering::Relaxed);
-                for (low, piece) in rest {
-                    pivots.push(low);
-                    children.push(self.new_node(Node {
-                        height,
-                        max_msn,
-                        body: Body::Internal(piece),
-                    }));
-                }
-                let buffers = children.iter().map(|_| BufSlot::empty()).collect();
-                let int = Internal {
-                    pivots,
-                    children,
-                    buffers,
-                };
-                root_children_lift(&int);
-                rg.body = Body::Internal(int);
+                rg.body = Body::Internal(self.new_root_body(&mut first, &mut rest));
                 rg.height = height + 1;
                 self.end_modify(root, rg);
                 Ok(Ok(true))
@@ -161,6 +139,24 @@ impl Tree {
                 self.counters.merges.fetch_add(1, Ordering::Relaxed);
                 Ok(Ok(true))
             }
+        }
+    }
+
+    /// The root's new body after a root split: the pieces (the root's former contents, in the
+    /// root's form, whose prefix is empty) become its children, each re-lifted to its prefix.
+    fn new_root_body(&self, first: &mut Node, rest: &mut Vec<(Vec<u8>, Node)>) -> Internal {
+        let root = Bounds::root();
+        let pivots = relift_pieces(&root, first, rest);
+        let first = std::mem::replace(first, Node::empty_leaf());
+        let mut children = vec![self.new_node(first)];
+        for (_, node) in rest.drain(..) {
+            children.push(self.new_node(node));
+        }
+        let buffers = children.iter().map(|_| BufSlot::empty()).collect();
+        Internal {
+            pivots,
+            children,
+            buffers,
         }
     }
 
@@ -230,13 +226,15 @@ impl Tree {
         }
         let (left_is_child, li) = if s > c { (true, c) } else { (false, s) };
         let halves = (pb.child(pn, li), pb.child(pn, li + 1));
-        let pivot = pn.pivots.remove(li);
+        let mut pivot = pn.pivots.remove(li);
         pn.children.remove(li + 1);
         pn.buffers.remove(li + 1);
-        // The merged node's prefix is the common part of the halves' (never longer).
+        // The merged node's prefix is the common part of the halves' (never longer): both are
+        // un-lifted to it, and the pivot between them goes down in its form.
         let merged = pb.child(pn, li);
-        same_lift(&halves.0, &merged);
-        same_lift(&halves.1, &merged);
+        let head = pb.tail_of(&merged);
+        assert!(pivot.starts_with(head), "a pivot outside its node's prefix");
+        pivot.drain(..head.len());
         let (lcn, lg, rcn, rg): (
             &Arc<CachedNode>,
             &mut WriteGuard,
@@ -247,7 +245,9 @@ impl Tree {
         } else {
             (&scn, &mut sg, ccn, cg)
         };
-        let right_body = std::mem::replace(&mut rg.body, Body::Leaf(Leaf::empty()));
+        let mut right_body = std::mem::replace(&mut rg.body, Body::Leaf(Leaf::empty()));
+        lg.relift(&[], merged.tail_of(&halves.0));
+        right_body.relift(&[], merged.tail_of(&halves.1));
         lg.max_msn = lg.max_msn.max(rg.max_msn);
         match (&mut lg.body, right_body) {
             (Body::Leaf(a), Body::Leaf(b)) => a.absorb(pivot, b),
@@ -272,7 +272,11 @@ impl Tree {
         let f = &self.format;
         let height = cg.height;
         let max_msn = cg.max_msn;
-        let pieces: Vec<(Vec<u8>, Node)> = match &mut cg.body {
+        let whole = match &pg.body {
+            Body::Internal(pn) => pb.child(pn, c),
+            Body::Leaf(_) => unreachable!("a leaf has no children"),
+        };
+        let mut pieces: Vec<(Vec<u8>, Node)> = match &mut cg.body {
             Body::Leaf(l) if l.bytes() > f.node_size => {
                 let p: Vec<_> = l
                     .split(f)
@@ -324,46 +328,42 @@ impl Tree {
             }
             _ => return false,
         };
+        let lows = relift_pieces(&whole, cg, &mut pieces);
         // The pieces moved out of the child: count it smaller before counting them, or the
         // accounted usage passes the bound by the pieces (measured: 72 MiB with a 64 MiB bound).
         self.cache.remeasure(ccn, cg);
         let Body::Internal(pn) = &mut pg.body else {
             unreachable!()
         };
-        let whole = pb.child(pn, c);
-        let count = pieces.len();
+        let head = pb.tail_of(&whole);
         for (k, (low, node)) in pieces.into_iter().enumerate() {
             let id = self.new_node(node);
-            pn.pivots.insert(c + k, low);
+            pn.pivots.insert(c + k, [head, low.as_slice()].concat());
             pn.children.insert(c + 1 + k, id);
             pn.buffers.insert(c + 1 + k, BufSlot::empty());
         }
-        // Each piece's prefix extends the whole's (a sub-range's lcp is at least as long).
-        for k in c..=c + count {
-            same_lift(&whole, &pb.child(pn, k));
+        for k in 0..=lows.len() {
+            assert_eq!(
+                pb.child(pn, c + k),
+                whole.child_of(&lows, k),
+                "a split piece's bounds differ under its parent"
+            );
         }
         self.end_modify(ccn, cg);
         true
     }
 }
 
-/// Checks that a node keeps its lift when its bounds change (`from` to `to`): while
-/// [`super::LIFT_KEYS`] is off, every prefix is empty. Increment 1b re-lifts instead (split pieces
-/// to their longer prefix, merged halves to the shorter one).
-fn same_lift(from: &Bounds, to: &Bounds) {
-    assert_eq!(
-        from.prefix(),
-        to.prefix(),
-        "a node's bounds changed its lift, which this build does not re-lift"
-    );
-}
-
-/// Checks the lift of the root's new children after a root split (the root's own prefix is empty).
-fn root_children_lift(root: &Internal) {
-    let b = Bounds::root();
-    for c in 0..root.children.len() {
-        same_lift(&b, &b.child(root, c));
+/// Re-lifts the pieces of a split node with bounds `whole` (the first piece in `first`, the
+/// others with their low keys in the whole's form) to their own, longer, prefixes. Returns the
+/// low keys.
+fn relift_pieces(whole: &Bounds, first: &mut Node, rest: &mut [(Vec<u8>, Node)]) -> Vec<Vec<u8>> {
+    let lows: Vec<Vec<u8>> = rest.iter().map(|(l, _)| l.clone()).collect();
+    first.relift(whole.tail_of(&whole.child_of(&lows, 0)), &[]);
+    for (k, (_, node)) in rest.iter_mut().enumerate() {
+        node.relift(whole.tail_of(&whole.child_of(&lows, k + 1)), &[]);
     }
+    lows
 }
 
 /// Cuts an internal node into pieces of at most `max` children (at least two pieces if `force`).

@@ -1,0 +1,148 @@
+//! Re-lifting a node whose bounds changed (docs/SURGERY.md §2.1): the pieces of a split get a
+//! longer prefix (their stored keys lose its extra bytes), the halves of a merge a shorter one
+//! (their stored keys get the lost bytes back). Every stored key of the node changes the same
+//! way: entries, partition pivots, child pivots and buffered messages.
+
+use super::{Body, BufSlot, Internal, Leaf, Node, PartSlot};
+use crate::partition::PartitionBuilder;
+
+/// `key` without its first `drop.len()` bytes (which must be `drop`) and with `add` in front.
+fn rekey(key: &[u8], drop: &[u8], add: &[u8]) -> Vec<u8> {
+    assert!(
+        key.starts_with(drop),
+        "a stored key outside the prefix its node is re-lifted to"
+    );
+    let mut k = Vec::with_capacity(add.len() + key.len() - drop.len());
+    k.extend_from_slice(add);
+    k.extend_from_slice(&key[drop.len()..]);
+    k
+}
+
+impl Node {
+    /// Changes every stored key from `drop + s` to `add + s`. The node must be fully resident
+    /// (it is being modified). A no-op when both are empty.
+    pub(crate) fn relift(&mut self, drop: &[u8], add: &[u8]) {
+        self.body.relift(drop, add);
+    }
+}
+
+impl Body {
+    /// [`Node::relift`] for a node's body.
+    pub(crate) fn relift(&mut self, drop: &[u8], add: &[u8]) {
+        if drop.is_empty() && add.is_empty() {
+            return;
+        }
+        assert!(
+            drop.is_empty() || add.is_empty(),
+            "a re-lift either lengthens or shortens the prefix"
+        );
+        match self {
+            Body::Leaf(l) => l.relift(drop, add),
+            Body::Internal(n) => n.relift(drop, add),
+        }
+    }
+}
+
+impl Leaf {
+    fn relift(&mut self, drop: &[u8], add: &[u8]) {
+        for p in &mut self.pivots {
+            *p = rekey(p, drop, add);
+        }
+        for slot in &mut self.parts {
+            let old = slot.data().expect("a re-lifted leaf is fully resident");
+            let grow = add.len() * old.len();
+            let mut b = PartitionBuilder::with_capacity(old.bytes() + grow);
+            for i in 0..old.len() {
+                b.push(&rekey(old.key(i), drop, add), old.value(i));
+            }
+            *slot = PartSlot::resident(b.finish());
+        }
+    }
+}
+
+impl Internal {
+    fn relift(&mut self, drop: &[u8], add: &[u8]) {
+        for p in &mut self.pivots {
+            *p = rekey(p, drop, add);
+        }
+        for slot in &mut self.buffers {
+            let old = slot.data().expect("a re-lifted node is fully resident");
+            let b = (*old).clone().rekeyed(|k| rekey(k, drop, add));
+            *slot = BufSlot::resident(b);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buffer::Buffer;
+    use crate::msg::PointOp;
+    use crate::partition::Partition;
+
+    fn leaf(keys: &[&[u8]]) -> Node {
+        let mut b = PartitionBuilder::with_capacity(64);
+        for k in keys {
+            b.push(k, b"v");
+        }
+        let p: Partition = b.finish();
+        Node {
+            height: 0,
+            max_msn: 0,
+            body: Body::Leaf(Leaf {
+                pivots: Vec::new(),
+                parts: vec![PartSlot::resident(p)],
+            }),
+        }
+    }
+
+    fn keys(n: &Node) -> Vec<Vec<u8>> {
+        let Body::Leaf(l) = &n.body else {
+            unreachable!()
+        };
+        let p = l.parts[0].data().unwrap();
+        (0..p.len()).map(|i| p.key(i).to_vec()).collect()
+    }
+
+    #[test]
+    fn leaf_keys_lose_and_regain_the_prefix() {
+        let mut n = leaf(&[b"ab1", b"ab2"]);
+        n.relift(b"ab", b"");
+        assert_eq!(keys(&n), vec![b"1".to_vec(), b"2".to_vec()]);
+        n.relift(b"", b"ab");
+        assert_eq!(keys(&n), vec![b"ab1".to_vec(), b"ab2".to_vec()]);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside the prefix")]
+    fn a_key_outside_the_prefix_is_refused() {
+        let mut n = leaf(&[b"ab1", b"ac2"]);
+        n.relift(b"ab", b"");
+    }
+
+    #[test]
+    fn internal_pivots_and_messages_move_together() {
+        let mut buf = Buffer::new();
+        buf.add_point(b"xa".to_vec(), 1, PointOp::Delete);
+        buf.add_range(2, b"xb", b"xc");
+        let mut n = Node {
+            height: 1,
+            max_msn: 2,
+            body: Body::Internal(Internal {
+                pivots: vec![b"xb".to_vec()],
+                children: vec![1, 2],
+                buffers: vec![BufSlot::resident(buf), BufSlot::empty()],
+            }),
+        };
+        n.relift(b"x", b"");
+        let Body::Internal(i) = &n.body else {
+            unreachable!()
+        };
+        assert_eq!(i.pivots, vec![b"b".to_vec()]);
+        let b = i.buffers[0].data().unwrap();
+        assert!(b.point(b"a").is_some());
+        assert_eq!(b.ranges_in(b"", None)[0].lo, b"b".to_vec());
+        assert_eq!(b.max_msn(), 2);
+        assert_eq!(b.bytes(), i.buffers[0].bytes());
+    }
+}
