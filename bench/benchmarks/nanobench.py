@@ -19,7 +19,8 @@ INFO = {
         "nanobench", "System-call nanobenchmark (warm cache)",
         "C helper `nanobench`: each call timed on its own after 100 warm-up calls; open/read(4 KiB)/stat/"
         "chmod/write(4 KiB overwrite) on one cached 1 MiB file `nano_iters` times; mkdir/rmdir/unlink "
-        "`nano_meta_iters` times; mean ns per call (median and p99 in the CSV)",
+        "`nano_meta_iters` times; mean ns per call (median, p99 and the share of the time spent in calls "
+        "over twice the median, `slow_share`, in the CSV)",
         "FAST'15 Table 7 (cycles per call) and the EuroSys'22 misc-syscalls benchmark",
         [Metric(op, "mean_ns", op, "ns", False) for op in OPS]),
 }
@@ -40,3 +41,5 @@ def run(ctx, names):
         ctx.record("nanobench", op, "mean_ns", j[op]["mean_ns"], "ns")
         ctx.record("nanobench", op, "median_ns", j[op]["median_ns"], "ns")
         ctx.record("nanobench", op, "p99_ns", j[op]["p99_ns"], "ns")
+        if "slow_share" in j[op]:
+            ctx.record("nanobench", op, "slow_share", j[op]["slow_share"], "")

@@ -19,7 +19,8 @@
  *   unlink   unlink(DIR/c.I)           rename rename(DIR/c.I, DIR/c.I.r) (needs create first)
  *   readdir  opendir + readdir to the end + closedir of DIR/rd (32 files)
  *   setup    writes DIR/op.file (1 MiB), fsyncs and reads it (warm), makes DIR/rd; not timed
- * Prints JSON: {"op": ..., "n": N, "mean_ns": ..., "median_ns": ..., "p99_ns": ...}.
+ * Prints JSON: {"op": ..., "n": N, "mean_ns": ..., "median_ns": ..., "p99_ns": ..., "slow_share": ...}
+ * (slow_share: the fraction of the total time spent in calls that took over twice the median).
  */
 #include "common.h"
 #include <fcntl.h>
@@ -130,12 +131,17 @@ int main(int argc, char **argv) {
         if (rc < 0) die("%s %s", op, path);
         lat[i] = e - s;
     }
-    long double sum = 0;
+    long double sum = 0, slow = 0;
     for (unsigned long long i = 0; i < n; i++) sum += lat[i];
     qsort(lat, n, sizeof *lat, cmp_u64);
-    printf("{\"op\": \"%s\", \"n\": %llu, \"mean_ns\": %.1f, \"median_ns\": %llu, \"p99_ns\": %llu}\n", op, n,
-           n ? (double)(sum / n) : 0.0, n ? (unsigned long long)lat[n / 2] : 0ull,
-           n ? (unsigned long long)lat[(n * 99) / 100] : 0ull);
+    uint64_t median = n ? lat[n / 2] : 0;
+    /* the share of the total time spent in calls over twice the median (waits for a CPU, stalls) */
+    for (unsigned long long i = 0; i < n; i++)
+        if (lat[i] > 2 * median) slow += lat[i];
+    printf("{\"op\": \"%s\", \"n\": %llu, \"mean_ns\": %.1f, \"median_ns\": %llu, \"p99_ns\": %llu, "
+           "\"slow_share\": %.4f}\n",
+           op, n, n ? (double)(sum / n) : 0.0, (unsigned long long)median,
+           n ? (unsigned long long)lat[(n * 99) / 100] : 0ull, sum > 0 ? (double)(slow / sum) : 0.0);
     close(fd);
     return 0;
 }

@@ -8,7 +8,10 @@ system (``--ref DIR``, e.g. on ext4) for comparison.
     python3 bench/tools/floor.py MOUNTPOINT [--ref DIR] [--n 20000] [--meta-n 2000]
         [--amaranth target/release/amaranth] [--ops nop,getattr,...] [--taskset CPU]
 
-Per operation it prints: µs per call (mean, median), FUSE requests per call, the daemon's handler
+Per operation it prints: µs per call (mean, median, 99th percentile), the slow share (the fraction
+of the total time spent in calls over twice the median: on a shared machine a few calls that wait
+for a CPU, milliseconds each, often hold most of the time, so the mean can be 2-3x the median;
+compare means with means, medians with medians), FUSE requests per call, the daemon's handler
 time per call (from the request in hand to the reply built), the daemon's CPU per call (all its
 threads, kernel time included), and the floor: µs per call minus handler time, i.e. what the call
 would cost if the daemon's handlers took no time (kernel VFS + FUSE transport + task switches).
@@ -112,6 +115,8 @@ def main():
             "op": op,
             "mean_us": res["mean_ns"] / 1e3,
             "median_us": res["median_ns"] / 1e3,
+            "p99_us": res["p99_ns"] / 1e3,
+            "slow_share": res.get("slow_share", 0.0),
             "requests": sum(reqs.values()) / n,
             "by_opcode": {k: v / n for k, v in reqs.items()},
             "handler_us": max(handler, 0) / n / 1e3,
@@ -124,24 +129,27 @@ def main():
             rr = run_op(helper, ref, op, n, a.taskset)
             row["ref_mean_us"] = rr["mean_ns"] / 1e3
             row["ref_median_us"] = rr["median_ns"] / 1e3
+            row["ref_slow_share"] = rr.get("slow_share", 0.0)
         rows.append(row)
     shutil.rmtree(d)
     if ref:
         shutil.rmtree(ref)
     os.unlink(helper)
-    hdr = "| op | µs mean / median | requests | handler µs | daemon CPU µs | floor µs (mean − handler) |"
-    sep = "|---|---|---|---|---|---|"
+    hdr = ("| op | µs mean / median / p99 | slow share | requests | handler µs | daemon CPU µs "
+           "| floor µs (mean − handler) |")
+    sep = "|---|---|---|---|---|---|---|"
     if ref:
-        hdr += " reference µs mean / median |"
-        sep += "---|"
+        hdr += " reference µs mean / median | reference slow share |"
+        sep += "---|---|"
     print(hdr)
     print(sep)
     for r in rows:
         detail = ", ".join(f"{k} {v:.2f}".replace(".00", "") for k, v in sorted(r["by_opcode"].items(), key=lambda kv: -kv[1]))
-        line = (f"| {r['op']} | {r['mean_us']:.2f} / {r['median_us']:.2f} | {r['requests']:.2f} ({detail}) | "
+        line = (f"| {r['op']} | {r['mean_us']:.2f} / {r['median_us']:.2f} / {r['p99_us']:.1f} | "
+                f"{r['slow_share']:.0%} | {r['requests']:.2f} ({detail}) | "
                 f"{r['handler_us']:.2f} | {r['daemon_cpu_us']:.2f} | {r['floor_us']:.2f} |")
         if ref:
-            line += f" {r['ref_mean_us']:.2f} / {r['ref_median_us']:.2f} |"
+            line += f" {r['ref_mean_us']:.2f} / {r['ref_median_us']:.2f} | {r['ref_slow_share']:.0%} |"
         print(line)
     if a.json:
         print(json.dumps(rows))
