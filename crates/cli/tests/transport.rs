@@ -67,7 +67,14 @@ fn uring_serves_requests_one_write_per_call_and_no_open_or_flush() {
     }
     drop(f);
     drop(File::open(m.p("f")).unwrap());
-    let opened = stat_json(&s, &m.mp);
+    // The file made by CREATE has a handle, and the kernel sends its RELEASE asynchronously after
+    // the close: wait for it, or it can land between the two snapshots on a loaded machine.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut opened = stat_json(&s, &m.mp);
+    while requests(&opened, "RELEASE") == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        opened = stat_json(&s, &m.mp);
+    }
     for _ in 0..10 {
         drop(File::open(m.p("f")).unwrap());
     }
