@@ -72,6 +72,14 @@ impl CachedNode {
     pub fn write(&self) -> WriteGuard {
         self.latch.write_arc()
     }
+    /// Read latch if it can be had without waiting (eviction: see [`crate::tree::Tree::make_room`]).
+    pub fn try_read(&self) -> Option<ReadGuard> {
+        self.latch.try_read_recursive_arc()
+    }
+    /// Write latch if it can be had without waiting.
+    pub fn try_write(&self) -> Option<WriteGuard> {
+        self.latch.try_write_arc()
+    }
     /// Whether the node is dirty.
     pub fn is_dirty(&self) -> bool {
         self.meta.lock().dirty

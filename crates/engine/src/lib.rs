@@ -38,6 +38,8 @@ mod config;
 mod copies;
 mod engine;
 mod error;
+#[cfg(test)]
+mod eviction_tests;
 mod heap;
 mod info;
 #[cfg(test)]

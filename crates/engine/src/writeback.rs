@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::cache::CachedNode;
+use crate::cache::{CachedNode, WriteGuard};
 use crate::error::Result;
 use crate::node::{self, Body, NodeId, SubLoc};
 use crate::store::Placement;
@@ -12,7 +12,15 @@ use crate::tree::Tree;
 
 impl Tree {
     /// Evicts least recently used nodes (writing dirty ones back) until usage is below 90% of the
-    /// eviction point (the bound less the headroom of one operation). Call without holding latches.
+    /// eviction point (the bound less the headroom of one operation).
+    ///
+    /// Never waits for a victim's latch, so it may be called with latches held (a flush loads a
+    /// child under its parent's write latch): a victim is a node nobody pinned when the list was
+    /// taken, but another thread may pin and latch it right after, and then wait for a latch the
+    /// caller holds. Waiting for the victim closed that cycle (seen: the cleaner, write-latching
+    /// a node it had descended to, loaded that node's child and waited here for the root's read
+    /// latch, while a writer held the root and waited for that node). A victim latched by someone
+    /// is in use: it is skipped, as `evict_if_idle` would refuse it anyway.
     pub fn make_room(&self) -> Result<()> {
         if !self.cache.over_budget() {
             return Ok(());
@@ -21,8 +29,15 @@ impl Tree {
         // Least recently used first, and within that order leaves before internal nodes: every
         // query passes through the internal levels (a small fraction of the tree), so their
         // buffers are worth far more per byte than a leaf partition.
-        let victims = self.cache.victims();
-        let heights: Vec<u32> = victims.iter().map(|cn| cn.read().height).collect();
+        let (victims, heights): (Vec<Arc<CachedNode>>, Vec<u32>) = self
+            .cache
+            .victims()
+            .into_iter()
+            .filter_map(|cn| {
+                let h = cn.try_read()?.height;
+                Some((cn, h))
+            })
+            .unzip();
         let max_height = heights.iter().copied().max().unwrap_or(0);
         let by_level = || {
             (0..=max_height).flat_map(|h| {
@@ -73,7 +88,10 @@ impl Tree {
     /// Drops the in-memory copies of a clean node's sub-blocks that are on disk. Returns whether
     /// anything was dropped.
     fn shed(&self, cn: &Arc<CachedNode>) -> bool {
-        let g = cn.read();
+        // Not waiting: see `make_room`.
+        let Some(g) = cn.try_read() else {
+            return false;
+        };
         {
             let m = cn.meta.lock();
             if m.dirty || m.pending || m.deleted {
@@ -109,14 +127,12 @@ impl Tree {
     }
 
     /// Writes a dirty node to a new extent (the next of `run` if given) and, if it did not change
-    /// meanwhile, marks it clean there.
+    /// meanwhile, marks it clean there. For eviction: it never waits for the node's latch (see
+    /// [`Tree::make_room`]); a node latched by someone is left dirty, to be written later.
     pub fn write_back(&self, cn: &Arc<CachedNode>, run: Option<&mut Placement>) -> Result<()> {
-        let mut g = cn.read();
-        if !g.fully_resident() {
-            drop(g);
-            self.load_partitions(cn, None)?;
-            g = cn.read();
-        }
+        let Some(g) = cn.try_read() else {
+            return Ok(());
+        };
         let version = {
             let m = cn.meta.lock();
             if !m.dirty || m.deleted || m.pending {
@@ -124,6 +140,9 @@ impl Tree {
             }
             m.version
         };
+        // The meta says dirty under the read latch, and only a write latch makes a node clean
+        // (`install`) or drops its sub-blocks (`shed` takes clean nodes only).
+        assert!(g.fully_resident(), "a dirty node is always fully resident");
         let img = node::serialize(cn.id, &g, self.format.compression);
         drop(g);
         // The image is memory too while it is written (up to a node per writing thread).
@@ -132,23 +151,31 @@ impl Tree {
             .store
             .write_placed(&img.buf, &format!("node {}", cn.id), run);
         self.cache.add_used(-(img.buf.len() as isize));
-        self.install(cn, version, r?, &img.sublocs, false);
+        let ext = r?;
+        // Not waiting for the write latch either: a reader may hold the node's read latch while it
+        // waits for a child this thread's caller holds. The image is then dropped, as when the
+        // node changed during the write.
+        match cn.try_write() {
+            Some(g) => self.install(cn, g, version, ext, &img.sublocs, false),
+            None => self.store.btt.lock().release(cn.id, ext),
+        }
         Ok(())
     }
 
     /// Records a written image of `cn` taken at `version`. If the node is unchanged it becomes clean
     /// at `ext`; otherwise the image is dropped (or, for a checkpoint image, kept only by the
     /// checkpoint's table).
+    /// `g` is the node's write latch: taking it waited for partition loads that read the old
+    /// extent.
     fn install(
         &self,
         cn: &CachedNode,
+        g: WriteGuard,
         version: u64,
         ext: Extent,
         sublocs: &[SubLoc],
         for_checkpoint: bool,
     ) {
-        // The write latch waits for partition loads that read the old extent.
-        let g = cn.write();
         let mut m = cn.meta.lock();
         let mut btt = self.store.btt.lock();
         if for_checkpoint {
@@ -225,7 +252,7 @@ impl Tree {
                 .write_placed(&img.buf, &format!("node {} (checkpoint)", cn.id), Some(run));
         self.cache.add_used(-(img.buf.len() as isize));
         let ext = r?;
-        self.install(cn, version, ext, &img.sublocs, true);
+        self.install(cn, cn.write(), version, ext, &img.sublocs, true);
         Ok(Some((cn.id, ext, was_at)))
     }
 
