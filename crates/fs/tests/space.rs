@@ -743,7 +743,16 @@ fn space_comes_back_under_copies_renames_overwrites_and_deletes() {
         // The copy doubles the live data until the original is deleted.
         let peak = 2 * live;
         let mut check = |t: &T, what: &str| {
-            let used = t.used() - used0;
+            // While a checkpoint runs, the old images of the nodes it rewrote stay allocated
+            // beside the new ones until it completes (2.3x the live peak was seen once under a
+            // loaded CI machine): the bound is for the moment none runs, so a reading above it is
+            // taken again once the running one had time to finish.
+            let mut used = t.used() - used0;
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while used > bound(peak) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                used = t.used() - used0;
+            }
             most = most.max(used);
             worst = worst.max(used as f64 / peak as f64);
             assert!(
