@@ -25,12 +25,7 @@ fn open(dev: &Arc<MemDevice>) -> Fs {
 }
 
 fn close(fs: Fs) {
-    let engine = fs.engine().clone();
-    drop(fs);
-    Arc::try_unwrap(engine)
-        .unwrap_or_else(|_| panic!("engine still shared"))
-        .close()
-        .unwrap();
+    common::close_engine(fs);
 }
 
 fn new_image() -> Arc<MemDevice> {

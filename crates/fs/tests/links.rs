@@ -35,12 +35,7 @@ fn open(dev: &Arc<MemDevice>) -> Fs {
 
 fn close(fs: Fs) {
     fs.end_session().unwrap();
-    let engine = fs.engine().clone();
-    drop(fs);
-    Arc::try_unwrap(engine)
-        .unwrap_or_else(|_| panic!("engine still shared"))
-        .close()
-        .unwrap();
+    common::close_engine(fs);
 }
 
 /// Creates `name` in `dir` holding `data` (the creation's lookup stays held, as the kernel's).

@@ -36,12 +36,7 @@ impl Img {
 
 /// Drops the file system (it writes what it keeps in memory) and closes its engine.
 fn close(fs: Fs) {
-    let engine = fs.engine().clone();
-    drop(fs);
-    Arc::try_unwrap(engine)
-        .unwrap_or_else(|_| panic!("engine still shared"))
-        .close()
-        .unwrap();
+    common::close_engine(fs);
 }
 
 /// A file `f` with some data; returns its inode number.

@@ -57,6 +57,16 @@ pub fn engine_options() -> Options {
     }
 }
 
+/// Drops `fs` and closes its engine (which nothing else may still hold).
+pub fn close_engine(fs: Fs) {
+    let engine = fs.engine().clone();
+    drop(fs);
+    Arc::try_unwrap(engine)
+        .unwrap_or_else(|_| panic!("engine still shared"))
+        .close()
+        .unwrap();
+}
+
 pub fn fs_options() -> FsOptions {
     FsOptions {
         reserve_bytes: 0,
