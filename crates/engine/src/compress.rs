@@ -24,7 +24,12 @@ pub fn compress(codec: Compression, raw: &[u8]) -> (Compression, Vec<u8>) {
 /// Decompresses `stored` into exactly `raw_len` bytes.
 pub fn decompress(codec: Compression, stored: &[u8], raw_len: usize) -> Result<Vec<u8>> {
     let out = match codec {
-        Compression::None => stored.to_vec(),
+        // Into recycled memory (`bufpool.rs`): a decoded partition's buffer goes back when freed.
+        Compression::None => {
+            let mut out = crate::bufpool::POOL.take(stored.len());
+            out.extend_from_slice(stored);
+            out
+        }
         Compression::Lz4 => lz4_flex::block::decompress(stored, raw_len)
             .map_err(|e| Error::Corrupt(format!("lz4 sub-block does not decompress: {e}")))?,
         Compression::Zstd => zstd::bulk::decompress(stored, raw_len)

@@ -31,6 +31,7 @@
 
 mod apply;
 mod buffer;
+mod bufpool;
 mod cache;
 mod codec;
 mod compress;

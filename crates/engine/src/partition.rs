@@ -195,6 +195,13 @@ impl Partition {
     }
 }
 
+impl Drop for Partition {
+    /// The entries' buffer goes back to the pool for the next partition decoded (`bufpool.rs`).
+    fn drop(&mut self) {
+        crate::bufpool::POOL.give(std::mem::take(&mut self.data));
+    }
+}
+
 /// Builds partitions from entries given in increasing key order.
 #[derive(Debug, Default)]
 pub struct PartitionBuilder {

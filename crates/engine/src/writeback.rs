@@ -11,8 +11,10 @@ use crate::superblock::Extent;
 use crate::tree::Tree;
 
 impl Tree {
-    /// Evicts least recently used nodes (writing dirty ones back) until usage is below 90% of the
-    /// eviction point (the bound less the headroom of one operation).
+    /// Once usage is over the eviction point (the bound less the headroom of one operation),
+    /// sheds clean sub-blocks least recently used first until usage is [`crate::bufpool::POOL_BYTES`]
+    /// below the point (or 90% of it, whichever is lower), and if that is not enough evicts least
+    /// recently used nodes (writing dirty ones back) until usage is below 90% of the point.
     ///
     /// Never waits for a victim's latch, so it may be called with latches held (a flush loads a
     /// child under its parent's write latch): a victim is a node nobody pinned when the list was
@@ -25,7 +27,30 @@ impl Tree {
         if !self.cache.over_budget() {
             return Ok(());
         }
-        let target = self.cache.eviction_point() / 10 * 9;
+        let ep = self.cache.eviction_point();
+        // Clean sub-blocks go in steps no larger than the partition buffer pool, so that the
+        // memory of the partitions shed is handed to the next ones decoded rather than unmapped
+        // (`bufpool.rs`: a cold sequential read sheds as fast as it loads).
+        let shed_target = (ep / 10 * 9).max(ep.saturating_sub(crate::bufpool::POOL_BYTES));
+        self.evict_to(shed_target, Some(ep / 10 * 9))
+    }
+
+    /// Makes room for `bytes` more below the eviction point by shedding clean sub-blocks only,
+    /// least recently used first (never writing a node back). For read-ahead, which loads only
+    /// into room below the eviction point: once the cache is full, a sequential read would
+    /// otherwise find no room and load its leaves itself. Returns whether the room is there.
+    pub(crate) fn make_room_for(&self, bytes: usize) -> Result<bool> {
+        let ep = self.cache.eviction_point();
+        if self.cache.used() + bytes <= ep {
+            return Ok(true);
+        }
+        self.evict_to(ep.saturating_sub(bytes), None)?;
+        Ok(self.cache.used() + bytes <= ep)
+    }
+
+    /// Sheds clean sub-blocks until usage is at most `shed_target`; then, if `target` is given,
+    /// evicts whole nodes (writing dirty ones back) until usage is at most `target`.
+    fn evict_to(&self, shed_target: usize, target: Option<usize>) -> Result<()> {
         // Least recently used first, and within that order leaves before internal nodes: every
         // query passes through the internal levels (a small fraction of the tree), so their
         // buffers are worth far more per byte than a leaf partition.
@@ -51,11 +76,14 @@ impl Tree {
         // First drop the partitions and buffers of cold clean nodes (their skeletons stay: a later
         // point query reads just the sub-block it needs), then whole nodes.
         for cn in by_level() {
-            if self.cache.used() <= target {
+            if self.cache.used() <= shed_target {
                 return Ok(());
             }
             self.shed(cn);
         }
+        let Some(target) = target else {
+            return Ok(());
+        };
         // Nodes written back here go one after another into one run of free space (in the
         // order they are evicted), rather than each into the smallest hole that holds it.
         let mut run = Placement::new(self.cache.dirty_space().next_blocks);

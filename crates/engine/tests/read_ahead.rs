@@ -185,6 +185,33 @@ fn read_ahead_keeps_to_the_cache_bound() {
 }
 
 #[test]
+fn read_ahead_goes_on_once_the_read_has_filled_the_cache() {
+    // Three times the cache: past the first third, room for a leaf read ahead is made by
+    // shedding the partitions the scans have used (before, read-ahead waited for room a reader's
+    // own load made, and with a small cache that was never there: 5 of 53 leaves read ahead).
+    let blocks = 96 * MIB as u64 / BLOCK as u64;
+    let dev = image(blocks);
+    let e = Engine::open(dev, options(32 * MIB, 4)).unwrap();
+    let got = read_in_order(&e, 0, blocks, |_| e.wait_read_ahead());
+    let st = e.stats();
+    let leaves = st.nodes - 1;
+    eprintln!(
+        "{leaves} leaves, {} prefetch loads, {} hits, peak {} of {}",
+        st.prefetch_loads, st.prefetch_hits, st.cache_peak_bytes, st.cache_budget
+    );
+    assert!(
+        st.prefetch_hits >= leaves * 3 / 4,
+        "{} of {leaves} leaves read ahead and used",
+        st.prefetch_hits
+    );
+    assert!(st.prefetch_loads <= st.prefetch_hits + 2);
+    assert!(st.cache_peak_bytes <= st.cache_budget);
+    assert!(st.node_bytes_read < blocks * BLOCK as u64 * 11 / 10);
+    assert_eq!(got.len() as u64, blocks);
+    e.close().unwrap();
+}
+
+#[test]
 fn sequential_scans_under_concurrent_overwrites_see_whole_blocks() {
     let blocks = 32 * MIB as u64 / BLOCK as u64;
     let dev = image(blocks);

@@ -203,10 +203,14 @@ impl Tree {
         if self.leaf_resident(id) {
             return Ok(());
         }
-        // Read ahead only into room the cache has: never evict past its usual point for a leaf
-        // that may not be needed (the reader then loads it itself).
+        // Read ahead only into room below the eviction point, made by shedding clean sub-blocks
+        // least recently used (the window is at most a quarter of the cache, and a sequential
+        // reader has used the leaves before it): never by writing nodes back, and never past the
+        // point. Without shedding, a cache filled by the read itself had room only after a
+        // reader's own load evicted, and a fifth of the leaves of a 4 GiB read (1 GiB cache) were
+        // loaded by the reader, not ahead of it.
         self.make_room()?;
-        if self.cache.used() + self.format.node_size > self.cache.eviction_point() {
+        if !self.make_room_for(self.format.node_size)? {
             return Ok(());
         }
         let cn = match self.cache.peek(id) {
