@@ -702,6 +702,29 @@ fn full_image_gives_enospc_without_damage() {
     );
 }
 
+/// The daemon sets the kernel's read-ahead for the mount (its bdi's `read_ahead_kb`; INIT can only
+/// lower it): 4 MiB unless `-o read_ahead_kb=` says otherwise, so that a sequential read keeps
+/// about five 1 MiB READs in flight instead of two (docs/DESIGN.md, §3).
+#[test]
+fn the_mount_reads_ahead_4_mib_unless_told_otherwise() {
+    if !can_mount() {
+        return;
+    }
+    let s = Scratch::new("bdi");
+    let img = s.mkfs("fs.img", "128M");
+    for (extra, kb) in [(&[][..], "4096"), (&["-o", "read_ahead_kb=512"][..], "512")] {
+        let m = s.mount(&img, "mnt", extra);
+        let dev = fs::metadata(&m.mp).unwrap().dev();
+        let bdi = format!(
+            "/sys/class/bdi/{}:{}/read_ahead_kb",
+            libc::major(dev),
+            libc::minor(dev)
+        );
+        assert_eq!(fs::read_to_string(&bdi).unwrap().trim(), kb, "{extra:?}");
+        m.umount();
+    }
+}
+
 /// A cold sequential read through the mount (10 MiB `read`s, sent by the kernel as 1 MiB FUSE
 /// reads) is read ahead by the engine: the daemon's counters show leaves read ahead and then used,
 /// the bytes read from the device stay near the file's size, and the data is right.
