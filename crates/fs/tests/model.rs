@@ -687,6 +687,13 @@ fn run(seed: u64, steps: usize) {
                 let s = (off as usize).min(data.len());
                 let e = (off as usize + size as usize).min(data.len());
                 assert!(got == data[s..e], "{what}: read {p:?} at {off}+{size}");
+                // The same read into a transport's buffer (dirty, to see holes zero-filled).
+                let mut slice = vec![0xa5u8; size as usize];
+                let n = h.fs.read_to_slice(ino, off, &mut slice).unwrap();
+                assert!(
+                    slice[..n] == data[s..e],
+                    "{what}: read_to_slice {p:?} at {off}+{size}"
+                );
                 // SEEK_DATA never lands past the end; SEEK_HOLE never inside written data.
                 if off < data.len() as u64 {
                     if let Ok(hole) = h.fs.lseek(ino, off, libc::SEEK_HOLE) {

@@ -61,6 +61,7 @@ pub(crate) fn serve(fd: Arc<OwnedFd>, adapter: Arc<Adapter>) -> io::Result<()> {
         let (a, p) = body.split_at(split);
         adapter.handle(&h, a, p, &mut reply);
         if reply.wanted() {
+            assert_eq!(reply.external(), 0, "no transport buffer was given");
             let out = reply.finish();
             // SAFETY: writes a valid buffer to our own descriptor.
             let w = unsafe { libc::write(fd.as_raw_fd(), out.as_ptr().cast(), out.len()) };

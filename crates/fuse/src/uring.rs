@@ -23,7 +23,7 @@ use std::thread::JoinHandle;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
-use crate::abi::{self, InHeader, OutHeader};
+use crate::abi::{self, op, InHeader, OutHeader};
 use crate::adapter::{arg_size, Adapter};
 use crate::reply::Reply;
 
@@ -328,10 +328,19 @@ fn serve_queue(
 fn serve_entry(adapter: &Adapter, ent: &mut Entry, header: usize, reply: &mut Reply) -> u64 {
     let commit_id = ent.header.commit_id;
     let len = (ent.header.payload_sz as usize).min(ent.payload.len);
-    // SAFETY: the kernel wrote `len` bytes into our payload mapping before completing.
-    let payload = unsafe { std::slice::from_raw_parts(ent.payload.ptr, len) };
     match abi::read::<InHeader>(&ent.header.in_out[..header]) {
+        // A READ carries no payload in: its data is written straight into the payload mapping,
+        // which the kernel copies from (no copy out of the reply buffer; 1 MiB per READ).
+        Some(h) if h.opcode == op::READ => {
+            let a = &ent.header.op_in[..arg_size(h.opcode).min(128)];
+            // SAFETY: the mapping is this entry's, owned by this thread until the commit; the
+            // kernel does not touch it meanwhile, and nothing else refers to it here.
+            let out = unsafe { std::slice::from_raw_parts_mut(ent.payload.ptr, ent.payload.len) };
+            adapter.handle_into(&h, a, &[], Some(out), reply);
+        }
         Some(h) => {
+            // SAFETY: the kernel wrote `len` bytes into our payload mapping before completing.
+            let payload = unsafe { std::slice::from_raw_parts(ent.payload.ptr, len) };
             let a = &ent.header.op_in[..arg_size(h.opcode).min(128)];
             adapter.handle(&h, a, payload, reply);
         }
@@ -341,10 +350,19 @@ fn serve_entry(adapter: &Adapter, ent: &mut Entry, header: usize, reply: &mut Re
         }
     }
     reply.finish();
-    let out = reply.payload();
-    let n = out.len().min(ent.payload.len);
-    // SAFETY: copies at most the mapping's length into it.
-    unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), ent.payload.ptr, n) };
+    let n = if reply.external() > 0 {
+        reply.external()
+    } else {
+        let out = reply.payload();
+        let n = out.len().min(ent.payload.len);
+        // SAFETY: copies at most the mapping's length into it.
+        unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), ent.payload.ptr, n) };
+        n
+    };
+    assert!(
+        n <= ent.payload.len,
+        "reply larger than the entry's payload"
+    );
     let hb = reply.header();
     ent.header.in_out[..hb.len()].copy_from_slice(hb);
     debug_assert_eq!(hb.len(), std::mem::size_of::<OutHeader>());

@@ -3,6 +3,9 @@
 
 use std::ops::Bound;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use amaranth_engine::{Batch, Op, Patch};
 
@@ -13,6 +16,9 @@ use crate::error::{Errno, Result};
 use crate::inode::{Inode, Kind, Time};
 use crate::keys::{self, BLOCK};
 use crate::space::{self, RESERVED_BLOCK_COST};
+
+/// A read's file key, the end of its bytes (at most the file's size) and the file's inode.
+type ReadSpan = (Vec<u8>, u64, Arc<Mutex<Inode>>);
 
 impl Fs {
     pub(super) fn truncate_ops(&self, b: &mut Batch, fk: &[u8], size: u64) {
@@ -46,6 +52,37 @@ impl Fs {
     /// the number of bytes appended; on error `out` is left as it was.
     pub fn read_into(&self, ino: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<usize> {
         let _ns = self.ns.read();
+        let Some((fk, end, shared)) = self.read_span(ino, offset, size as u64)? else {
+            return Ok(0);
+        };
+        self.read_bytes_into(&fk, offset, end, out)?;
+        Ok(self.read_done(ino, &shared, offset, end))
+    }
+
+    /// [`Fs::read`] into `out` (up to its length; a transport's own reply buffer, so that nothing
+    /// is copied again): block values straight from the partitions, holes zero-filled. Returns the
+    /// number of bytes written at the start of `out`.
+    pub fn read_to_slice(&self, ino: u64, offset: u64, out: &mut [u8]) -> Result<usize> {
+        let _ns = self.ns.read();
+        let Some((fk, end, shared)) = self.read_span(ino, offset, out.len() as u64)? else {
+            return Ok(0);
+        };
+        let n = (end - offset) as usize;
+        let out = &mut out[..n];
+        let mut filled = 0;
+        self.scan_bytes(&fk, offset, end, |at, bytes| {
+            assert!(at >= filled, "file blocks out of order");
+            out[filled..at].fill(0);
+            out[at..at + bytes.len()].copy_from_slice(bytes);
+            filled = at + bytes.len();
+        })?;
+        out[filled..].fill(0);
+        Ok(self.read_done(ino, &shared, offset, end))
+    }
+
+    /// What a read of `size` bytes at `offset` covers: the file's key and the end of the bytes to
+    /// read (at most the file's size), or `None` when there is nothing to read.
+    fn read_span(&self, ino: u64, offset: u64, size: u64) -> Result<Option<ReadSpan>> {
         let shared = self.node_inode(ino)?;
         let (fk, file_size, kind) = {
             let i = shared.lock();
@@ -55,16 +92,19 @@ impl Fs {
             return Err(Errno::EISDIR);
         }
         if offset >= file_size || size == 0 {
-            return Ok(0);
+            return Ok(None);
         }
-        let end = file_size.min(offset + size as u64);
-        self.read_bytes_into(&fk, offset, end, out)?;
+        Ok(Some((fk, file_size.min(offset + size), shared)))
+    }
+
+    /// Counts a read of `[offset, end)` and updates the access time; returns its length.
+    fn read_done(&self, ino: u64, shared: &Arc<Mutex<Inode>>, offset: u64, end: u64) -> usize {
         let n = (end - offset) as usize;
         self.counters
             .bytes_read
             .fetch_add(n as u64, Ordering::Relaxed);
-        self.touch_atime(ino, &shared);
-        Ok(n)
+        self.touch_atime(ino, shared);
+        n
     }
 
     /// The bytes `[offset, end)` of the file at `fk` (holes and missing tails read as zeros).
@@ -83,31 +123,50 @@ impl Fs {
             return Ok(());
         }
         out.reserve(want);
+        let r = self.scan_bytes(fk, offset, end, |at, bytes| {
+            let at = base + at;
+            assert!(at >= out.len(), "file blocks out of order");
+            out.resize(at, 0);
+            out.extend_from_slice(bytes);
+        });
+        if let Err(e) = r {
+            out.truncate(base);
+            return Err(e);
+        }
+        out.resize(base + want, 0);
+        Ok(())
+    }
+
+    /// Calls `put(at, bytes)` for the stored bytes of `[offset, end)` of the file at `fk`, in
+    /// increasing order, `at` counted from `offset` (holes and missing tails are not visited).
+    fn scan_bytes(
+        &self,
+        fk: &[u8],
+        offset: u64,
+        end: u64,
+        mut put: impl FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        if end <= offset {
+            return Ok(());
+        }
         let prefix_len = keys::data_prefix(fk).len();
         let lo = keys::data_key(fk, offset / BLOCK);
         let hi = keys::data_key(fk, (end - 1) / BLOCK + 1);
-        // Block keys come in increasing order, so each value lands right after what is filled.
-        let r = self
-            .engine
+        self.engine
             .scan(Bound::Included(&lo), Bound::Excluded(&hi), |k, v| {
                 if let Some(blk) = keys::block_of(k, prefix_len) {
                     let start = blk * BLOCK;
                     let (a, z) = (start.max(offset), (start + v.len() as u64).min(end));
                     if a < z {
-                        let at = base + (a - offset) as usize;
-                        assert!(at >= out.len(), "file blocks out of order");
-                        out.resize(at, 0);
-                        out.extend_from_slice(&v[(a - start) as usize..(z - start) as usize]);
+                        put(
+                            (a - offset) as usize,
+                            &v[(a - start) as usize..(z - start) as usize],
+                        );
                     }
                 }
                 true
-            });
-        if let Err(e) = r {
-            out.truncate(base);
-            return Err(e.into());
-        }
-        out.resize(base + want, 0);
-        Ok(())
+            })
+            .map_err(Into::into)
     }
 
     /// Writes `data` at `offset` (at the end for `O_APPEND` handles). `kill_suidgid`: the writer
