@@ -207,7 +207,8 @@ impl Cache {
         nodes - (nodes / 2).min(4 * self.node_size)
     }
 
-    fn touch(&self, cn: &CachedNode) {
+    /// Marks `cn` as just used (it goes last in the eviction order).
+    pub(crate) fn touch(&self, cn: &CachedNode) {
         cn.last_used
             .store(self.tick.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
     }

@@ -216,6 +216,10 @@ impl Tree {
         let cn = match self.cache.peek(id) {
             Some(cn) => {
                 self.load_partitions(&cn, None)?;
+                // A skeleton kept from long ago is first in the eviction order: without this, the
+                // next leaf read ahead shed the partitions just loaded, before the scan used them
+                // (4 GiB read after its write: 1,862 leaves read ahead, 1,702 used).
+                self.cache.touch(&cn);
                 cn
             }
             None => self.load_with(id, true)?,
