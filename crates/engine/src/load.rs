@@ -12,7 +12,7 @@ use crate::copies::Located;
 use crate::error::{Error, Result};
 use crate::node::NodeId;
 use crate::store::{self, Allocator, Btt, Store};
-use crate::superblock::{backup_blocks, Extent, Superblock};
+use crate::superblock::{backup_blocks, Extent, Superblock, FORMAT_VERSION};
 use crate::tree::Tree;
 
 /// A checkpoint read from the device.
@@ -33,6 +33,14 @@ pub(crate) fn load_checkpoint(dev: &Arc<dyn BlockDevice>, options: &Options) -> 
         log::warn!("amaranth engine: {line}");
     }
     let sb = located.sb.clone();
+    if sb.version < FORMAT_VERSION {
+        // Older images store full keys: the tree code reads only lifted nodes (§2.4 of
+        // docs/SURGERY.md), read-only opens included.
+        return Err(Error::UnsupportedVersion {
+            found: sb.version,
+            supported: FORMAT_VERSION,
+        });
+    }
     let format = sb.format()?;
     options.validate(&format)?;
     let table = read_table(dev, &sb)?;

@@ -368,7 +368,7 @@ impl Internal {
 
     /// Total serialized size.
     pub fn bytes(&self) -> usize {
-        self.buffered_bytes() + pivot_bytes(&self.pivots) + self.children.len() * 29
+        self.buffered_bytes() + pivot_bytes(&self.pivots) + self.children.len() * 31
     }
 
     /// Estimated memory footprint.
@@ -467,14 +467,15 @@ impl Node {
             Body::Leaf(l) => (&l.pivots, 21, l.parts.iter().map(|p| p.bytes).collect()),
             Body::Internal(n) => (
                 &n.pivots,
-                8 + 21,
+                8 + 2 + 21,
                 n.buffers
                     .iter()
                     .map(|b| b.bytes() + BUFFER_HEADER)
                     .collect(),
             ),
         };
-        let index_len = pivot_bytes(pivots) + raw_lens.len() * desc_len;
+        // The prefix hint's length (the hint itself is empty), pivots, descriptors.
+        let index_len = 2 + pivot_bytes(pivots) + raw_lens.len() * desc_len;
         round_up(HEADER_LEN + index_len)
             + raw_lens.iter().map(|&r| round_up(r.max(1))).sum::<usize>()
     }

@@ -194,3 +194,28 @@ fn a_format_1_image_is_upgraded_at_its_first_read_write_open() {
     let e = Engine::open(dev, small_options()).unwrap();
     assert_eq!(e.get(b"after").unwrap().as_deref(), Some(&b"upgrade"[..]));
 }
+
+#[test]
+fn a_format_2_image_is_refused_naming_the_upgrade() {
+    let (dev, _) = filled(100);
+    // A format-2 superblock (full keys in its nodes) in every copy.
+    let mut sb = Superblock::read_newest(&*dev, false).unwrap();
+    sb.version = 2;
+    sb.forge_for_tests(&*dev).unwrap();
+    for read_only in [true, false] {
+        let opts = Options {
+            read_only,
+            ..small_options()
+        };
+        let err = Engine::open(dev.clone(), opts).err().expect("refused");
+        assert!(
+            matches!(err, Error::UnsupportedVersion { found: 2, .. }),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("format 2 image: run `amaranth upgrade IMAGE`"),
+            "{text}"
+        );
+    }
+}

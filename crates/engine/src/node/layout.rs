@@ -25,8 +25,16 @@ use crate::partition::Partition;
 /// Magic number at the start of every node image.
 pub const NODE_MAGIC: [u8; 4] = *b"AMND";
 
-/// Version of the node image layout.
-pub const NODE_VERSION: u16 = 1;
+/// Version of the node image layout (2: keys lifted, `longest` bounds, prefix hint).
+pub const NODE_VERSION: u16 = 2;
+
+/// Header flag: the node's keys are stored lifted (without its prefix). Must be set.
+const FLAG_LIFTED: u16 = 1;
+
+/// The `longest` bound written for a node and for each child slot: an upper bound on the stored
+/// length of any key below (docs/SURGERY.md §2.6). Nothing maintains the exact bound yet, so the
+/// loosest one is written.
+const LONGEST_UNKNOWN: u16 = u16::MAX;
 
 /// Size of the fixed node header.
 pub const HEADER_LEN: usize = 64;
@@ -130,19 +138,27 @@ pub fn serialize(id: NodeId, node: &Node, codec: Compression) -> NodeImage {
             (KIND_INTERNAL, &int.pivots, int.children.len())
         }
     };
+    // The prefix hint for salvage (§2.7): nodes do not carry their prefix when written back, so it
+    // is empty (no hint) for now.
+    index.u16(0);
     for p in pivots {
         index.u16(p.len() as u16);
         index.raw(p);
     }
     // Sub-block offsets depend on the index length, which is known once pivots and the fixed-size
     // descriptors are counted.
-    let desc_len = if kind == KIND_INTERNAL { 8 + 21 } else { 21 };
+    let desc_len = if kind == KIND_INTERNAL {
+        8 + 2 + 21
+    } else {
+        21
+    };
     let index_len = index.len() + n * desc_len;
     let mut offset = round_up(HEADER_LEN + index_len);
     let mut sublocs = Vec::with_capacity(n);
     for (i, (c, stored, raw_len, count)) in subs.iter().enumerate() {
         if let Body::Internal(int) = &node.body {
             index.u64(int.children[i]);
+            index.u16(LONGEST_UNKNOWN);
         }
         let loc = SubLoc {
             offset: offset as u32,
@@ -205,8 +221,8 @@ pub fn serialize(id: NodeId, node: &Node, codec: Compression) -> NodeImage {
     h.u32(n as u32);
     h.u64(node.max_msn);
     h.u32(index_len as u32);
-    h.u16(0); // lifted prefix length: reserved for key lifting
-    h.u16(0); // flags
+    h.u16(LONGEST_UNKNOWN);
+    h.u16(FLAG_LIFTED);
     h.u32(total as u32);
     h.raw(&[0u8; 16]);
     h.u32(0); // crc placeholder
@@ -296,13 +312,15 @@ pub fn parse_header(
     let n = d.u32()? as usize;
     let max_msn = d.u64()?;
     let _index_len = d.u32()?;
-    let lifted = d.u16()?;
-    let _flags = d.u16()?;
+    let _longest = d.u16()?;
+    let flags = d.u16()?;
     let image_len = d.u32()? as usize;
     d.raw(16)?;
     d.u32()?;
-    if lifted != 0 {
-        return Err(d.corrupt("key lifting is not supported by this version"));
+    if flags != FLAG_LIFTED {
+        return Err(d.corrupt(format!(
+            "node flags {flags:#x}: keys not lifted or unknown flags"
+        )));
     }
     let is_leaf = match kind {
         KIND_LEAF => true,
@@ -314,6 +332,11 @@ pub fn parse_header(
             "impossible node shape (kind {kind}, height {height}, {n} children)"
         )));
     }
+    let hint = d.u16()? as usize;
+    if hint > format.max_key_len {
+        return Err(d.corrupt("prefix hint longer than the maximum key"));
+    }
+    d.raw(hint)?;
     let mut pivots = Vec::with_capacity(n - 1);
     for _ in 0..n - 1 {
         let len = d.u16()? as usize;
@@ -331,6 +354,7 @@ pub fn parse_header(
     for _ in 0..n {
         if !is_leaf {
             children.push(d.u64()?);
+            d.u16()?; // the child's `longest` bound, not read yet
         }
         let loc = SubLoc {
             offset: d.u32()?,
