@@ -60,6 +60,7 @@ mod space;
 mod store;
 mod superblock;
 mod tree;
+mod upgrade;
 mod verify;
 mod wal;
 mod writeback;
@@ -79,5 +80,6 @@ pub use space::SpaceUse;
 #[doc(hidden)]
 pub use superblock::Superblock;
 pub use superblock::{backup_blocks, check_label, format_uuid, parse_uuid};
+pub use upgrade::{downgrade_for_tests, upgrade, UpgradeReport};
 pub use verify::Report;
 pub use wal::{LogStats, Lsn};

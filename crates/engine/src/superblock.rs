@@ -72,7 +72,8 @@ impl Extent {
 /// Everything the engine needs to find its state after a restart.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
-    /// Format version of this image (1 or 2; version 1 has no backup copies).
+    /// Format version of this image (1 to 3; version 1 has no backup copies). The engine opens
+    /// version 3 only; `amaranth upgrade` rewrites the others.
     pub version: u32,
     /// Checkpoint number; the higher valid copy wins.
     pub generation: u64,
