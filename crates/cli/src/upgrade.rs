@@ -63,10 +63,14 @@ pub fn run(image: &Path) -> CliResult<i32> {
         return Ok(0);
     }
     say!(
-        "upgraded {img} to format {}: {} nodes rewritten ({}){}",
+        "upgraded {img} to format {}: {} nodes rewritten ({} of images, {} before; leaf \
+         entries {} bytes, {} before){}",
         r.to_version,
         r.nodes,
         human(r.bytes),
+        human(r.bytes_before),
+        r.leaf_entry_bytes.1,
+        r.leaf_entry_bytes.0,
         if r.unreachable > 0 {
             format!("; {} unreachable nodes left out", r.unreachable)
         } else {

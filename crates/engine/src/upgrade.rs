@@ -33,6 +33,11 @@ pub struct UpgradeReport {
     pub nodes: u64,
     /// Bytes of node images written.
     pub bytes: u64,
+    /// Bytes of the node images read (the old ones).
+    pub bytes_before: u64,
+    /// Encoded bytes of the leaves' entries (keys as stored, and values) before and after: what
+    /// lifting saves in the leaves.
+    pub leaf_entry_bytes: (u64, u64),
     /// Nodes of the old table that the tree does not reach (left out of the new table).
     pub unreachable: u64,
 }
@@ -61,6 +66,8 @@ pub fn upgrade(
             to_version: sb.version,
             nodes: 0,
             bytes: 0,
+            bytes_before: 0,
+            leaf_entry_bytes: (0, 0),
             unreachable: 0,
         });
     }
@@ -154,6 +161,8 @@ pub(crate) fn rewrite(
         alloc,
         new_table: HashMap::with_capacity(table.len()),
         bytes: 0,
+        bytes_before: 0,
+        leaf_entry_bytes: (0, 0),
         end: None,
     };
     let mut stack = vec![(ROOT_ID, Bounds::root())];
@@ -164,7 +173,8 @@ pub(crate) fn rewrite(
         progress(out.new_table.len() as u64, total);
     }
     let nodes = out.new_table.len() as u64;
-    let bytes = out.bytes;
+    let (bytes, bytes_before, leaf_entry_bytes) =
+        (out.bytes, out.bytes_before, out.leaf_entry_bytes);
     let encoded = store::encode_btt(&out.new_table);
     let blocks = (encoded.len() / amaranth_device::BLOCK_SIZE) as u64;
     let btt = out
@@ -194,6 +204,8 @@ pub(crate) fn rewrite(
         to_version,
         nodes,
         bytes,
+        bytes_before,
+        leaf_entry_bytes,
         unreachable: total - nodes,
     })
 }
@@ -230,6 +242,8 @@ struct Rewriter<'a> {
     alloc: Allocator,
     new_table: HashMap<NodeId, Extent>,
     bytes: u64,
+    bytes_before: u64,
+    leaf_entry_bytes: (u64, u64),
     /// Where the last node written ends: the next goes right after it if it can.
     end: Option<u64>,
 }
@@ -262,6 +276,12 @@ impl Rewriter<'_> {
         }
         let mut n = node::build_node(&h, Some(&image), self.format, ext.offset())?;
         drop(image);
+        self.bytes_before += h.image_len as u64;
+        let entry_bytes = |n: &Node| match &n.body {
+            Body::Leaf(l) => l.parts.iter().map(|p| p.bytes as u64).sum(),
+            Body::Internal(_) => 0,
+        };
+        self.leaf_entry_bytes.0 += entry_bytes(&n);
         // In the lifted form the node's child bounds are computed from its pivots.
         let lifted = bounds.prefix();
         if self.from == NODE_VERSION_UNLIFTED {
@@ -282,6 +302,7 @@ impl Rewriter<'_> {
         if self.to == NODE_VERSION_UNLIFTED {
             n.relift(&[], lifted);
         }
+        self.leaf_entry_bytes.1 += entry_bytes(&n);
         let img = node::serialize_layout(id, &n, self.codec, self.to);
         let blocks = (img.buf.len() / amaranth_device::BLOCK_SIZE) as u64;
         let at = self
