@@ -115,7 +115,11 @@ fn a_crash_during_the_upgrade_leaves_the_old_image_or_the_new_one() {
     for (i, &pos) in points.iter().enumerate() {
         // Several random fates where writes are in flight: the superblock may reach the medium
         // before the nodes it names, unless a flush orders them.
-        let randoms = if dev.unflushed_writes_at(pos) > 0 { 8 } else { 1 };
+        let randoms = if dev.unflushed_writes_at(pos) > 0 {
+            8
+        } else {
+            1
+        };
         let plans = [CrashPlan::DropAll, CrashPlan::KeepAll]
             .into_iter()
             .chain((0..randoms).map(|r| CrashPlan::Random {
