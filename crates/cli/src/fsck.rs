@@ -121,7 +121,11 @@ fn open_failure(image: &Path, e: &Error) -> Failure {
     };
     Failure::with_code(
         code,
-        format!("{}: cannot open the engine: {e}", image.display()),
+        format!(
+            "{}: cannot open the engine: {}",
+            image.display(),
+            crate::image::engine_error(image, e)
+        ),
     )
 }
 

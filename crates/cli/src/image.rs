@@ -42,9 +42,18 @@ pub fn superblock_error(image: &Path, dev: &dyn BlockDevice, e: &Error, action: 
             "{action} {img} read-write: the image has known damage ({why}); mount it read-only \
              with `-o ro`, or repair it with `amaranth fsck --repair {img}`"
         ),
-        Error::UnsupportedVersion { .. } => format!("{action} {img}: {e}"),
+        Error::UnsupportedVersion { .. } => format!("{action} {img}: {}", engine_error(image, e)),
         _ => format!(
             "{action} {img}: the image is damaged ({e}); check it with `amaranth fsck {img}`"
         ),
     }
+}
+
+/// An engine error's text, with the upgrade command it may name (`amaranth upgrade IMAGE`, for an
+/// image of an older format) spelled for this image.
+pub fn engine_error(image: &Path, e: &Error) -> String {
+    e.to_string().replace(
+        "`amaranth upgrade IMAGE`",
+        &format!("`amaranth upgrade {}`", image.display()),
+    )
 }

@@ -6,6 +6,7 @@
 //! amaranth umount DIR [-l] [--timeout S] # returns after the daemon's final checkpoint
 //! amaranth fsck IMAGE [-n|-y|-p] [-f]    # 0 clean, 1 corrected, 4 left, 8 operational, 16 usage
 //! amaranth stat IMAGE|DIR [--json]
+//! amaranth upgrade IMAGE                 # rewrites a format-1/2 image as format 3 (once)
 //! amaranth install-helper                # /usr/local/bin/amaranth + helpers in /sbin
 //! amaranth pg depend "CMD1" "CMD2"       # CMD2's changes reach the disk after CMD1's (no fsync)
 //! ```
@@ -38,6 +39,7 @@ mod remount;
 mod rundir;
 mod stat;
 mod umount;
+mod upgrade;
 mod utab;
 mod util;
 
@@ -160,6 +162,12 @@ enum Command {
         /// Machine-readable JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Rewrite an image of an older format (1 or 2) as this build's format 3, every node once.
+    /// The image must have been unmounted cleanly; an interrupted upgrade can be run again.
+    Upgrade {
+        /// Image file or block device (not mounted).
+        image: PathBuf,
     },
     /// Install this binary as /usr/local/bin/amaranth and the helpers mount.fuse.amaranth,
     /// umount.fuse.amaranth, fsck.amaranth, fsck.fuse.amaranth and mkfs.amaranth in /sbin (for
@@ -292,6 +300,7 @@ fn main() {
             })
         }
         Command::Stat { target, json } => stat::run(&target, json).map(|()| 0),
+        Command::Upgrade { image } => upgrade::run(&image),
         Command::InstallHelper {
             bin_dir,
             sbin_dir,

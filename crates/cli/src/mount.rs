@@ -588,6 +588,11 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
             Error::Io { .. } | Error::InUse(_) | Error::InvalidConfig(_) => {
                 format!("cannot open {}: {e}", image.display())
             }
+            Error::UnsupportedVersion { .. } => format!(
+                "cannot open {}: {}",
+                image.display(),
+                crate::image::engine_error(&image, &e)
+            ),
             _ => format!(
                 "cannot open {}: the image is damaged ({e}); check it with `amaranth fsck {}`",
                 image.display(),

@@ -351,8 +351,13 @@ fn offline(image: &Path, as_json: bool) -> CliResult {
         cache_size: (format.node_size * 16).max(128 << 20),
         ..Options::default()
     };
-    let engine = Engine::open(Arc::new(dev), opts)
-        .map_err(|e| Failure::new(format!("cannot open {}: {e}", image.display())))?;
+    let engine = Engine::open(Arc::new(dev), opts).map_err(|e| {
+        Failure::new(format!(
+            "cannot open {}: {}",
+            image.display(),
+            crate::image::engine_error(image, &e)
+        ))
+    })?;
     let s = engine.stats();
     let inodes = engine
         .get(&amaranth_fs::keys::system_key("inodes"))

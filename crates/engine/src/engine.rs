@@ -45,7 +45,6 @@ use crate::space::SpaceUse;
 use crate::tree::Tree;
 use crate::wal::{Log, Lsn};
 
-#[cfg(test)]
 pub(crate) use checkpoint::write_backups;
 #[cfg(test)]
 pub(crate) use checkpoint::write_copy;

@@ -41,7 +41,7 @@ pub enum Error {
     #[error("not an Amaranth image ({0})")]
     BadMagic(String),
     /// The image was written by an incompatible format version.
-    #[error("unsupported format version {found} (this build reads version {supported})")]
+    #[error("{}", unsupported_version(*found, *supported))]
     UnsupportedVersion {
         /// Version found on disk.
         found: u32,
@@ -172,5 +172,17 @@ impl Clone for Error {
             },
             Error::GroupExpired(g) => Error::GroupExpired(*g),
         }
+    }
+}
+
+/// The text of [`Error::UnsupportedVersion`]: an older image names the upgrade command.
+fn unsupported_version(found: u32, supported: u32) -> String {
+    if found < supported && (1..=2).contains(&found) {
+        format!(
+            "format {found} image: run `amaranth upgrade IMAGE` (rewrites every node once) or use \
+             an older amaranth to read it"
+        )
+    } else {
+        format!("unsupported format version {found} (this build reads version {supported})")
     }
 }

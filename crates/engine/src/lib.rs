@@ -61,6 +61,7 @@ mod space;
 mod store;
 mod superblock;
 mod tree;
+mod upgrade;
 mod verify;
 mod wal;
 mod writeback;
@@ -79,6 +80,7 @@ pub use space::SpaceUse;
 /// through [`ImageInfo`], and only the engine's checkpointer writes superblocks.
 #[doc(hidden)]
 pub use superblock::Superblock;
-pub use superblock::{backup_blocks, check_label, format_uuid, parse_uuid};
+pub use superblock::{backup_blocks, check_label, format_uuid, parse_uuid, FORMAT_VERSION};
+pub use upgrade::{downgrade_for_tests, upgrade, UpgradeReport};
 pub use verify::Report;
 pub use wal::{LogStats, Lsn};

@@ -10,16 +10,22 @@ use crate::node::{Body, ROOT_ID};
 use crate::tree::{Bounds, LIFT_KEYS};
 use crate::{Engine, Format, Options};
 
-/// An engine holding keys under one long common prefix, flushed down to a two-level tree.
-fn engine_with_prefixed_keys() -> Engine {
-    let dev = Arc::new(MemDevice::new(64 << 20));
-    let options = Options {
+fn options() -> Options {
+    Options {
         cache_size: 8 << 20,
         background_threads: false,
         check_invariants: true,
         ..Options::default()
-    };
-    let e = Engine::create(dev, Format::small_for_tests(), options).unwrap();
+    }
+}
+
+/// An engine holding keys under one long common prefix, flushed down to a two-level tree.
+fn engine_with_prefixed_keys() -> Engine {
+    engine_on(Arc::new(MemDevice::new(64 << 20)))
+}
+
+fn engine_on(dev: Arc<MemDevice>) -> Engine {
+    let e = Engine::create(dev, Format::small_for_tests(), options()).unwrap();
     for i in 0..3000u32 {
         e.put(format!("d/some/dir/{i:06}").as_bytes(), &[7u8; 40])
             .unwrap();
@@ -87,4 +93,62 @@ fn verify_catches_a_node_with_a_wrong_lift() {
     let err = e.verify().unwrap_err().to_string();
     assert!(err.contains("outside the range"), "{err}");
     e.abandon();
+}
+
+/// Salvage reads an orphan (a node whose parent is damaged) under its prefix hint, places it by
+/// its full keys, and rewrites it at the lift its new bounds give (docs/SURGERY.md §2.7). The
+/// orphan here is a leaf written un-lifted (hint empty, full keys), so its new prefix differs.
+#[test]
+fn salvage_relifts_an_adopted_orphan_stored_under_another_prefix() {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let e = engine_on(dev.clone());
+    let (bounds, id) = inner_leaf(&e);
+    assert!(!bounds.prefix().is_empty(), "an inner leaf has a prefix");
+    let parent = parent_of(&e, id);
+    {
+        let cn = e.tree().pin(id).unwrap();
+        let mut g = cn.write();
+        e.tree().begin_modify(&cn, &g).unwrap();
+        g.relift(&[], bounds.prefix());
+        assert!(g.prefix.is_empty(), "the hint follows the re-lift");
+        e.tree().end_modify(&cn, &g);
+    }
+    e.close().unwrap();
+    let e = Engine::open(dev.clone(), options()).unwrap();
+    let at = e.node_extents();
+    e.abandon();
+    let (_, block, _) = at.iter().find(|(n, _, _)| *n == parent).unwrap();
+    dev.with_bytes_mut(|b| b[(*block * 4096) as usize..][..4096].fill(0));
+    let repair = Options {
+        salvage: true,
+        ..options()
+    };
+    let e = Engine::open(dev.clone(), repair).unwrap();
+    let r = e.salvage_report().unwrap().clone();
+    assert!(r.orphans_adopted >= 1 && r.nodes_relifted >= 1, "{r:?}");
+    e.verify().unwrap();
+    e.close().unwrap();
+    let e = Engine::open(dev, options()).unwrap();
+    e.verify().unwrap();
+    let all = e.range(std::ops::Bound::Unbounded, std::ops::Bound::Unbounded);
+    let keys: Vec<Vec<u8>> = all.map(|r| r.unwrap().0).collect();
+    assert_eq!(keys.len(), 3000, "every entry is back");
+    assert_eq!(keys[2345], b"d/some/dir/002345".to_vec());
+}
+
+/// The id of the node whose child `id` is.
+fn parent_of(e: &Engine, id: u64) -> u64 {
+    let tree = e.tree();
+    let mut stack = vec![ROOT_ID];
+    while let Some(p) = stack.pop() {
+        let cn = tree.pin(p).unwrap();
+        let g = cn.read();
+        if let Body::Internal(n) = &g.body {
+            if n.children.contains(&id) {
+                return p;
+            }
+            stack.extend(&n.children);
+        }
+    }
+    panic!("node {id} has no parent")
 }

@@ -12,15 +12,14 @@ use crate::copies::Located;
 use crate::error::{Error, Result};
 use crate::node::NodeId;
 use crate::store::{self, Allocator, Btt, Store};
-use crate::superblock::{backup_blocks, Extent, Superblock};
+use crate::superblock::{Extent, Superblock, FORMAT_VERSION};
 use crate::tree::Tree;
 
 /// A checkpoint read from the device.
 pub(crate) struct Loaded {
     /// What the superblock copies hold.
     pub located: Located,
-    /// The superblock to continue from (a version-1 image may be upgraded in it, see
-    /// [`upgrade_v1`]).
+    /// The superblock to continue from.
     pub sb: Superblock,
     /// The tree, no node loaded yet.
     pub tree: Tree,
@@ -33,6 +32,14 @@ pub(crate) fn load_checkpoint(dev: &Arc<dyn BlockDevice>, options: &Options) -> 
         log::warn!("amaranth engine: {line}");
     }
     let sb = located.sb.clone();
+    if sb.version < FORMAT_VERSION {
+        // Older images store full keys: the tree code reads only lifted nodes (§2.4 of
+        // docs/SURGERY.md), read-only opens included.
+        return Err(Error::UnsupportedVersion {
+            found: sb.version,
+            supported: FORMAT_VERSION,
+        });
+    }
     let format = sb.format()?;
     options.validate(&format)?;
     let table = read_table(dev, &sb)?;
@@ -58,7 +65,10 @@ pub(crate) fn load_checkpoint(dev: &Arc<dyn BlockDevice>, options: &Options) -> 
     Ok(Loaded { located, sb, tree })
 }
 
-fn read_table(dev: &Arc<dyn BlockDevice>, sb: &Superblock) -> Result<HashMap<NodeId, Extent>> {
+pub(crate) fn read_table(
+    dev: &Arc<dyn BlockDevice>,
+    sb: &Superblock,
+) -> Result<HashMap<NodeId, Extent>> {
     let mut raw = amaranth_device::AlignedBuf::zeroed(sb.btt.len());
     dev.read_at(sb.btt.offset(), &mut raw)
         .map_err(|e| Error::io("reading block translation table", e))?;
@@ -85,7 +95,10 @@ fn read_table(dev: &Arc<dyn BlockDevice>, sb: &Superblock) -> Result<HashMap<Nod
 }
 
 /// Free space: the data area less the table's extents, the table itself and the backup copies.
-fn build_allocator(sb: &Superblock, table: &HashMap<NodeId, Extent>) -> Result<Allocator> {
+pub(crate) fn build_allocator(
+    sb: &Superblock,
+    table: &HashMap<NodeId, Extent>,
+) -> Result<Allocator> {
     let mut alloc = Allocator::new(sb.data_start_block(), sb.device_blocks);
     let mut claimed: Vec<(u64, Extent)> = table.iter().map(|(id, e)| (*id, *e)).collect();
     claimed.sort_by_key(|(_, e)| e.block);
@@ -115,45 +128,4 @@ fn build_allocator(sb: &Superblock, table: &HashMap<NodeId, Extent>) -> Result<A
         }
     }
     Ok(alloc)
-}
-
-/// Gives a version-1 image (no backup superblocks) its backups when their blocks are free: the
-/// superblock becomes version 2 and the next checkpoint writes them. Read-write opens only.
-pub(crate) fn upgrade_v1(sb: &mut Superblock, store: &Store) {
-    if sb.version != 1 {
-        return;
-    }
-    let want = backup_blocks(sb.device_blocks);
-    let mut btt = store.btt.lock();
-    let mut got = Vec::new();
-    for &b in &want {
-        if b < sb.data_start_block()
-            || !btt.alloc.claim(Extent {
-                block: b,
-                blocks: 1,
-            })
-        {
-            break;
-        }
-        got.push(b);
-    }
-    if got.len() == want.len() {
-        log::info!(
-            "amaranth engine: upgrading the image to format version 2 (backup superblocks at \
-             blocks {want:?})"
-        );
-        sb.version = 2;
-        sb.backups = want;
-    } else {
-        for b in got {
-            btt.alloc.free(Extent {
-                block: b,
-                blocks: 1,
-            });
-        }
-        log::warn!(
-            "amaranth engine: this format-1 image has no backup superblocks and their places \
-             (blocks {want:?}) are in use; it stays at format 1"
-        );
-    }
 }

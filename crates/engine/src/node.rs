@@ -23,9 +23,10 @@ mod layout;
 mod leaf_apply;
 mod lift;
 
+pub(crate) use layout::serialize_layout;
 pub use layout::{
     build_node, decode_buffer, decode_buffer_payload, decode_partition, decode_sub, header_span,
-    parse_header, serialize, NodeHeader, SubLoc, HEADER_LEN,
+    parse_header, serialize, NodeHeader, SubLoc, HEADER_LEN, NODE_VERSION, NODE_VERSION_UNLIFTED,
 };
 
 /// Identifies a node; the block translation table maps it to its current extent.
@@ -220,6 +221,11 @@ pub struct Node {
     pub max_msn: Msn,
     /// Contents.
     pub body: Body,
+    /// The full-key prefix its stored keys omit (docs/SURGERY.md §2.1), as of its load or its last
+    /// re-lift: read from the image's prefix hint, kept by [`Node::relift`], written back as the
+    /// hint (salvage places orphans by it, §2.7) and used to order nodes by full keys for
+    /// placement. Exact as long as no subtree moves under other pivots.
+    pub prefix: Vec<u8>,
 }
 
 /// Index of the child (or partition) whose range holds `key`, given `pivots`.
@@ -274,7 +280,7 @@ impl Leaf {
     }
 
     /// All partitions, which must be resident.
-    fn resident_parts(&self) -> Vec<Arc<Partition>> {
+    pub(crate) fn resident_parts(&self) -> Vec<Arc<Partition>> {
         self.parts
             .iter()
             .map(|p| p.data().expect("leaf partition must be resident here"))
@@ -368,7 +374,7 @@ impl Internal {
 
     /// Total serialized size.
     pub fn bytes(&self) -> usize {
-        self.buffered_bytes() + pivot_bytes(&self.pivots) + self.children.len() * 29
+        self.buffered_bytes() + pivot_bytes(&self.pivots) + self.children.len() * 31
     }
 
     /// Estimated memory footprint.
@@ -432,6 +438,7 @@ impl Node {
             height: 0,
             max_msn: 0,
             body: Body::Leaf(Leaf::empty()),
+            prefix: Vec::new(),
         }
     }
 
@@ -467,14 +474,15 @@ impl Node {
             Body::Leaf(l) => (&l.pivots, 21, l.parts.iter().map(|p| p.bytes).collect()),
             Body::Internal(n) => (
                 &n.pivots,
-                8 + 21,
+                8 + 2 + 21,
                 n.buffers
                     .iter()
                     .map(|b| b.bytes() + BUFFER_HEADER)
                     .collect(),
             ),
         };
-        let index_len = pivot_bytes(pivots) + raw_lens.len() * desc_len;
+        // The prefix hint, pivots, descriptors.
+        let index_len = 2 + self.prefix.len() + pivot_bytes(pivots) + raw_lens.len() * desc_len;
         round_up(HEADER_LEN + index_len)
             + raw_lens.iter().map(|&r| round_up(r.max(1))).sum::<usize>()
     }
@@ -629,6 +637,7 @@ mod tests {
             height: 0,
             max_msn: 1,
             body: Body::Leaf(l),
+            prefix: Vec::new(),
         }
         .check_invariants(1);
     }

@@ -7,15 +7,20 @@
 //! unchanged), the levels above start empty. The top node becomes the root (id 1). Everything new
 //! is dirty in the cache; the next checkpoint writes it to free space, never over the checkpoint
 //! being repaired.
+//!
+//! The builder works with full keys: every node it makes has an empty prefix. When the tree is
+//! whole, [`Builder::finish`] re-lifts it from the root down to the prefixes its pivots give
+//! (docs/SURGERY.md §2.1); a kept leaf whose new bounds give another prefix than the one it was
+//! stored under (its hint) is rewritten with it (§2.7).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use crate::buffer::Buffer;
 use crate::error::Result;
 use crate::msg::{KeyMsgs, Msn};
 use crate::node::{Body, BufSlot, Internal, Leaf, Node, NodeId, ROOT_ID};
-use crate::tree::Tree;
+use crate::tree::{Bounds, Tree};
 
 /// The children gathered for the node being filled at one level, and the last node sealed there.
 #[derive(Default)]
@@ -33,8 +38,9 @@ struct LevelAcc {
 pub(crate) struct Builder<'t> {
     tree: &'t Tree,
     levels: Vec<LevelAcc>,
-    /// Leaves kept where they were (every other node of the old tree goes).
-    pub reused: HashSet<NodeId>,
+    /// Leaves kept where they were (every other node of the old tree goes), each with the prefix
+    /// its stored keys were read under.
+    pub reused: HashMap<NodeId, Vec<u8>>,
     fanout: usize,
 }
 
@@ -43,7 +49,7 @@ impl<'t> Builder<'t> {
         Builder {
             tree,
             levels: Vec::new(),
-            reused: HashSet::new(),
+            reused: HashMap::new(),
             fanout: (tree.format.max_fanout * 3 / 4).max(2),
         }
     }
@@ -58,15 +64,17 @@ impl<'t> Builder<'t> {
         self.tree.make_room()
     }
 
-    /// A leaf kept as it is, whose range starts at `lo`.
+    /// A leaf kept as it is, whose range starts at `lo`, its keys stored without `prefix`.
     pub(crate) fn reuse(
         &mut self,
         id: NodeId,
         lo: Vec<u8>,
         max_msn: Msn,
         pending: Buffer,
+        prefix: Vec<u8>,
     ) -> Result<()> {
-        assert!(self.reused.insert(id), "leaf {id} kept twice");
+        let first = self.reused.insert(id, prefix).is_none();
+        assert!(first, "leaf {id} kept twice");
         self.add_child(0, lo, id, max_msn, pending)
     }
 
@@ -103,6 +111,7 @@ impl<'t> Builder<'t> {
                 height: 0,
                 max_msn: 0,
                 body: Body::Leaf(leaf),
+                prefix: Vec::new(),
             };
             self.insert(id, node)?;
             self.add_child(0, low, id, 0, mine)?;
@@ -154,6 +163,7 @@ impl<'t> Builder<'t> {
                     .map(BufSlot::resident)
                     .collect(),
             }),
+            prefix: Vec::new(),
         };
         a.bytes = 0;
         let lo = lows.pop().expect("a sealed node has a first child");
@@ -170,8 +180,15 @@ impl<'t> Builder<'t> {
         self.add_child(level + 1, lo, id, max, Buffer::new())
     }
 
-    /// Finishes the tree: the last node left alone at its level becomes the root.
-    pub(crate) fn finish(mut self) -> Result<HashSet<NodeId>> {
+    /// Finishes the tree: the last node left alone at its level becomes the root. Then re-lifts
+    /// it; returns how many kept leaves that rewrote.
+    pub(crate) fn finish(self) -> Result<u64> {
+        let tree = self.tree;
+        let kept = self.assemble()?;
+        lift_built(tree, &kept)
+    }
+
+    fn assemble(mut self) -> Result<HashMap<NodeId, Vec<u8>>> {
         if self.levels.is_empty() {
             self.insert(ROOT_ID, Node::empty_leaf())?;
             return Ok(self.reused);
@@ -197,6 +214,53 @@ impl<'t> Builder<'t> {
             level += 1;
         }
     }
+}
+
+/// Gives every node of the built tree the prefix its bounds give, from the root down. Built nodes
+/// hold full keys (prefix empty); kept leaves hold their keys under their hint, which differs from
+/// the new prefix only for adopted orphans. Returns how many kept leaves were rewritten.
+fn lift_built(tree: &Tree, kept: &HashMap<NodeId, Vec<u8>>) -> Result<u64> {
+    let mut relifted = 0;
+    let mut stack = vec![(ROOT_ID, Bounds::root())];
+    while let Some((id, bounds)) = stack.pop() {
+        let cn = tree.pin(id)?;
+        let read_under = kept.get(&id);
+        let same =
+            read_under.map_or(cn.read().prefix.as_slice(), |p| p.as_slice()) == bounds.prefix();
+        if !same {
+            if !cn.read().fully_resident() {
+                tree.load_partitions(&cn, None)?;
+            }
+            let mut g = cn.write();
+            tree.begin_modify(&cn, &g)?;
+            if let Some(p) = read_under {
+                // A stale hint (the image's) gives way to the prefix the walk read the keys under.
+                g.prefix = p.clone();
+            }
+            let old = g.prefix.clone();
+            let new = bounds.prefix();
+            if let Some(more) = new.strip_prefix(old.as_slice()) {
+                g.relift(more, &[]);
+            } else {
+                g.relift(&[], &old);
+                g.relift(new, &[]);
+            }
+            assert_eq!(
+                g.prefix.as_slice(),
+                new,
+                "node {id}: re-lifted to its bounds"
+            );
+            tree.end_modify(&cn, &g);
+            relifted += u64::from(read_under.is_some());
+        }
+        let g = cn.read();
+        if let Body::Internal(n) = &g.body {
+            for c in 0..n.children.len() {
+                stack.push((n.children[c], bounds.child(n, c)));
+            }
+        }
+    }
+    Ok(relifted)
 }
 
 /// Adds the messages of `b` in `[lo, hi)` to `out` (which holds only older messages, or messages

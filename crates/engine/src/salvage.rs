@@ -11,6 +11,10 @@
 //! intact nodes that no intact node references ("orphans") are adopted by the damaged node whose
 //! key range holds their first key, and walked in its place. Orphans nothing adopts (leaks, or
 //! subtrees whose keys cannot be placed) are counted and left out.
+//!
+//! Nodes store their keys lifted (docs/SURGERY.md §2): the walk reads every node under the prefix
+//! hint its image records, so that an orphan, whose parent is lost, is placed by its full keys.
+//! The new tree is re-lifted to the bounds it gives each node ([`crate::rebuild`]).
 
 use std::collections::{HashMap, HashSet};
 
@@ -23,7 +27,7 @@ use crate::node::{self, NodeHeader, NodeId, ROOT_ID};
 use crate::partition::Partition;
 use crate::rebuild::{restrict, Builder};
 use crate::superblock::Extent;
-use crate::tree::{check_header, Tree};
+use crate::tree::{check_header, lift_len, Tree};
 
 /// Which part of a node is damaged.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,6 +95,9 @@ pub struct SalvageReport {
     pub orphans_left: Vec<NodeId>,
     /// Messages left out because they fell outside the range their subtree was given.
     pub messages_dropped: u64,
+    /// Kept leaves rewritten because their new bounds give them another prefix than the one they
+    /// were stored under (adopted orphans: docs/SURGERY.md §2.7).
+    pub nodes_relifted: u64,
     /// Whether the tree was rebuilt.
     pub rebuilt: bool,
     /// What happened to the redo log (when a repair replayed it): where replay stopped if the log
@@ -163,16 +170,8 @@ impl<'t> Walker<'t> {
 
     /// Walks the whole tree; returns the report and the builder (if rebuilding).
     pub(crate) fn run(mut self) -> Result<(SalvageReport, Option<Builder<'t>>)> {
-        // The survey reads nodes by their images and places them by the full keys of their pivots
-        // and entries: right only while nodes store full keys. Lifted images need the nodes'
-        // prefix hints (docs/SURGERY.md §2.7), not built yet.
-        if crate::tree::LIFT_KEYS {
-            return Err(Error::InvalidArgument(
-                "salvage of an image with lifted keys is not built yet".into(),
-            ));
-        }
         let mut stack = Vec::new();
-        self.walk(ROOT_ID, &[], None, None, &mut stack)?;
+        self.walk(ROOT_ID, &[], None, None, true, &mut stack)?;
         // Damaged nodes no intact node reaches (children of a damaged node that are damaged too).
         if let Some(headers) = &self.headers {
             let mut lost: Vec<(&NodeId, &String)> = headers
@@ -214,12 +213,18 @@ impl<'t> Walker<'t> {
         Ok((h, img, ext))
     }
 
+    /// Walks node `id` with the range `[lo, hi)`. `placed`: the range is the node's own (it was
+    /// reached through intact parents, or is an orphan's inner child), so the node is read under
+    /// the prefix the range gives; otherwise (an adopted orphan, or an orphan's edge child) under
+    /// its prefix hint.
+    #[allow(clippy::too_many_arguments)]
     fn walk(
         &mut self,
         id: NodeId,
         lo: &[u8],
         hi: Option<&[u8]>,
         expect: Option<u32>,
+        placed: bool,
         stack: &mut Vec<Level>,
     ) -> Result<()> {
         let ext = self.tree.store.location(id);
@@ -235,7 +240,7 @@ impl<'t> Walker<'t> {
             self.report.damage.push(d);
             return self.lost(lo, hi, expect, stack);
         }
-        let (h, img, ext) = match self.read(id) {
+        let (mut h, img, ext) = match self.read(id) {
             Ok(x) => x,
             Err(e) if e.is_damage() => {
                 let d = dmg(
@@ -263,10 +268,15 @@ impl<'t> Walker<'t> {
             return self.lost(lo, hi, expect, stack);
         }
         self.report.nodes_read += 1;
+        // From here on `h.prefix` is the prefix the node is read under.
+        if placed {
+            let plen = lift_len(lo, hi);
+            h.prefix = lo[..plen].to_vec();
+        }
         if h.is_leaf {
             self.leaf(id, &h, &img, ext, lo, hi, stack)
         } else {
-            self.internal(&h, &img, ext, lo, hi, stack)
+            self.internal(&h, &img, ext, lo, hi, placed, stack)
         }
     }
 
@@ -298,8 +308,9 @@ impl<'t> Walker<'t> {
     ) -> Result<()> {
         let mut parts: Vec<Partition> = Vec::with_capacity(h.sublocs.len());
         let mut intact = true;
+        let pivots = full_pivots(h);
         for (i, loc) in h.sublocs.iter().enumerate() {
-            let (plo, phi) = node::child_bounds_of(&h.pivots, i);
+            let (plo, phi) = node::child_bounds_of(&pivots, i);
             let plo = plo.max(lo);
             let phi = match (phi, hi) {
                 (Some(a), Some(b)) => Some(a.min(b)),
@@ -316,8 +327,8 @@ impl<'t> Walker<'t> {
             )
             .and_then(|p| {
                 let inside = (0..p.len()).all(|j| {
-                    let k = p.key(j);
-                    k >= plo && phi.is_none_or(|h| k < h)
+                    let k = full_key(&h.prefix, p.key(j));
+                    k.as_slice() >= plo && phi.is_none_or(|h| k.as_slice() < h)
                 });
                 if inside {
                     Ok(p)
@@ -363,12 +374,12 @@ impl<'t> Walker<'t> {
         if intact && older {
             self.report.leaves_kept += 1;
             self.report.entries += entries;
-            return build.reuse(id, lo.to_vec(), h.max_msn, pending);
+            return build.reuse(id, lo.to_vec(), h.max_msn, pending, h.prefix.clone());
         }
         let mut all = Vec::with_capacity(entries as usize);
         for p in &parts {
             for j in 0..p.len() {
-                all.push((p.key(j).to_vec(), p.value(j).to_vec()));
+                all.push((full_key(&h.prefix, p.key(j)), p.value(j).to_vec()));
             }
         }
         self.report.entries += entries;
@@ -376,6 +387,7 @@ impl<'t> Walker<'t> {
         build.fresh(lo.to_vec(), hi.map(|h| h.to_vec()), all, pending)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn internal(
         &mut self,
         h: &NodeHeader,
@@ -383,11 +395,13 @@ impl<'t> Walker<'t> {
         ext: Extent,
         lo: &[u8],
         hi: Option<&[u8]>,
+        placed: bool,
         stack: &mut Vec<Level>,
     ) -> Result<()> {
         let n = h.children.len();
+        let pivots = full_pivots(h);
         for i in 0..n {
-            let (plo, phi) = node::child_bounds_of(&h.pivots, i);
+            let (plo, phi) = node::child_bounds_of(&pivots, i);
             let cl = plo.max(lo);
             let ch = match (phi, hi) {
                 (Some(a), Some(b)) => Some(a.min(b)),
@@ -411,6 +425,8 @@ impl<'t> Walker<'t> {
             let loc = &h.sublocs[i];
             let what = format!("node {} buffer {i}", h.id);
             let off = loc.offset as usize;
+            // Checked against the child's bounds as the node stores them, then given full keys.
+            let (slo, shi) = node::child_bounds_of(&h.pivots, i);
             let level = match node::decode_buffer(
                 &img[off..],
                 loc,
@@ -418,10 +434,11 @@ impl<'t> Walker<'t> {
                 &what,
                 ext.offset() + off as u64,
                 h.max_msn,
-                plo,
-                phi,
+                slo,
+                shi,
             ) {
-                Ok(b) => Some(b),
+                Ok(b) if h.prefix.is_empty() => Some(b),
+                Ok(b) => Some(b.rekeyed(|k| full_key(&h.prefix, k))),
                 Err(e) if e.is_damage() => {
                     let part = DamagedPart::Buffer {
                         index: i,
@@ -440,7 +457,9 @@ impl<'t> Walker<'t> {
                 Err(e) => return Err(e),
             };
             stack.push(level);
-            let r = self.walk(h.children[i], cl, ch, Some(h.height - 1), stack);
+            // An orphan's edge children have bounds clipped to its adopted range, not their own.
+            let inner = placed || (i > 0 && i + 1 < n);
+            let r = self.walk(h.children[i], cl, ch, Some(h.height - 1), inner, stack);
             stack.pop();
             r?;
         }
@@ -490,7 +509,7 @@ impl<'t> Walker<'t> {
             let l: &[u8] = if j == 0 { lo } else { &firsts[j] };
             let h = firsts.get(j + 1).map(|f| f.as_slice()).or(hi);
             self.report.orphans_adopted += 1;
-            self.walk(o.id, l, h, None, stack)?;
+            self.walk(o.id, l, h, None, false, stack)?;
         }
         Ok(())
     }
@@ -596,12 +615,23 @@ impl<'t> Walker<'t> {
             ) {
                 if !p.is_empty() {
                     let j = if first { 0 } else { p.len() - 1 };
-                    return Ok(Some(p.key(j).to_vec()));
+                    return Ok(Some(full_key(&h.prefix, p.key(j))));
                 }
             }
         }
         Ok(None)
     }
+}
+
+/// A key stored under prefix hint `prefix`, made full. Salvage reads every node by its hint
+/// (docs/SURGERY.md §2.7): the parent that gives its position may be lost.
+fn full_key(prefix: &[u8], stored: &[u8]) -> Vec<u8> {
+    [prefix, stored].concat()
+}
+
+/// A node's pivots as full keys (under its prefix hint).
+fn full_pivots(h: &NodeHeader) -> Vec<Vec<u8>> {
+    h.pivots.iter().map(|p| full_key(&h.prefix, p)).collect()
 }
 
 /// The oldest MSN in a buffer.
@@ -639,7 +669,7 @@ pub(crate) fn rebuild(tree: &Tree) -> Result<SalvageReport> {
     );
     let (mut report, build) = Walker::new(tree, true).run()?;
     let build = build.expect("a rebuilding walk has a builder");
-    let keep = build.reused.clone();
+    let keep: HashSet<NodeId> = build.reused.keys().copied().collect();
     {
         let mut btt = tree.store.btt.lock();
         let old: Vec<NodeId> = btt
@@ -652,7 +682,7 @@ pub(crate) fn rebuild(tree: &Tree) -> Result<SalvageReport> {
             btt.remove(id);
         }
     }
-    build.finish()?;
+    report.nodes_relifted = build.finish()?;
     report.rebuilt = true;
     Ok(report)
 }

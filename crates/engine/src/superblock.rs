@@ -15,8 +15,10 @@ use crate::error::{Error, Result};
 
 /// Magic bytes at the start of each superblock.
 pub const SUPER_MAGIC: [u8; 8] = *b"AMARANTH";
-/// The on-disk format version this build writes for new images (it also reads and writes version 1).
-pub const FORMAT_VERSION: u32 = 2;
+/// The on-disk format version this build writes for new images (3: node keys lifted). Superblocks
+/// of versions 1 and 2 are still decoded (to name them and for `amaranth upgrade`), but the engine
+/// opens only version 3.
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest format version this build reads.
 pub const OLDEST_VERSION: u32 = 1;
 /// Superblock flag: log records were skipped at an open; the image wants a check.
@@ -70,7 +72,8 @@ impl Extent {
 /// Everything the engine needs to find its state after a restart.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
-    /// Format version of this image (1 or 2; version 1 has no backup copies).
+    /// Format version of this image (1 to 3; version 1 has no backup copies). The engine opens
+    /// version 3 only; `amaranth upgrade` rewrites the others.
     pub version: u32,
     /// Checkpoint number; the higher valid copy wins.
     pub generation: u64,
@@ -579,14 +582,12 @@ pub(crate) mod tests {
         let err = Superblock::decode(&moved, 0).unwrap_err();
         assert!(err.to_string().contains("backup"), "{err}");
         let future = forged(&sample(4), |b| {
-            b[8..12].copy_from_slice(&3u32.to_le_bytes())
+            b[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes())
         });
         assert!(matches!(
             Superblock::decode(&future, 0),
-            Err(Error::UnsupportedVersion {
-                found: 3,
-                supported: 2
-            })
+            Err(Error::UnsupportedVersion { found, supported })
+                if found == FORMAT_VERSION + 1 && supported == FORMAT_VERSION
         ));
     }
 

@@ -48,7 +48,7 @@ mod split_merge;
 pub use readahead::ReadAhead;
 
 pub(crate) use bounds::Bounds;
-pub(crate) use bounds::LIFT_KEYS;
+pub(crate) use bounds::{lift_len, LIFT_KEYS};
 
 pub(crate) use load::check_header;
 

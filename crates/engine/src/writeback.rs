@@ -353,10 +353,15 @@ impl Tree {
 }
 
 /// Where a node goes in a checkpoint's run: leaves first (class 0) by their lowest key, then
-/// internal nodes by decreasing height (`u32::MAX - height`) and the lowest key they name.
-/// Stored keys order nodes only while they are full keys (`crate::tree::LIFT_KEYS` off); lifted
-/// nodes need their position from a walk instead.
+/// internal nodes by decreasing height (`u32::MAX - height`) and the lowest key they name. Keys
+/// are full keys: the node's prefix ([`node::Node::prefix`]) in front of the stored key.
 fn placement_key(node: &node::Node) -> (u32, Vec<u8>) {
+    let (class, stored) = placement_stored_key(node);
+    (class, [node.prefix.as_slice(), &stored].concat())
+}
+
+/// [`placement_key`] with the key as the node stores it.
+fn placement_stored_key(node: &node::Node) -> (u32, Vec<u8>) {
     match &node.body {
         Body::Leaf(l) => {
             let lowest = l

@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use amaranth_device::{BlockDevice, MemDevice};
-use amaranth_engine::{Engine, Error, Options, Superblock};
+use amaranth_engine::{downgrade_for_tests, upgrade, Engine, Error, Options, Superblock};
 
 use common::{small_format, small_options};
 
@@ -188,29 +188,30 @@ fn read_only_heals_nothing_and_becoming_writable_heals_the_superblock_copies() {
 }
 
 #[test]
-fn a_format_1_image_read_only_stays_format_1_until_it_becomes_writable() {
+fn a_format_1_image_is_refused_read_only_and_upgraded_gets_its_backups_and_label() {
     let mem = closed_image(500);
     let dev: Arc<dyn BlockDevice> = mem.clone();
-    // As format 1 left it: version 1 in the newest slot, the other slot and the backups blank.
-    let mut sb = Superblock::read_newest(&*dev, false).unwrap();
-    let backups = std::mem::take(&mut sb.backups);
-    sb.version = 1;
-    sb.label.clear();
-    sb.forge_for_tests(&*dev).unwrap();
-    mem.with_bytes_mut(|b| {
-        let other = (1 - sb.generation % 2) as usize;
-        b[other * 4096..(other + 1) * 4096].fill(0);
-        for &blk in &backups {
-            b[blk as usize * 4096..(blk as usize + 1) * 4096].fill(0);
-        }
-    });
+    let backups = Superblock::read_newest(&*dev, false).unwrap().backups;
+    // As format 1 left it: full keys, version 1 in the newest slot, the other slot and the
+    // backups blank.
+    downgrade_for_tests(dev.clone(), 1).unwrap();
+    let sb = Superblock::read_newest(&*dev, false).unwrap();
+    assert_eq!((sb.version, sb.backups.len()), (1, 0));
     let before = mem.to_bytes();
+    let err = Engine::open(dev.clone(), plain_read_only()).err().unwrap();
+    assert!(
+        err.to_string()
+            .contains("format 1 image: run `amaranth upgrade IMAGE`"),
+        "{err}"
+    );
+    assert!(mem.to_bytes() == before, "a refused read-only open wrote");
+    let r = upgrade(dev.clone(), &mut |_, _| {}).unwrap();
+    assert_eq!((r.from_version, r.to_version), (1, 3));
+    let sb = Superblock::read_newest(&*dev, false).unwrap();
+    assert_eq!((sb.version, &sb.backups), (3, &backups));
     let e = Engine::open(dev.clone(), plain_read_only()).unwrap();
     check_round(&e, 500, 1);
-    assert!(mem.to_bytes() == before, "a read-only open upgraded");
     e.set_read_only(false).unwrap();
-    let sb = Superblock::read_newest(&*dev, false).unwrap();
-    assert_eq!((sb.version, &sb.backups), (2, &backups));
     e.set_identity(sb.uuid, "upgraded").unwrap();
     e.close().unwrap();
     // The newest copies, backups included, carry the label.

@@ -6,7 +6,9 @@ mod common;
 use std::sync::Arc;
 
 use amaranth_device::{CrashPlan, MemDevice};
-use amaranth_engine::{backup_blocks, Batch, Engine, Error, Op, Options, Superblock};
+use amaranth_engine::{
+    backup_blocks, downgrade_for_tests, upgrade, Batch, Engine, Error, Op, Options, Superblock,
+};
 use common::crashsim::*;
 use common::*;
 
@@ -159,29 +161,31 @@ fn known_damage_refuses_read_write_opens() {
 }
 
 #[test]
-fn a_format_1_image_is_upgraded_at_its_first_read_write_open() {
+fn a_format_1_image_is_refused_and_upgraded_by_the_upgrade_command() {
     let (dev, m) = filled(300);
-    // Rewrite the image as format 1 would have left it: no backups, version 1 in both slots.
-    let mut sb = Superblock::read_newest(&*dev, false).unwrap();
-    let backups = std::mem::take(&mut sb.backups);
-    sb.version = 1;
-    sb.forge_for_tests(&*dev).unwrap();
-    dev.with_bytes_mut(|b| {
-        let other = (1 - sb.generation % 2) as usize;
-        b[other * 4096..(other + 1) * 4096].fill(0);
-        for &blk in &backups {
-            b[blk as usize * 4096..(blk as usize + 1) * 4096].fill(0);
-        }
-    });
-    let ro = Options {
-        read_only: true,
-        ..small_options()
-    };
-    let e = Engine::open(dev.clone(), ro).unwrap();
-    assert_eq!(dump(&e), m);
-    drop(e);
-    assert_eq!(Superblock::read_newest(&*dev, false).unwrap().version, 1);
+    let backups = Superblock::read_newest(&*dev, false).unwrap().backups;
+    // As format 1 left it: full keys (node layout 1), no backups, one primary copy.
+    downgrade_for_tests(dev.clone(), 1).unwrap();
+    for read_only in [true, false] {
+        let opts = Options {
+            read_only,
+            ..small_options()
+        };
+        let err = Engine::open(dev.clone(), opts).err().expect("refused");
+        assert!(
+            matches!(err, Error::UnsupportedVersion { found: 1, .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .contains("format 1 image: run `amaranth upgrade IMAGE`"),
+            "{err}"
+        );
+    }
+    let r = upgrade(dev.clone(), &mut |_, _| {}).unwrap();
+    assert_eq!((r.from_version, r.to_version), (1, 3));
     let e = Engine::open(dev.clone(), small_options()).unwrap();
+    assert_eq!(dump(&e), m);
     e.write(&Batch::from(vec![Op::Put {
         key: b"after".to_vec(),
         value: b"upgrade".to_vec(),
@@ -189,8 +193,34 @@ fn a_format_1_image_is_upgraded_at_its_first_read_write_open() {
     .unwrap();
     e.close().unwrap();
     let sb = Superblock::read_newest(&*dev, false).unwrap();
-    assert_eq!((sb.version, &sb.backups), (2, &backups));
+    assert_eq!((sb.version, &sb.backups), (3, &backups));
+    // The backups the upgrade gave it hold the image when the primary copies are lost.
     dev.with_bytes_mut(|b| b[..8192].fill(0));
     let e = Engine::open(dev, small_options()).unwrap();
     assert_eq!(e.get(b"after").unwrap().as_deref(), Some(&b"upgrade"[..]));
+}
+
+#[test]
+fn a_format_2_image_is_refused_naming_the_upgrade() {
+    let (dev, _) = filled(100);
+    // A format-2 superblock (full keys in its nodes) in every copy.
+    let mut sb = Superblock::read_newest(&*dev, false).unwrap();
+    sb.version = 2;
+    sb.forge_for_tests(&*dev).unwrap();
+    for read_only in [true, false] {
+        let opts = Options {
+            read_only,
+            ..small_options()
+        };
+        let err = Engine::open(dev.clone(), opts).err().expect("refused");
+        assert!(
+            matches!(err, Error::UnsupportedVersion { found: 2, .. }),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("format 2 image: run `amaranth upgrade IMAGE`"),
+            "{text}"
+        );
+    }
 }

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use amaranth_device::MemDevice;
-use amaranth_engine::{Batch, Engine, Options, SalvageReport};
+use amaranth_engine::{Batch, DamagedPart, Engine, Options, SalvageReport};
 use amaranth_fs::check::{self, Class};
 use amaranth_fs::{keys, Ctx, Fs, Kind, ROOT_INO};
 use common::{engine_options, format, fs_options};
@@ -237,14 +237,15 @@ fn key_ranges(names: &[Vec<Vec<u8>>], homed: bool, ino: u64) -> Vec<(Vec<u8>, Ve
             file_keys.push(pk);
         }
     }
-    if homed {
-        let hk = keys::home_key(ino);
-        let mk = keys::meta_key(&hk);
-        let mut end = mk.clone();
-        end.push(0);
-        out.push((mk, end));
-        file_keys.push(hk);
-    }
+    // The inode's home (where a hard-linked file's metadata and data live) whether it is homed
+    // now or not: a lost message under it (the delete that unhomed it, say) changes the file too,
+    // which the checker then resolves (a duplicate of its metadata) at the file's expense.
+    let hk = keys::home_key(ino);
+    let mk = keys::meta_key(&hk);
+    let mut end = mk.clone();
+    end.push(0);
+    out.push((mk, end));
+    file_keys.push(hk);
     for fk in file_keys {
         for p in [keys::data_prefix(&fk), keys::xattr_prefix(&fk)] {
             let end = amaranth_engine::prefix_end(&p, 1 << 16);
@@ -429,7 +430,8 @@ fn a_salvaged_image_whose_inode_index_lost_a_node_is_clean_after_repair() {
     }
     drop(fs);
     Arc::try_unwrap(engine).ok().unwrap().close().unwrap();
-    // Zero the first node that holds index entries (by the range the survey gives it).
+    // Zero the first leaf that holds index entries (by the range the survey gives it; a lost
+    // internal node would only give up its children, which salvage adopts whole).
     let nodes = Engine::open(Arc::new(MemDevice::from_bytes(dev.to_bytes())), ro())
         .unwrap()
         .node_extents();
@@ -444,9 +446,10 @@ fn a_salvaged_image_whose_inode_index_lost_a_node_is_clean_after_repair() {
         });
         let survey = Engine::survey(Arc::new(copy), engine_options()).unwrap();
         let holds_index = survey.damage.iter().any(|d| {
-            d.range
-                .as_ref()
-                .is_some_and(|(a, b)| *a < hi && b.as_ref().is_none_or(|b| *b > lo))
+            d.part == DamagedPart::Node { height: Some(0) }
+                && d.range
+                    .as_ref()
+                    .is_some_and(|(a, b)| *a < hi && b.as_ref().is_none_or(|b| *b > lo))
         });
         holds_index.then_some((block, blocks))
     });

@@ -247,8 +247,8 @@ impl Checkpointer {
     }
 
     /// Asserts what holds between the current superblock and the next checkpoint's: the
-    /// generation goes up by one; the image's geometry and format never change (a version-1
-    /// image may become version 2 with its backups); the counters and the log's checkpoint LSN
+    /// generation goes up by one; the image's geometry and format never change (older formats
+    /// become current only through `amaranth upgrade`); the counters and the log's checkpoint LSN
     /// never go back; and the new one is valid as `Superblock::decode` checks it.
     fn assert_successor(&self, next: &Superblock) {
         let prev = self.sb.lock();
@@ -258,7 +258,7 @@ impl Checkpointer {
             "checkpoint generation"
         );
         assert!(
-            next.version == prev.version || (prev.version == 1 && next.version == 2),
+            next.version == prev.version,
             "superblock version {} after {}",
             next.version,
             prev.version

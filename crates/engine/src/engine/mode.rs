@@ -6,15 +6,13 @@
 //! background threads. Going writable does what a read-write open does before it writes: it
 //! needs a device opened for writing, refuses an image with known damage (recorded in the
 //! superblock or found by a read while read-only: `amaranth fsck --repair` first), heals the
-//! superblock copies that are damaged, overwritten or lagging, gives a version-1 image its backup
-//! superblocks, then starts a new log epoch with a checkpoint and restarts the threads.
+//! superblock copies that are damaged, overwritten or lagging, then starts a new log epoch with a checkpoint and restarts the threads.
 
 use std::sync::atomic::Ordering;
 
 use super::checkpoint::Checkpointer;
 use super::Engine;
 use crate::error::{Error, Result};
-use crate::load;
 use crate::superblock::Superblock;
 
 impl Engine {
@@ -104,13 +102,13 @@ impl Engine {
     }
 
     /// What a read-write open does before its first write: heal the superblock copies (so that
-    /// every backup describes this checkpoint before the allocator reuses an older one's blocks)
-    /// and upgrade a version-1 image. The copies must still hold the checkpoint the engine runs
+    /// every backup describes this checkpoint before the allocator reuses an older one's blocks).
+    /// The copies must still hold the checkpoint the engine runs
     /// on: a read-only engine wrote nothing, so anything else was written by someone else.
     fn prepare_writes(&self) -> Result<()> {
         let inner = &self.inner;
         let located = Superblock::locate(&*inner.dev, inner.options.fallback_superblock)?;
-        let mut sb = inner.ckpt.superblock();
+        let sb = inner.ckpt.superblock();
         if located.sb.generation != sb.generation || located.sb.uuid != sb.uuid {
             return Err(Error::Corrupt(format!(
                 "the superblock changed while the image was open read-only (checkpoint {} \
@@ -124,7 +122,6 @@ impl Engine {
             log::warn!("amaranth engine: {line}");
         }
         Checkpointer::heal_copies(&*inner.dev, &located)?;
-        load::upgrade_v1(&mut sb, &inner.tree.store);
         Ok(())
     }
 }

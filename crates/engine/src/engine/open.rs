@@ -14,7 +14,7 @@ use crate::apply;
 use crate::config::{Format, Options};
 use crate::copies::Located;
 use crate::error::{Error, Result};
-use crate::load::{self, load_checkpoint, Loaded};
+use crate::load::{load_checkpoint, Loaded};
 use crate::node::{Node, ROOT_ID};
 use crate::salvage::{self, SalvageReport};
 use crate::store::{Allocator, Btt, Store};
@@ -102,7 +102,6 @@ impl Engine {
             // Before anything is written: the backups must describe this checkpoint before the
             // allocator hands out blocks an older one still uses.
             Checkpointer::heal_copies(&*dev, &located)?;
-            load::upgrade_v1(&mut sb, &tree.store);
         }
         let mut salvaged = if options.salvage {
             Some(salvage_tree(&tree, &located)?)

@@ -25,8 +25,20 @@ use crate::partition::Partition;
 /// Magic number at the start of every node image.
 pub const NODE_MAGIC: [u8; 4] = *b"AMND";
 
-/// Version of the node image layout.
-pub const NODE_VERSION: u16 = 1;
+/// Version of the node image layout (2: keys lifted, `longest` bounds, prefix hint).
+pub const NODE_VERSION: u16 = 2;
+
+/// The layout of format-2 images: full keys, no prefix hint, no `longest` bounds. Read by
+/// `amaranth upgrade` only (and written by its tests, to make format-2 images).
+pub const NODE_VERSION_UNLIFTED: u16 = 1;
+
+/// Header flag: the node's keys are stored lifted (without its prefix). Must be set.
+const FLAG_LIFTED: u16 = 1;
+
+/// The `longest` bound written for a node and for each child slot: an upper bound on the stored
+/// length of any key below (docs/SURGERY.md §2.6). Nothing maintains the exact bound yet, so the
+/// loosest one is written.
+const LONGEST_UNKNOWN: u16 = u16::MAX;
 
 /// Size of the fixed node header.
 pub const HEADER_LEN: usize = 64;
@@ -100,7 +112,24 @@ fn assert_writable(id: NodeId, node: &Node) {
 
 /// Serializes a node, which must be fully resident.
 pub fn serialize(id: NodeId, node: &Node, codec: Compression) -> NodeImage {
+    serialize_layout(id, node, codec, NODE_VERSION)
+}
+
+/// Serializes a node in layout `layout`: [`NODE_VERSION`], or [`NODE_VERSION_UNLIFTED`] for a node
+/// whose keys are full (its prefix empty): the format-2 image the upgrade's tests start from.
+pub(crate) fn serialize_layout(
+    id: NodeId,
+    node: &Node,
+    codec: Compression,
+    layout: u16,
+) -> NodeImage {
     assert_writable(id, node);
+    let lifted = layout == NODE_VERSION;
+    assert!(
+        lifted || (layout == NODE_VERSION_UNLIFTED && node.prefix.is_empty()),
+        "node {id}: layout {layout} with prefix {:?}",
+        node.prefix
+    );
     let mut index = Enc::with_capacity(256);
     let mut subs: Vec<(u8, Vec<u8>, usize, u32)> = Vec::new(); // (codec, stored, raw_len, count)
     let (kind, pivots, n) = match &node.body {
@@ -130,19 +159,35 @@ pub fn serialize(id: NodeId, node: &Node, codec: Compression) -> NodeImage {
             (KIND_INTERNAL, &int.pivots, int.children.len())
         }
     };
+    // The prefix hint for salvage (docs/SURGERY.md §2.7): the node's full prefix as of this write.
+    if lifted {
+        assert!(
+            node.prefix.len() <= u16::MAX as usize,
+            "node {id}: prefix too long"
+        );
+        index.u16(node.prefix.len() as u16);
+        index.raw(&node.prefix);
+    }
     for p in pivots {
         index.u16(p.len() as u16);
         index.raw(p);
     }
     // Sub-block offsets depend on the index length, which is known once pivots and the fixed-size
     // descriptors are counted.
-    let desc_len = if kind == KIND_INTERNAL { 8 + 21 } else { 21 };
+    let desc_len = match (kind == KIND_INTERNAL, lifted) {
+        (true, true) => 8 + 2 + 21,
+        (true, false) => 8 + 21,
+        (false, _) => 21,
+    };
     let index_len = index.len() + n * desc_len;
     let mut offset = round_up(HEADER_LEN + index_len);
     let mut sublocs = Vec::with_capacity(n);
     for (i, (c, stored, raw_len, count)) in subs.iter().enumerate() {
         if let Body::Internal(int) = &node.body {
             index.u64(int.children[i]);
+            if lifted {
+                index.u16(LONGEST_UNKNOWN);
+            }
         }
         let loc = SubLoc {
             offset: offset as u32,
@@ -186,7 +231,9 @@ pub fn serialize(id: NodeId, node: &Node, codec: Compression) -> NodeImage {
     }
     // The space accounting charges dirty nodes by this estimate: it must be exact uncompressed
     // and never low.
-    if codec == Compression::None {
+    if !lifted {
+        // Not an image the engine accounts for.
+    } else if codec == Compression::None {
         assert_eq!(total, node.image_len(), "node {id}: image length estimate");
     } else {
         assert!(
@@ -197,7 +244,7 @@ pub fn serialize(id: NodeId, node: &Node, codec: Compression) -> NodeImage {
     let mut buf = AlignedBuf::zeroed(total);
     let mut h = Enc::with_capacity(HEADER_LEN);
     h.raw(&NODE_MAGIC);
-    h.u16(NODE_VERSION);
+    h.u16(layout);
     h.u8(kind);
     h.u8(0);
     h.u64(id);
@@ -205,8 +252,13 @@ pub fn serialize(id: NodeId, node: &Node, codec: Compression) -> NodeImage {
     h.u32(n as u32);
     h.u64(node.max_msn);
     h.u32(index_len as u32);
-    h.u16(0); // lifted prefix length: reserved for key lifting
-    h.u16(0); // flags
+    if lifted {
+        h.u16(LONGEST_UNKNOWN);
+        h.u16(FLAG_LIFTED);
+    } else {
+        h.u16(0); // layout 1: "lifted prefix length", always 0
+        h.u16(0);
+    }
     h.u32(total as u32);
     h.raw(&[0u8; 16]);
     h.u32(0); // crc placeholder
@@ -241,6 +293,10 @@ pub struct NodeHeader {
     pub sublocs: Vec<SubLoc>,
     /// Total image length.
     pub image_len: usize,
+    /// Layout version ([`NODE_VERSION`], or [`NODE_VERSION_UNLIFTED`] in a format-2 image).
+    pub layout: u16,
+    /// The prefix hint: the node's full prefix when the image was written (empty in layout 1).
+    pub prefix: Vec<u8>,
 }
 
 /// Bytes needed to hold the header and index, given the first block of the image.
@@ -283,7 +339,8 @@ pub fn parse_header(
     let mut d = Dec::new(&bytes[..span], "node header");
     d.raw(4)?;
     let version = d.u16()?;
-    if version != NODE_VERSION {
+    let lifted = version == NODE_VERSION;
+    if !lifted && version != NODE_VERSION_UNLIFTED {
         return Err(Error::UnsupportedVersion {
             found: version as u32,
             supported: NODE_VERSION as u32,
@@ -296,13 +353,18 @@ pub fn parse_header(
     let n = d.u32()? as usize;
     let max_msn = d.u64()?;
     let _index_len = d.u32()?;
-    let lifted = d.u16()?;
-    let _flags = d.u16()?;
+    let longest = d.u16()?;
+    let flags = d.u16()?;
     let image_len = d.u32()? as usize;
     d.raw(16)?;
     d.u32()?;
-    if lifted != 0 {
-        return Err(d.corrupt("key lifting is not supported by this version"));
+    if lifted && flags != FLAG_LIFTED {
+        return Err(d.corrupt(format!(
+            "node flags {flags:#x}: keys not lifted or unknown flags"
+        )));
+    }
+    if !lifted && longest != 0 {
+        return Err(d.corrupt("layout 1 with a lifted prefix length"));
     }
     let is_leaf = match kind {
         KIND_LEAF => true,
@@ -314,6 +376,11 @@ pub fn parse_header(
             "impossible node shape (kind {kind}, height {height}, {n} children)"
         )));
     }
+    let hint = if lifted { d.u16()? as usize } else { 0 };
+    if hint > format.max_key_len {
+        return Err(d.corrupt("prefix hint longer than the maximum key"));
+    }
+    let prefix = d.raw(hint)?.to_vec();
     let mut pivots = Vec::with_capacity(n - 1);
     for _ in 0..n - 1 {
         let len = d.u16()? as usize;
@@ -331,6 +398,9 @@ pub fn parse_header(
     for _ in 0..n {
         if !is_leaf {
             children.push(d.u64()?);
+            if lifted {
+                d.u16()?; // the child's `longest` bound, not read yet
+            }
         }
         let loc = SubLoc {
             offset: d.u32()?,
@@ -363,6 +433,8 @@ pub fn parse_header(
         children,
         sublocs,
         image_len,
+        layout: version,
+        prefix,
     })
 }
 
@@ -442,6 +514,7 @@ pub fn build_node(
             height: 0,
             max_msn: h.max_msn,
             body: Body::Leaf(leaf),
+            prefix: h.prefix.clone(),
         };
         Ok(node)
     } else {
@@ -490,6 +563,7 @@ pub fn build_node(
             height: h.height,
             max_msn: h.max_msn,
             body: Body::Internal(int),
+            prefix: h.prefix.clone(),
         })
     }
 }
@@ -561,17 +635,31 @@ mod tests {
             height: 0,
             max_msn: 9,
             body: Body::Leaf(l),
+            prefix: b"hint/".to_vec(),
         };
         for codec in [Compression::None, Compression::Lz4, Compression::Zstd] {
             let img = serialize(42, &node, codec);
             let h = parse_header(&img.buf, &fmt(), "test", 0).unwrap();
             assert_eq!(h.id, 42);
+            assert_eq!(h.prefix, b"hint/".to_vec(), "the prefix hint is written");
+            assert_eq!(h.layout, NODE_VERSION);
             let back = build_node(&h, Some(&img.buf), &fmt(), 0).unwrap();
             assert_eq!(
                 all_entries(back.leaf().unwrap()),
                 all_entries(node.leaf().unwrap())
             );
         }
+        // Layout 1 (format 2, full keys, no hint) is still read, for `amaranth upgrade`.
+        let mut old = node;
+        old.prefix.clear();
+        let img = serialize_layout(43, &old, Compression::None, NODE_VERSION_UNLIFTED);
+        let h = parse_header(&img.buf, &fmt(), "test", 0).unwrap();
+        assert_eq!((h.layout, h.prefix.len()), (NODE_VERSION_UNLIFTED, 0));
+        let back = build_node(&h, Some(&img.buf), &fmt(), 0).unwrap();
+        assert_eq!(
+            all_entries(back.leaf().unwrap()),
+            all_entries(old.leaf().unwrap())
+        );
         let mut b0 = Buffer::new();
         b0.add_point(b"a", 5, PointOp::Put(b"v".to_vec()));
         let mut b1 = Buffer::new();
@@ -585,7 +673,11 @@ mod tests {
             height: 1,
             max_msn: 6,
             body: Body::Internal(int),
+            prefix: Vec::new(),
         };
+        let old = serialize_layout(1, &node, Compression::None, NODE_VERSION_UNLIFTED);
+        let h = parse_header(&old.buf, &fmt(), "test", 0).unwrap();
+        assert_eq!(h.children, vec![2, 3], "layout 1 child ids");
         let img = serialize(1, &node, Compression::None);
         let h = parse_header(&img.buf, &fmt(), "test", 0).unwrap();
         let back = build_node(&h, Some(&img.buf), &fmt(), 0).unwrap();

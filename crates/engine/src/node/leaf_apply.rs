@@ -632,6 +632,7 @@ mod tests {
             height: 0,
             max_msn: 1,
             body: Body::Leaf(l),
+            prefix: Vec::new(),
         };
         node.check_invariants(7);
         let Body::Leaf(mut l) = node.body else {
@@ -657,6 +658,7 @@ mod tests {
             height: 0,
             max_msn: 3,
             body: Body::Leaf(l),
+            prefix: Vec::new(),
         };
         node.check_invariants(7);
     }

@@ -20,9 +20,19 @@ fn rekey(key: &[u8], drop: &[u8], add: &[u8]) -> Vec<u8> {
 
 impl Node {
     /// Changes every stored key from `drop + s` to `add + s`. The node must be fully resident
-    /// (it is being modified). A no-op when both are empty.
+    /// (it is being modified). A no-op when both are empty. The node's [`Node::prefix`] follows:
+    /// it gains `drop`, or loses `add` from its end.
     pub(crate) fn relift(&mut self, drop: &[u8], add: &[u8]) {
         self.body.relift(drop, add);
+        if !drop.is_empty() {
+            self.prefix.extend_from_slice(drop);
+        } else if !add.is_empty() {
+            assert!(
+                self.prefix.ends_with(add),
+                "a node un-lifted by bytes its prefix does not end with"
+            );
+            self.prefix.truncate(self.prefix.len() - add.len());
+        }
     }
 }
 
@@ -93,6 +103,7 @@ mod tests {
                 pivots: Vec::new(),
                 parts: vec![PartSlot::resident(p)],
             }),
+            prefix: Vec::new(),
         }
     }
 
@@ -109,8 +120,10 @@ mod tests {
         let mut n = leaf(&[b"ab1", b"ab2"]);
         n.relift(b"ab", b"");
         assert_eq!(keys(&n), vec![b"1".to_vec(), b"2".to_vec()]);
+        assert_eq!(n.prefix, b"ab".to_vec());
         n.relift(b"", b"ab");
         assert_eq!(keys(&n), vec![b"ab1".to_vec(), b"ab2".to_vec()]);
+        assert!(n.prefix.is_empty());
     }
 
     #[test]
@@ -133,8 +146,10 @@ mod tests {
                 children: vec![1, 2],
                 buffers: vec![BufSlot::resident(buf), BufSlot::empty()],
             }),
+            prefix: b"p/".to_vec(),
         };
         n.relift(b"x", b"");
+        assert_eq!(n.prefix, b"p/x".to_vec(), "the prefix follows the re-lift");
         let Body::Internal(i) = &n.body else {
             unreachable!()
         };

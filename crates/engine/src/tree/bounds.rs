@@ -6,14 +6,14 @@
 //! every walk that descends the tree carries a [`Bounds`] from the root down and derives each
 //! child's with [`Bounds::descend`] (or [`Bounds::child`]), the only place that computes a lift.
 //!
-//! Increment 1a of SURGERY.md: the plumbing is in place but every prefix is forced empty by
-//! [`LIFT_KEYS`], so what is stored (in memory and on disk) is still the full key.
+//! [`LIFT_KEYS`] turns lifting on (node layout version 2, flag "keys lifted"); off, every prefix
+//! is empty and nodes store full keys.
 
 use crate::node::Internal;
 
 /// Whether nodes store their keys lifted. Off: every node's prefix is empty, stored keys are full
-/// keys (format 2). The one switch of increment 1a.
-pub(crate) const LIFT_KEYS: bool = false;
+/// keys (the switch SURGERY.md increment 1a kept off).
+pub(crate) const LIFT_KEYS: bool = true;
 
 /// Length of the longest common prefix of `a` and `b`.
 pub(crate) fn lcp(a: &[u8], b: &[u8]) -> usize {

@@ -333,6 +333,13 @@ pub(crate) fn check_header(
     ext: Option<Extent>,
     what: &str,
 ) -> Result<()> {
+    if h.layout != node::NODE_VERSION {
+        // The superblock's format version keeps format-2 images away: this is damage.
+        return Err(Error::Corrupt(format!(
+            "{what}: node layout {} in a format-3 image",
+            h.layout
+        )));
+    }
     if h.id != id {
         return Err(Error::Corrupt(format!(
             "{what}: extent holds node {} instead",

@@ -69,10 +69,12 @@ impl Tree {
                 };
                 let pieces = l.split(f);
                 let first = std::mem::replace(l, Leaf::empty());
+                // The root's prefix is empty: so are the pieces', until re-lifted.
                 let leaf = |body| Node {
                     height: 0,
                     max_msn,
                     body,
+                    prefix: Vec::new(),
                 };
                 let mut first = leaf(Body::Leaf(first));
                 let mut rest: Vec<(Vec<u8>, Node)> = pieces
@@ -105,6 +107,7 @@ impl Tree {
                     height,
                     max_msn,
                     body,
+                    prefix: Vec::new(),
                 };
                 let mut first = int(Body::Internal(first));
                 let mut rest: Vec<(Vec<u8>, Node)> = rest
@@ -134,6 +137,10 @@ impl Tree {
                 rg.height = cg.height;
                 rg.max_msn = rg.max_msn.max(cg.max_msn);
                 rg.body = body;
+                assert!(
+                    rg.prefix.is_empty() && cg.prefix.is_empty(),
+                    "the root's only child has the root's empty prefix"
+                );
                 self.delete_node(&ccn, &mut cg)?;
                 self.end_modify(root, rg);
                 self.counters.merges.fetch_add(1, Ordering::Relaxed);
@@ -245,6 +252,10 @@ impl Tree {
         } else {
             (&scn, &mut sg, ccn, cg)
         };
+        assert!(
+            lg.prefix.as_slice() == halves.0.prefix() && rg.prefix.as_slice() == halves.1.prefix(),
+            "merged nodes whose prefixes differ from their bounds'"
+        );
         let mut right_body = std::mem::replace(&mut rg.body, Body::Leaf(Leaf::empty()));
         lg.relift(&[], merged.tail_of(&halves.0));
         right_body.relift(&[], merged.tail_of(&halves.1));
@@ -276,6 +287,12 @@ impl Tree {
             Body::Internal(pn) => pb.child(pn, c),
             Body::Leaf(_) => unreachable!("a leaf has no children"),
         };
+        assert_eq!(
+            cg.prefix.as_slice(),
+            whole.prefix(),
+            "node {}: its prefix differs from its bounds'",
+            ccn.id
+        );
         let mut pieces: Vec<(Vec<u8>, Node)> = match &mut cg.body {
             Body::Leaf(l) if l.bytes() > f.node_size => {
                 let p: Vec<_> = l
@@ -288,6 +305,7 @@ impl Tree {
                                 height,
                                 max_msn,
                                 body: Body::Leaf(leaf),
+                                prefix: whole.prefix().to_vec(),
                             },
                         )
                     })
@@ -317,6 +335,7 @@ impl Tree {
                                 height,
                                 max_msn,
                                 body: Body::Internal(int),
+                                prefix: whole.prefix().to_vec(),
                             },
                         )
                     })
