@@ -29,6 +29,7 @@ pub fn engine_json(s: &Stats) -> Value {
         "partition_loads": s.partition_loads,
         "prefetch_loads": s.prefetch_loads,
         "prefetch_hits": s.prefetch_hits,
+        "prefetch_shed": s.prefetch_shed,
         "evictions": s.evictions,
         "writebacks": s.writebacks,
         "writes": s.writes,

@@ -105,6 +105,8 @@ pub struct CacheCounters {
     pub prefetch_loads: AtomicU64,
     /// Leaves read ahead that a scan then used (first use only).
     pub prefetch_hits: AtomicU64,
+    /// Leaves read ahead whose partitions were shed (or the node evicted) before any use.
+    pub prefetch_shed: AtomicU64,
 }
 
 /// What the dirty nodes will take on disk once written (in blocks).
@@ -231,6 +233,28 @@ impl Cache {
     /// Inserts a node (new, or just loaded from an image of `disk_blocks` blocks) and accounts
     /// its memory and, if dirty, its space.
     pub fn insert(&self, id: NodeId, node: Node, dirty: bool, disk_blocks: u64) -> Arc<CachedNode> {
+        self.insert_with(id, node, dirty, disk_blocks, false)
+    }
+
+    /// Inserts a clean leaf just read ahead: marked before anyone can see it, so that the first
+    /// scan to use it counts a hit.
+    pub(crate) fn insert_read_ahead(
+        &self,
+        id: NodeId,
+        node: Node,
+        disk_blocks: u64,
+    ) -> Arc<CachedNode> {
+        self.insert_with(id, node, false, disk_blocks, true)
+    }
+
+    fn insert_with(
+        &self,
+        id: NodeId,
+        node: Node,
+        dirty: bool,
+        disk_blocks: u64,
+        read_ahead: bool,
+    ) -> Arc<CachedNode> {
         let mem = node.mem();
         let next = image_blocks(&node);
         let mut meta = NodeMeta {
@@ -249,7 +273,7 @@ impl Cache {
             meta: Mutex::new(meta),
             last_used: AtomicU64::new(0),
             subblock_load: Mutex::new(()),
-            prefetched: AtomicBool::new(false),
+            prefetched: AtomicBool::new(read_ahead),
         });
         self.touch(&cn);
         let prev = self.map.lock().insert(id, cn.clone());
@@ -350,6 +374,9 @@ impl Cache {
             return false;
         }
         map.remove(&cn.id);
+        if cn.prefetched.swap(false, Ordering::Relaxed) {
+            self.counters.prefetch_shed.fetch_add(1, Ordering::Relaxed);
+        }
         let mem = std::mem::take(&mut m.mem);
         drop(m);
         drop(map);
@@ -397,6 +424,17 @@ impl Cache {
             }
             self.loaded.wait(&mut loading);
         }
+    }
+
+    /// Starts a load of node `id` only if it is neither in memory nor being loaded by someone
+    /// else (read-ahead never loads what a reader is loading). End it with [`Cache::finish_load`].
+    pub(crate) fn try_begin_load(&self, id: NodeId) -> bool {
+        let mut loading = self.loading.lock();
+        if self.map.lock().contains_key(&id) || !loading.insert(id) {
+            return false;
+        }
+        self.counters.misses.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// Ends a load started by [`Cache::begin_load`] (successful or not).

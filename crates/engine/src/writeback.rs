@@ -32,7 +32,7 @@ impl Tree {
         // memory of the partitions shed is handed to the next ones decoded rather than unmapped
         // (`bufpool.rs`: a cold sequential read sheds as fast as it loads).
         let shed_target = (ep / 10 * 9).max(ep.saturating_sub(crate::bufpool::POOL_BYTES));
-        self.evict_to(shed_target, Some(ep / 10 * 9))
+        self.evict_to(shed_target, Some(ep / 10 * 9), false)
     }
 
     /// Makes room for `bytes` more below the eviction point by shedding clean sub-blocks only,
@@ -44,13 +44,22 @@ impl Tree {
         if self.cache.used() + bytes <= ep {
             return Ok(true);
         }
-        self.evict_to(ep.saturating_sub(bytes), None)?;
+        self.evict_to(ep.saturating_sub(bytes), None, true)?;
         Ok(self.cache.used() + bytes <= ep)
     }
 
     /// Sheds clean sub-blocks until usage is at most `shed_target`; then, if `target` is given,
     /// evicts whole nodes (writing dirty ones back) until usage is at most `target`.
-    fn evict_to(&self, shed_target: usize, target: Option<usize>) -> Result<()> {
+    ///
+    /// Leaves read ahead and not yet used are shed last (after every other clean sub-block), and
+    /// not at all when `keep_read_ahead` (read-ahead making room for its next leaf: shedding the
+    /// leaves it read for the reader before the reader got there only read them twice).
+    fn evict_to(
+        &self,
+        shed_target: usize,
+        target: Option<usize>,
+        keep_read_ahead: bool,
+    ) -> Result<()> {
         // Least recently used first, and within that order leaves before internal nodes: every
         // query passes through the internal levels (a small fraction of the tree), so their
         // buffers are worth far more per byte than a leaf partition.
@@ -75,7 +84,12 @@ impl Tree {
         };
         // First drop the partitions and buffers of cold clean nodes (their skeletons stay: a later
         // point query reads just the sub-block it needs), then whole nodes.
-        for cn in by_level() {
+        let unused_read_ahead = |cn: &Arc<CachedNode>| cn.prefetched.load(Ordering::Relaxed);
+        let others = by_level().filter(|cn| !unused_read_ahead(cn));
+        let read_ahead = by_level()
+            .filter(|cn| unused_read_ahead(cn))
+            .filter(|_| !keep_read_ahead);
+        for cn in others.chain(read_ahead) {
             if self.cache.used() <= shed_target {
                 return Ok(());
             }
@@ -149,6 +163,12 @@ impl Tree {
             }
         }
         if dropped {
+            if cn.prefetched.swap(false, Ordering::Relaxed) {
+                self.cache
+                    .counters
+                    .prefetch_shed
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             self.cache.remeasure(cn, &g);
         }
         dropped

@@ -39,6 +39,8 @@ pub struct Stats {
     pub prefetch_loads: u64,
     /// Leaves read ahead that a scan then used.
     pub prefetch_hits: u64,
+    /// Leaves read ahead whose partitions were dropped for room before any scan used them.
+    pub prefetch_shed: u64,
     /// Partitions decoded into the memory of partitions freed before (instead of newly mapped
     /// memory), in this process: the pool of such buffers is shared by every engine.
     pub partition_buffers_reused: u64,
@@ -161,6 +163,7 @@ impl Engine {
             partition_loads: cc.partition_loads.load(Ordering::Relaxed),
             prefetch_loads: cc.prefetch_loads.load(Ordering::Relaxed),
             prefetch_hits: cc.prefetch_hits.load(Ordering::Relaxed),
+            prefetch_shed: cc.prefetch_shed.load(Ordering::Relaxed),
             partition_buffers_reused: crate::bufpool::POOL.reused(),
             evictions: cc.evictions.load(Ordering::Relaxed),
             writebacks: cc.writebacks.load(Ordering::Relaxed),

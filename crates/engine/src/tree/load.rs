@@ -98,6 +98,28 @@ impl Tree {
     pub fn load_subblocks(&self, cn: &Arc<CachedNode>, from: usize, to: usize) -> Result<()> {
         self.make_room()?;
         let _loading = cn.subblock_load.lock();
+        self.load_subblocks_locked(cn, from, to, false).map(|_| ())
+    }
+
+    /// For read-ahead: loads every missing partition of leaf `cn` unless someone (a reader) is
+    /// loading sub-blocks of it now. The leaf is marked read ahead before its first partition is
+    /// installed, so the first scan to use it counts a hit. Returns whether anything was read.
+    pub(crate) fn read_ahead_partitions(&self, cn: &Arc<CachedNode>) -> Result<bool> {
+        let Some(_loading) = cn.subblock_load.try_lock() else {
+            return Ok(false);
+        };
+        self.load_subblocks_locked(cn, 0, usize::MAX, true)
+    }
+
+    /// [`Tree::load_subblocks`] with the node's `subblock_load` lock held; `read_ahead` marks the
+    /// node read ahead before it installs anything. Returns whether anything was read.
+    fn load_subblocks_locked(
+        &self,
+        cn: &Arc<CachedNode>,
+        from: usize,
+        to: usize,
+        read_ahead: bool,
+    ) -> Result<bool> {
         let g = cn.read();
         let (count, is_leaf) = match &g.body {
             Body::Leaf(l) => (l.parts.len(), true),
@@ -109,7 +131,10 @@ impl Tree {
         };
         let mut missing: Vec<usize> = (from..to.min(count)).filter(|&i| !resident(i)).collect();
         if missing.is_empty() {
-            return Ok(());
+            return Ok(false);
+        }
+        if read_ahead {
+            cn.prefetched.store(true, Ordering::Relaxed);
         }
         let ext = self.store.location(cn.id).ok_or_else(|| {
             Error::Corrupt(format!(
@@ -236,7 +261,7 @@ impl Tree {
             self.count_subblock_load();
         }
         self.cache.remeasure(cn, &g);
-        Ok(())
+        Ok(true)
     }
 
     pub(super) fn count_subblock_load(&self) {

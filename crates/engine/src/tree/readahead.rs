@@ -213,22 +213,36 @@ impl Tree {
         if !self.make_room_for(self.format.node_size)? {
             return Ok(());
         }
-        let cn = match self.cache.peek(id) {
+        // Only a leaf this worker reads itself is marked and counted, and never one a reader is
+        // loading now (it would be read twice, or counted as read ahead after its use).
+        let loaded = match self.cache.peek(id) {
             Some(cn) => {
-                self.load_partitions(&cn, None)?;
+                let loaded = self.read_ahead_partitions(&cn)?;
                 // A skeleton kept from long ago is first in the eviction order: without this, the
                 // next leaf read ahead shed the partitions just loaded, before the scan used them
                 // (4 GiB read after its write: 1,862 leaves read ahead, 1,702 used).
                 self.cache.touch(&cn);
-                cn
+                loaded
             }
-            None => self.load_with(id, true)?,
+            None => {
+                if !self.cache.try_begin_load(id) {
+                    return Ok(());
+                }
+                let result = self.read_node(id, true);
+                let out = result.map(|(node, ext)| {
+                    self.cache.insert_read_ahead(id, node, ext.blocks);
+                });
+                self.cache.finish_load(id);
+                out?;
+                true
+            }
         };
-        cn.prefetched.store(true, Ordering::Relaxed);
-        self.cache
-            .counters
-            .prefetch_loads
-            .fetch_add(1, Ordering::Relaxed);
+        if loaded {
+            self.cache
+                .counters
+                .prefetch_loads
+                .fetch_add(1, Ordering::Relaxed);
+        }
         self.make_room()
     }
 
