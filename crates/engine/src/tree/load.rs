@@ -108,7 +108,12 @@ impl Tree {
         let Some(_loading) = cn.subblock_load.try_lock() else {
             return Ok(false);
         };
-        self.load_subblocks_locked(cn, 0, usize::MAX, true)
+        let loaded = self.load_subblocks_locked(cn, 0, usize::MAX, true);
+        if loaded.is_err() {
+            // Nothing usable was read ahead (the reader reads the leaf itself and sees the error).
+            cn.prefetched.store(false, Ordering::Relaxed);
+        }
+        loaded
     }
 
     /// [`Tree::load_subblocks`] with the node's `subblock_load` lock held; `read_ahead` marks the
