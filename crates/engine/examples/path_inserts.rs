@@ -9,7 +9,8 @@
 //! in: directory after directory, files in order); BATCH is the number of puts per `Batch` (1:
 //! one `Engine::put` per key); defaults `random`, 1000000, 1024, 1000. Prints inserts per second
 //! (wall clock) and the process's CPU seconds (user + system, all threads) for the insert phase:
-//! on a shared machine the CPU seconds are the steadier measure.
+//! on a shared machine the CPU seconds are the steadier measure. The writer (main) thread's time
+//! is split into running, runnable (waiting for a CPU) and blocked (waiting for the engine).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,6 +32,15 @@ fn cpu_secs() -> f64 {
     assert_eq!(rc, 0, "getrusage");
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// This thread's time on a CPU and waiting for one (run queue), in seconds, from
+/// `/proc/thread-self/schedstat`: wall time minus both is time the writer was blocked (latches,
+/// back-pressure, the log).
+fn sched_secs() -> (f64, f64) {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+    let mut f = s.split_whitespace().map(|x| x.parse::<f64>().unwrap_or(0.0) / 1e9);
+    (f.next().unwrap_or(0.0), f.next().unwrap_or(0.0))
 }
 
 fn arg(i: usize, default: u64) -> u64 {
@@ -63,7 +73,7 @@ fn main() {
     };
     let e = Engine::create(dev, Format::default(), opts).expect("create");
     let value = vec![7u8; 100];
-    let (t, c) = (Instant::now(), cpu_secs());
+    let (t, c, s0) = (Instant::now(), cpu_secs(), sched_secs());
     for chunk in order.chunks(batch) {
         if batch == 1 {
             e.put(&key(chunk[0]), &value).unwrap();
@@ -76,13 +86,16 @@ fn main() {
         e.write_owned(b).unwrap();
     }
     e.sync().unwrap();
-    let (secs, cpu) = (t.elapsed().as_secs_f64(), cpu_secs() - c);
+    let (secs, cpu, s1) = (t.elapsed().as_secs_f64(), cpu_secs() - c, sched_secs());
+    let (run, queued) = (s1.0 - s0.0, s1.1 - s0.1);
     let st = e.stats();
     println!(
-        "insert {order_name} (batch {batch}): {:.1} k/s, {:.2} s wall, {:.2} s CPU, height {}, nodes {}",
+        "insert {order_name} (batch {batch}): {:.1} k/s, {:.2} s wall, {:.2} s CPU; writer thread \
+         {run:.2} s running, {queued:.2} s runnable, {:.2} s blocked; height {}, nodes {}",
         n as f64 / secs / 1e3,
         secs,
         cpu,
+        secs - run - queued,
         st.height,
         st.nodes
     );
