@@ -1,7 +1,7 @@
 //! Inserts of path-like keys in memory: `d/usr/src/linux/drivers/dirNNNN/fileNNNNNNN` with
-//! 100-byte values (1,000 files per directory), written in batches of 1,000 puts (as the file
-//! system batches its writes), on a `MemDevice` with a large cache, so the time measured is the
-//! engine's CPU: message buffering, flushes, splits, leaf applies. Then random point reads.
+//! 100-byte values (1,000 files per directory), written in batches of puts (1,000 by default, as
+//! in the first measurement of issue 9) on a `MemDevice` with a large cache, so the time measured
+//! is the engine's CPU: message buffering, flushes, splits, leaf applies. Then random point reads.
 //! Made to compare key lifting (docs/SURGERY.md §2.5) against a build without it.
 //!
 //! `cargo run --release -p amaranth-engine --example path_inserts -- [ORDER] [KEYS] [CACHE_MIB]
@@ -39,7 +39,9 @@ fn cpu_secs() -> f64 {
 /// back-pressure, the log).
 fn sched_secs() -> (f64, f64) {
     let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
-    let mut f = s.split_whitespace().map(|x| x.parse::<f64>().unwrap_or(0.0) / 1e9);
+    let mut f = s
+        .split_whitespace()
+        .map(|x| x.parse::<f64>().unwrap_or(0.0) / 1e9);
     (f.next().unwrap_or(0.0), f.next().unwrap_or(0.0))
 }
 
