@@ -111,6 +111,8 @@ struct Inner {
 struct WakeState {
     flush_wanted: bool,
     checkpoint_wanted: bool,
+    /// The log buffer is past its write threshold: the log thread writes it.
+    log_write_wanted: bool,
     last_write: Option<Instant>,
 }
 

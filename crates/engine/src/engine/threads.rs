@@ -116,20 +116,34 @@ impl Inner {
         }
     }
 
+    /// Makes the log durable every `log_flush_interval` (and when woken for another reason), and
+    /// writes (without a device flush) a log buffer that a writer found past its threshold.
     fn background_log_flusher(self: &Arc<Inner>) {
+        let mut last_sync = Instant::now();
         loop {
-            {
+            let (write_wanted, sync_due) = {
                 let mut w = self.wake_state.lock();
-                if !self.stop.load(Ordering::Acquire) {
-                    self.wake.wait_for(&mut w, self.options.log_flush_interval);
+                let deadline = last_sync + self.options.log_flush_interval;
+                if !self.stop.load(Ordering::Acquire) && !w.log_write_wanted {
+                    self.wake.wait_until(&mut w, deadline);
                 }
-            }
+                let write_wanted = std::mem::take(&mut w.log_write_wanted);
+                (write_wanted, !write_wanted || Instant::now() >= deadline)
+            };
             if self.stop.load(Ordering::Acquire) {
                 return;
             }
-            let st = self.log.stats();
-            if st.durable_lsn < st.next_lsn && self.failure().is_none() {
-                let _ = self.sync();
+            if write_wanted && self.failure().is_none() {
+                if let Err(e) = self.log.flush(false) {
+                    self.fail(&e);
+                }
+            }
+            if sync_due {
+                let st = self.log.stats();
+                if st.durable_lsn < st.next_lsn && self.failure().is_none() {
+                    let _ = self.sync();
+                }
+                last_sync = Instant::now();
             }
         }
     }
