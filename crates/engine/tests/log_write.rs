@@ -1,7 +1,8 @@
 //! Who writes the log buffer once it is past its write threshold: with the background threads,
 //! the log thread, so that the writer whose record crossed the threshold does not wait for the
 //! device (a write of ~1 MiB that took milliseconds in the request of one caller in ~250 4 KiB
-//! writes); the writer itself only when the buffer grows far past it.
+//! writes); the writer itself only when the buffer grows far past it (4 MiB in these tests' 64 MiB
+//! log; at most a sixteenth of the log), and always without the background threads.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,7 +28,7 @@ const PUTTER: &str = "putter";
 impl GatedDevice {
     fn new() -> GatedDevice {
         GatedDevice {
-            inner: MemDevice::new(128 << 20),
+            inner: MemDevice::new(320 << 20),
             closed: Mutex::new(false),
             opened: Condvar::new(),
             putter_waits: AtomicU64::new(0),
@@ -70,7 +71,7 @@ impl BlockDevice for GatedDevice {
 
 fn format() -> Format {
     Format {
-        log_size: Some(16 << 20),
+        log_size: Some(64 << 20),
         ..Format::default()
     }
 }
@@ -147,7 +148,7 @@ fn writers_past_the_log_threshold_do_not_wait_for_the_log_write() {
 
 #[test]
 fn without_background_threads_the_writer_writes_the_log_past_the_threshold() {
-    let dev = Arc::new(MemDevice::new(128 << 20));
+    let dev = Arc::new(MemDevice::new(320 << 20));
     let e = Engine::create(dev.clone(), format(), options(false)).unwrap();
     let written0 = e.stats().log.bytes_written;
     for i in 0..512u32 {
@@ -162,18 +163,19 @@ fn without_background_threads_the_writer_writes_the_log_past_the_threshold() {
     e.close().unwrap();
 }
 
-#[test]
-fn a_log_buffer_far_past_the_threshold_is_written_by_the_writer() {
-    // The log thread cannot write (the device is closed), so the buffer grows until the backstop
-    // makes a writer write it: that writer waits for the device.
+/// With the device closed, 8 MiB of puts on a log of `log_size` bytes: how many returned before
+/// the puts stopped (no put returned for 2 s), or `None` if all of them did. The device is opened
+/// again and the engine closed before returning.
+fn puts_before_blocking(log_size: u64) -> Option<u64> {
     let dev = Arc::new(GatedDevice::new());
-    let e = Arc::new(Engine::create(dev.clone(), format(), options(true)).unwrap());
+    let format = Format {
+        log_size: Some(log_size),
+        ..Format::default()
+    };
+    let e = Arc::new(Engine::create(dev.clone(), format, options(true)).unwrap());
     dev.set_closed(true);
     let returned = Arc::new(AtomicU64::new(0));
     let done = put_blocks(&e, 2048, returned.clone());
-    // The log thread takes the first ~1 MiB (~250 puts) into its chunk and waits for the device;
-    // the puts stop once the buffer behind it reaches the backstop (4 MiB: ~1,000 puts of 4 KiB)
-    // and wait for that write: wait until no put returned for 2 s (or all of them did).
     let mut last = u64::MAX;
     let mut finished = false;
     for _ in 0..60 {
@@ -187,12 +189,34 @@ fn a_log_buffer_far_past_the_threshold_is_written_by_the_writer() {
     }
     let n = returned.load(Ordering::SeqCst);
     dev.set_closed(false);
-    assert!(
-        !finished && n < 1400,
-        "{n} puts of 4 KiB returned with the device closed: the log buffer is unbounded"
-    );
-    done.recv_timeout(Duration::from_secs(120))
-        .expect("the puts return once the device takes writes");
+    if !finished {
+        done.recv_timeout(Duration::from_secs(120))
+            .expect("the puts return once the device takes writes");
+    }
     let e = Arc::try_unwrap(e).ok().expect("the put thread is done");
     e.close().unwrap();
+    (!finished).then_some(n)
+}
+
+#[test]
+fn a_log_buffer_far_past_the_threshold_is_written_by_the_writer() {
+    // The log thread cannot write (the device is closed): it takes the first ~1 MiB (~250 puts)
+    // into its chunk and waits; the buffer behind it grows until the backstop (4 MiB in a 64 MiB
+    // log: ~1,000 puts of 4 KiB) makes a writer write it, and that writer waits for the device.
+    let n = puts_before_blocking(64 << 20);
+    assert!(
+        n.is_some_and(|n| n < 1400),
+        "{n:?} puts of 4 KiB returned with the device closed: the log buffer is unbounded"
+    );
+}
+
+#[test]
+fn a_small_log_is_written_by_the_writer_at_the_threshold() {
+    // A 16 MiB log: a buffer of the backstop plus a record (2 MiB) could take more than a quarter
+    // of it, so the writer writes at the threshold (1 MiB: ~250 puts) itself, as before.
+    let n = puts_before_blocking(16 << 20);
+    assert!(
+        n.is_some_and(|n| n < 400),
+        "{n:?} puts of 4 KiB returned with the device closed on a 16 MiB log"
+    );
 }

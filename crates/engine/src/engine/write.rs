@@ -17,7 +17,8 @@ use crate::wal::{Lsn, Space};
 const LOG_WRITE_THRESHOLD: usize = 1 << 20;
 
 /// With the background threads, a writer writes the log buffer itself only once it holds this
-/// many times the threshold (the log thread is behind): the bound on the buffer.
+/// many times the threshold (the log thread is behind): the bound on the buffer. See
+/// [`Inner::log_backstop`] for logs too small for it.
 const LOG_WRITE_BACKSTOP: usize = 4;
 
 impl Inner {
@@ -122,7 +123,7 @@ impl Inner {
             let threshold = LOG_WRITE_THRESHOLD.min(self.log.max_record());
             let buffered = self.log.buffered();
             if buffered > threshold {
-                if self.options.background_threads && buffered <= LOG_WRITE_BACKSTOP * threshold {
+                if self.options.background_threads && buffered <= self.log_backstop(threshold) {
                     wake_log = true;
                 } else {
                     self.log.flush(false)?;
@@ -158,6 +159,16 @@ impl Inner {
                 self.wake.notify_all();
             }
         }
+    }
+
+    /// The log buffer's size from which a writer writes it itself. A chunk that does not fit
+    /// before the end of the log's region starts at its beginning, wasting up to its own length, so
+    /// a buffer must stay under a quarter of the log: the backstop is at most a sixteenth of it (a
+    /// buffer holds at most the backstop plus one record, an eighth), and never below the threshold
+    /// (small logs write at the threshold, as before).
+    fn log_backstop(&self, threshold: usize) -> usize {
+        let sixteenth = self.log.max_record() / 2;
+        threshold.max((LOG_WRITE_BACKSTOP * LOG_WRITE_THRESHOLD).min(sixteenth))
     }
 
     pub(super) fn sync(&self) -> Result<()> {
