@@ -121,6 +121,9 @@ struct EngineCounters {
     syncs: AtomicU64,
     writes: AtomicU64,
     user_bytes: AtomicU64,
+    /// Requests for a checkpoint that the checkpointer dropped: when it came to them, a checkpoint
+    /// that ran meanwhile had already done what they asked for.
+    checkpoint_requests_dropped: AtomicU64,
 }
 
 impl Engine {

@@ -26,6 +26,10 @@ pub struct SpaceUse {
     pub dirty_current: u64,
     /// Bytes of the block translation table the next checkpoint writes.
     pub table: u64,
+    /// Old images the running checkpoint replaced and frees when it completes (part of
+    /// `allocated`; zero while none runs): held only for the moment, so not in `used`, but in
+    /// `checkpoint_need`.
+    pub checkpoint_held: u64,
 }
 
 impl SpaceUse {
@@ -34,10 +38,16 @@ impl SpaceUse {
         free_blocks: u64,
         dirty: DirtySpace,
         table_entries: u64,
+        held_blocks: u64,
     ) -> SpaceUse {
         assert!(free_blocks <= total_blocks, "more free blocks than blocks");
+        assert!(
+            held_blocks <= total_blocks - free_blocks,
+            "a checkpoint holds more blocks than are allocated"
+        );
         let b = BLOCK_SIZE as u64;
         SpaceUse {
+            checkpoint_held: held_blocks * b,
             total: total_blocks * b,
             allocated: (total_blocks - free_blocks) * b,
             dirty_next: dirty.next_blocks * b,
@@ -48,10 +58,13 @@ impl SpaceUse {
 
     /// Used: the allocated extents with every dirty node counted at its next image instead of its
     /// current one — the tree as it would be written now, plus the old images the last
-    /// checkpoint still holds (freed when the next one completes). Never above `total`.
+    /// checkpoint still holds for nodes written back between checkpoints (freed when the next one
+    /// completes) — less the images a running checkpoint replaced: the use it will leave when it
+    /// completes, so that a checkpoint does not make it jump (by up to every dirty node's old
+    /// image) while it runs. Never above `total`.
     pub fn used(&self) -> u64 {
         (self.allocated + self.dirty_next)
-            .saturating_sub(self.dirty_current)
+            .saturating_sub(self.dirty_current + self.checkpoint_held)
             .min(self.total)
     }
 
@@ -60,10 +73,11 @@ impl SpaceUse {
         self.total - self.used()
     }
 
-    /// Space the next checkpoint needs beyond `used` while it runs: the dirty nodes' old images
-    /// stay allocated until it completes, and it writes a new table before freeing the old one.
+    /// Space a checkpoint needs beyond `used` while it runs: the dirty nodes' old images stay
+    /// allocated until it completes (those a running one already replaced, and those of the nodes
+    /// still dirty), and it writes a new table before freeing the old one.
     pub fn checkpoint_need(&self) -> u64 {
-        self.dirty_current + self.table
+        self.dirty_current + self.checkpoint_held + self.table
     }
 }
 
@@ -77,10 +91,14 @@ mod tests {
             next_blocks: 30,
             current_blocks: 10,
         };
-        let s = SpaceUse::new(100, 60, dirty, 3);
+        let s = SpaceUse::new(100, 60, dirty, 3, 0);
         assert_eq!(s.used(), (40 + 30 - 10) * 4096);
         assert_eq!(s.free(), 40 * 4096);
         assert_eq!(s.checkpoint_need(), 10 * 4096 + 4096);
+        // A running checkpoint that replaced 5 blocks of old images: not used, but needed.
+        let s = SpaceUse::new(100, 55, dirty, 3, 5);
+        assert_eq!(s.used(), (45 + 30 - 10 - 5) * 4096);
+        assert_eq!(s.checkpoint_need(), (10 + 5) * 4096 + 4096);
         let s = SpaceUse::new(
             100,
             10,
@@ -88,6 +106,7 @@ mod tests {
                 next_blocks: 500,
                 current_blocks: 0,
             },
+            0,
             0,
         );
         assert_eq!(s.used(), s.total);

@@ -228,6 +228,10 @@ pub struct Btt {
     pub checkpointed_table: Option<Extent>,
     /// Free space.
     pub alloc: Allocator,
+    /// Blocks of the images the running checkpoint replaced (a node it, or a write-back, rewrote
+    /// while it ran) that only the last completed checkpoint still references: its completion
+    /// frees them. Zero while no checkpoint runs.
+    pub checkpoint_held: u64,
 }
 
 impl Btt {
@@ -251,6 +255,14 @@ impl Btt {
     pub fn relocate(&mut self, id: NodeId, e: Extent) {
         if let Some(old) = self.current.insert(id, e) {
             if old != e {
+                let held = self
+                    .in_progress
+                    .as_ref()
+                    .is_some_and(|m| m.get(&id) != Some(&old))
+                    && self.checkpointed.get(&id) == Some(&old);
+                if held {
+                    self.checkpoint_held += old.blocks;
+                }
                 self.release(id, old);
             }
         }
@@ -267,9 +279,15 @@ impl Btt {
     pub fn complete_checkpoint(&mut self, table: Extent) {
         let new = self.in_progress.take().expect("a checkpoint in progress");
         let old = std::mem::replace(&mut self.checkpointed, new);
+        let free_before = self.alloc.free_blocks();
         for (id, e) in old {
             self.release(id, e);
         }
+        assert!(
+            self.alloc.free_blocks() - free_before >= self.checkpoint_held,
+            "a completed checkpoint freed less than the images it was counted to hold"
+        );
+        self.checkpoint_held = 0;
         if let Some(t) = self.checkpointed_table.replace(table) {
             self.alloc.free(t);
         }
@@ -277,6 +295,9 @@ impl Btt {
 
     /// Drops an unfinished checkpoint's table, freeing what only it referenced.
     pub fn abort_checkpoint(&mut self, table: Option<Extent>) {
+        // The images stay referenced by the last completed checkpoint, as any between
+        // checkpoints.
+        self.checkpoint_held = 0;
         if let Some(m) = self.in_progress.take() {
             for (id, e) in m {
                 self.release(id, e);
@@ -628,6 +649,7 @@ mod tests {
             current: HashMap::new(),
             checkpointed: HashMap::new(),
             in_progress: None,
+            checkpoint_held: 0,
             checkpointed_table: None,
             alloc: Allocator::new(0, 100),
         };

@@ -52,6 +52,12 @@ impl Inner {
         }
     }
 
+    /// Whether a checkpoint is needed now: the log is past its checkpoint fraction, or deleted
+    /// data holds more space than its bound (the two reasons writers request one for).
+    pub(super) fn checkpoint_needed(&self) -> bool {
+        self.log.space(0) != Space::Ok || self.garbage_over_bound()
+    }
+
     pub(super) fn request(&self, flush: bool, checkpoint: bool) {
         let mut w = self.wake_state.lock();
         w.flush_wanted |= flush;
