@@ -48,7 +48,7 @@ pub(crate) fn load_checkpoint(dev: &Arc<dyn BlockDevice>, options: &Options) -> 
         current: table.clone(),
         checkpointed: table,
         in_progress: None,
-        checkpoint_held: 0,
+        checkpoint_held: Default::default(),
         checkpointed_table: Some(sb.btt),
         alloc,
     };

@@ -228,10 +228,35 @@ pub struct Btt {
     pub checkpointed_table: Option<Extent>,
     /// Free space.
     pub alloc: Allocator,
-    /// Blocks of the images the running checkpoint replaced (a node it, or a write-back, rewrote
-    /// while it ran) that only the last completed checkpoint still references: its completion
-    /// frees them. Zero while no checkpoint runs.
-    pub checkpoint_held: u64,
+    /// Images a running checkpoint holds only until it completes (none while no checkpoint runs).
+    pub checkpoint_held: CheckpointHeld,
+}
+
+/// The space a running checkpoint holds only until it completes: it is freed then, so the space
+/// reported used leaves it out (see `SpaceUse::checkpoint_held`).
+#[derive(Debug, Default)]
+pub struct CheckpointHeld {
+    /// Blocks of the images replaced while it runs (a node it, or a write-back, rewrote) that
+    /// only the last completed checkpoint references: its completion frees them.
+    replaced: u64,
+    /// Images it wrote that modifiers saved for it, by node, while the node is still at the
+    /// extent it was at when the image was saved: at completion the node becomes current at
+    /// the saved image and its older image is freed (`Tree::adopt_checkpoint_images`).
+    saved: HashMap<NodeId, u64>,
+    saved_blocks: u64,
+}
+
+impl CheckpointHeld {
+    /// Blocks held in all.
+    pub fn blocks(&self) -> u64 {
+        self.replaced + self.saved_blocks
+    }
+
+    fn forget_saved(&mut self, id: NodeId) {
+        if let Some(b) = self.saved.remove(&id) {
+            self.saved_blocks -= b;
+        }
+    }
 }
 
 impl Btt {
@@ -261,15 +286,40 @@ impl Btt {
                     .is_some_and(|m| m.get(&id) != Some(&old))
                     && self.checkpointed.get(&id) == Some(&old);
                 if held {
-                    self.checkpoint_held += old.blocks;
+                    self.checkpoint_held.replaced += old.blocks;
                 }
+                // A saved image is no longer adopted once the node is elsewhere.
+                self.checkpoint_held.forget_saved(id);
                 self.release(id, old);
             }
         }
     }
 
+    /// Records that the running checkpoint wrote the image a modifier saved for node `id` at
+    /// `ext`, the node having been at `was_at` when it was saved.
+    pub fn checkpoint_wrote_saved(&mut self, id: NodeId, ext: Extent, was_at: Option<Extent>) {
+        self.in_progress
+            .as_mut()
+            .expect("checkpoint in progress")
+            .insert(id, ext);
+        self.hold_for_adoption(id, ext, was_at);
+    }
+
+    /// Counts `ext`, an image of node `id` only the running checkpoint references, as held until
+    /// it completes if the node is still at `was_at` (its extent when the image was taken): the
+    /// node then becomes current at `ext` and its older image is freed.
+    pub fn hold_for_adoption(&mut self, id: NodeId, ext: Extent, was_at: Option<Extent>) {
+        if self.current.get(&id).copied() == was_at {
+            let held = &mut self.checkpoint_held;
+            held.forget_saved(id);
+            held.saved.insert(id, ext.blocks);
+            held.saved_blocks += ext.blocks;
+        }
+    }
+
     /// Forgets node `id` (merged away).
     pub fn remove(&mut self, id: NodeId) {
+        self.checkpoint_held.forget_saved(id);
         if let Some(old) = self.current.remove(&id) {
             self.release(id, old);
         }
@@ -284,10 +334,10 @@ impl Btt {
             self.release(id, e);
         }
         assert!(
-            self.alloc.free_blocks() - free_before >= self.checkpoint_held,
+            self.alloc.free_blocks() - free_before >= self.checkpoint_held.replaced,
             "a completed checkpoint freed less than the images it was counted to hold"
         );
-        self.checkpoint_held = 0;
+        self.checkpoint_held = CheckpointHeld::default();
         if let Some(t) = self.checkpointed_table.replace(table) {
             self.alloc.free(t);
         }
@@ -297,7 +347,7 @@ impl Btt {
     pub fn abort_checkpoint(&mut self, table: Option<Extent>) {
         // The images stay referenced by the last completed checkpoint, as any between
         // checkpoints.
-        self.checkpoint_held = 0;
+        self.checkpoint_held = CheckpointHeld::default();
         if let Some(m) = self.in_progress.take() {
             for (id, e) in m {
                 self.release(id, e);
@@ -649,7 +699,7 @@ mod tests {
             current: HashMap::new(),
             checkpointed: HashMap::new(),
             in_progress: None,
-            checkpoint_held: 0,
+            checkpoint_held: Default::default(),
             checkpointed_table: None,
             alloc: Allocator::new(0, 100),
         };

@@ -301,6 +301,15 @@ impl Tree {
         self.cache.add_used(-(img.buf.len() as isize));
         let ext = r?;
         self.install(cn, cn.write(), version, ext, &img.sublocs, true);
+        {
+            // Changed between the image and its installation: the image waits in the
+            // checkpoint's table for adoption at completion, like a saved one.
+            let m = cn.meta.lock();
+            let mut btt = self.store.btt.lock();
+            if m.dirty && !m.deleted && btt.current.get(&cn.id) != Some(&ext) {
+                btt.hold_for_adoption(cn.id, ext, was_at);
+            }
+        }
         Ok(Some((cn.id, ext, was_at)))
     }
 
@@ -334,10 +343,7 @@ impl Tree {
             self.store
                 .btt
                 .lock()
-                .in_progress
-                .as_mut()
-                .expect("checkpoint in progress")
-                .insert(id, ext);
+                .checkpoint_wrote_saved(id, ext, was_at);
             written.push((id, ext, was_at));
         }
     }

@@ -296,7 +296,7 @@ impl Layout {
             current: HashMap::new(),
             checkpointed: HashMap::new(),
             in_progress: None,
-            checkpoint_held: 0,
+            checkpoint_held: Default::default(),
             checkpointed_table: None,
             alloc,
         }

@@ -39,7 +39,7 @@ impl Inner {
                 b.alloc.total_blocks(),
                 b.alloc.free_blocks(),
                 b.current.len() as u64,
-                b.checkpoint_held,
+                b.checkpoint_held.blocks(),
             )
         };
         SpaceUse::new(total, free, t.cache.dirty_space(), entries, held)
