@@ -26,8 +26,10 @@ pub struct SpaceUse {
     pub dirty_current: u64,
     /// Bytes of the block translation table the next checkpoint writes.
     pub table: u64,
-    /// Old images the running checkpoint replaced and frees when it completes (part of
-    /// `allocated`; zero while none runs): held only for the moment, so not in `used`, but in
+    /// Images held only until the next checkpoint completes (part of `allocated`): those only the
+    /// last completed checkpoint references (the node was written again since, by a write-back
+    /// or by the running checkpoint), and images the running checkpoint wrote for nodes changed
+    /// meanwhile (their older images are freed instead when it completes). Not in `used`, but in
     /// `checkpoint_need`.
     pub checkpoint_held: u64,
 }
@@ -57,11 +59,10 @@ impl SpaceUse {
     }
 
     /// Used: the allocated extents with every dirty node counted at its next image instead of its
-    /// current one — the tree as it would be written now, plus the old images the last
-    /// checkpoint still holds for nodes written back between checkpoints (freed when the next one
-    /// completes) — less the images a running checkpoint replaced: the use it will leave when it
-    /// completes, so that a checkpoint does not make it jump (by up to every dirty node's old
-    /// image) while it runs. Never above `total`.
+    /// current one, less the images held only until the next checkpoint completes — the tree as
+    /// it would be written now, what is left once that checkpoint completes. So a checkpoint
+    /// neither makes it jump while it runs (by up to every dirty node's old image) nor drop when
+    /// it completes. Never above `total`.
     pub fn used(&self) -> u64 {
         (self.allocated + self.dirty_next)
             .saturating_sub(self.dirty_current + self.checkpoint_held)
@@ -73,9 +74,9 @@ impl SpaceUse {
         self.total - self.used()
     }
 
-    /// Space a checkpoint needs beyond `used` while it runs: the dirty nodes' old images stay
-    /// allocated until it completes (those a running one already replaced, and those of the nodes
-    /// still dirty), and it writes a new table before freeing the old one.
+    /// Space taken beyond `used` until the next checkpoint completes: the dirty nodes' old images
+    /// stay allocated until it does (those it or a write-back already replaced, and those of the
+    /// nodes still dirty), and it writes a new table before freeing the old one.
     pub fn checkpoint_need(&self) -> u64 {
         self.dirty_current + self.checkpoint_held + self.table
     }

@@ -228,16 +228,17 @@ pub struct Btt {
     pub checkpointed_table: Option<Extent>,
     /// Free space.
     pub alloc: Allocator,
-    /// Images a running checkpoint holds only until it completes (none while no checkpoint runs).
+    /// Images held only until the next checkpoint completes.
     pub checkpoint_held: CheckpointHeld,
 }
 
-/// The space a running checkpoint holds only until it completes: it is freed then, so the space
+/// The space held only until the next checkpoint completes: it is freed then, so the space
 /// reported used leaves it out (see `SpaceUse::checkpoint_held`).
 #[derive(Debug, Default)]
 pub struct CheckpointHeld {
-    /// Blocks of the images replaced while it runs (a node it, or a write-back, rewrote) that
-    /// only the last completed checkpoint references: its completion frees them.
+    /// Blocks of the images only the last completed checkpoint references (the node was
+    /// rewritten since, by a write-back or by the running checkpoint): the next completion frees
+    /// them.
     replaced: u64,
     /// Images it wrote that modifiers saved for it, by node, while the node is still at the
     /// extent it was at when the image was saved: at completion the node becomes current at
@@ -278,16 +279,10 @@ impl Btt {
 
     /// Records that node `id`'s newest image is at `e`.
     pub fn relocate(&mut self, id: NodeId, e: Extent) {
-        if let Some(old) = self.current.insert(id, e) {
+        let mut old = None;
+        self.change_entry(id, |b| old = b.current.insert(id, e));
+        if let Some(old) = old {
             if old != e {
-                let held = self
-                    .in_progress
-                    .as_ref()
-                    .is_some_and(|m| m.get(&id) != Some(&old))
-                    && self.checkpointed.get(&id) == Some(&old);
-                if held {
-                    self.checkpoint_held.replaced += old.blocks;
-                }
                 // A saved image is no longer adopted once the node is elsewhere.
                 self.checkpoint_held.forget_saved(id);
                 self.release(id, old);
@@ -298,10 +293,7 @@ impl Btt {
     /// Records that the running checkpoint wrote the image a modifier saved for node `id` at
     /// `ext`, the node having been at `was_at` when it was saved.
     pub fn checkpoint_wrote_saved(&mut self, id: NodeId, ext: Extent, was_at: Option<Extent>) {
-        self.in_progress
-            .as_mut()
-            .expect("checkpoint in progress")
-            .insert(id, ext);
+        self.set_in_progress(id, ext);
         self.hold_for_adoption(id, ext, was_at);
     }
 
@@ -317,27 +309,91 @@ impl Btt {
         }
     }
 
+    /// Blocks of node `id`'s image in the last completed checkpoint if only that checkpoint
+    /// references it.
+    fn only_checkpointed(&self, id: NodeId) -> u64 {
+        match self.checkpointed.get(&id) {
+            Some(e)
+                if self.current.get(&id) != Some(e)
+                    && self
+                        .in_progress
+                        .as_ref()
+                        .is_none_or(|m| m.get(&id) != Some(e)) =>
+            {
+                e.blocks
+            }
+            _ => 0,
+        }
+    }
+
+    /// Applies `change` to the tables' entries for node `id`, keeping the count of blocks only
+    /// the last completed checkpoint references.
+    fn change_entry(&mut self, id: NodeId, change: impl FnOnce(&mut Btt)) {
+        let before = self.only_checkpointed(id);
+        change(self);
+        let after = self.only_checkpointed(id);
+        self.checkpoint_held.replaced = self.checkpoint_held.replaced - before + after;
+    }
+
+    /// Records that the running checkpoint's table references node `id` at `ext`.
+    pub fn set_in_progress(&mut self, id: NodeId, ext: Extent) {
+        self.change_entry(id, |b| {
+            b.in_progress
+                .as_mut()
+                .expect("checkpoint in progress")
+                .insert(id, ext);
+        });
+    }
+
+    /// Blocks of the images only the last completed checkpoint references, counted afresh.
+    fn recount_only_checkpointed(&self) -> u64 {
+        self.checkpointed
+            .iter()
+            .filter(|&(id, e)| {
+                self.current.get(id) != Some(e)
+                    && self
+                        .in_progress
+                        .as_ref()
+                        .is_none_or(|m| m.get(id) != Some(e))
+            })
+            .map(|(_, e)| e.blocks)
+            .sum()
+    }
+
     /// Forgets node `id` (merged away).
     pub fn remove(&mut self, id: NodeId) {
         self.checkpoint_held.forget_saved(id);
-        if let Some(old) = self.current.remove(&id) {
+        let mut old = None;
+        self.change_entry(id, |b| old = b.current.remove(&id));
+        if let Some(old) = old {
             self.release(id, old);
         }
     }
 
     /// Makes `in_progress` the checkpointed table, freeing what only the old one referenced.
     pub fn complete_checkpoint(&mut self, table: Extent) {
+        assert_eq!(
+            self.checkpoint_held.replaced,
+            self.recount_only_checkpointed(),
+            "the images only the last checkpoint references differ from a recount"
+        );
         let new = self.in_progress.take().expect("a checkpoint in progress");
         let old = std::mem::replace(&mut self.checkpointed, new);
         let free_before = self.alloc.free_blocks();
         for (id, e) in old {
             self.release(id, e);
         }
-        assert!(
-            self.alloc.free_blocks() - free_before >= self.checkpoint_held.replaced,
-            "a completed checkpoint freed less than the images it was counted to hold"
+        assert_eq!(
+            self.alloc.free_blocks() - free_before,
+            self.checkpoint_held.replaced,
+            "a completed checkpoint freed other than the images only the last one referenced"
         );
-        self.checkpoint_held = CheckpointHeld::default();
+        // Nodes written back while it ran, at images it does not reference: their images in
+        // it are held until the next one.
+        self.checkpoint_held = CheckpointHeld {
+            replaced: self.recount_only_checkpointed(),
+            ..CheckpointHeld::default()
+        };
         if let Some(t) = self.checkpointed_table.replace(table) {
             self.alloc.free(t);
         }
@@ -345,9 +401,8 @@ impl Btt {
 
     /// Drops an unfinished checkpoint's table, freeing what only it referenced.
     pub fn abort_checkpoint(&mut self, table: Option<Extent>) {
-        // The images stay referenced by the last completed checkpoint, as any between
-        // checkpoints.
-        self.checkpoint_held = CheckpointHeld::default();
+        self.checkpoint_held.saved.clear();
+        self.checkpoint_held.saved_blocks = 0;
         if let Some(m) = self.in_progress.take() {
             for (id, e) in m {
                 self.release(id, e);
@@ -356,6 +411,8 @@ impl Btt {
         if let Some(t) = table {
             self.alloc.free(t);
         }
+        // Images the last completed checkpoint references stay held until the next one.
+        self.checkpoint_held.replaced = self.recount_only_checkpointed();
     }
 }
 

@@ -227,17 +227,14 @@ impl Tree {
         let mut m = cn.meta.lock();
         let mut btt = self.store.btt.lock();
         if for_checkpoint {
-            btt.in_progress
-                .as_mut()
-                .expect("checkpoint in progress")
-                .insert(cn.id, ext);
+            btt.set_in_progress(cn.id, ext);
         }
         if m.version == version && !m.deleted {
             if m.pending && !for_checkpoint {
                 // The checkpoint began after this image was taken and the node has not changed since:
                 // the image is exactly what the checkpoint needs.
-                if let Some(ip) = btt.in_progress.as_mut() {
-                    ip.insert(cn.id, ext);
+                if btt.in_progress.is_some() {
+                    btt.set_in_progress(cn.id, ext);
                     m.pending = false;
                 }
             }
