@@ -61,7 +61,7 @@ fn phase(e: &Engine, name: &str, n: u64, mut fill: impl FnMut(&mut Batch, u64)) 
         for j in i..(i + BATCH).min(n) {
             fill(&mut b, j);
         }
-        e.write(&b).expect("write");
+        e.write_owned(b).expect("write");
         i += BATCH;
     }
     let secs = t.elapsed().as_secs_f64();
