@@ -49,6 +49,7 @@ pub(crate) fn load_checkpoint(dev: &Arc<dyn BlockDevice>, options: &Options) -> 
         checkpointed: table,
         in_progress: None,
         checkpoint_held: Default::default(),
+        writing: 0,
         checkpointed_table: Some(sb.btt),
         alloc,
     };

@@ -32,6 +32,10 @@ pub struct SpaceUse {
     /// meanwhile (their older images are freed instead when it completes). Not in `used`, but in
     /// `checkpoint_need`.
     pub checkpoint_held: u64,
+    /// Extents allocated for node images being written, not yet recorded (part of `allocated`):
+    /// the nodes still count them as their next images (`dirty_next`), so `used` leaves them out
+    /// (else `used` rose by a node's image for the time of each node write).
+    pub writing: u64,
 }
 
 impl SpaceUse {
@@ -41,15 +45,17 @@ impl SpaceUse {
         dirty: DirtySpace,
         table_entries: u64,
         held_blocks: u64,
+        writing_blocks: u64,
     ) -> SpaceUse {
         assert!(free_blocks <= total_blocks, "more free blocks than blocks");
         assert!(
-            held_blocks <= total_blocks - free_blocks,
-            "a checkpoint holds more blocks than are allocated"
+            held_blocks + writing_blocks <= total_blocks - free_blocks,
+            "more blocks held or being written than are allocated"
         );
         let b = BLOCK_SIZE as u64;
         SpaceUse {
             checkpoint_held: held_blocks * b,
+            writing: writing_blocks * b,
             total: total_blocks * b,
             allocated: (total_blocks - free_blocks) * b,
             dirty_next: dirty.next_blocks * b,
@@ -65,7 +71,7 @@ impl SpaceUse {
     /// it completes. Never above `total`.
     pub fn used(&self) -> u64 {
         (self.allocated + self.dirty_next)
-            .saturating_sub(self.dirty_current + self.checkpoint_held)
+            .saturating_sub(self.dirty_current + self.checkpoint_held + self.writing)
             .min(self.total)
     }
 
@@ -92,14 +98,17 @@ mod tests {
             next_blocks: 30,
             current_blocks: 10,
         };
-        let s = SpaceUse::new(100, 60, dirty, 3, 0);
+        let s = SpaceUse::new(100, 60, dirty, 3, 0, 0);
         assert_eq!(s.used(), (40 + 30 - 10) * 4096);
         assert_eq!(s.free(), 40 * 4096);
         assert_eq!(s.checkpoint_need(), 10 * 4096 + 4096);
         // A running checkpoint that replaced 5 blocks of old images: not used, but needed.
-        let s = SpaceUse::new(100, 55, dirty, 3, 5);
+        let s = SpaceUse::new(100, 55, dirty, 3, 5, 0);
         assert_eq!(s.used(), (45 + 30 - 10 - 5) * 4096);
         assert_eq!(s.checkpoint_need(), (10 + 5) * 4096 + 4096);
+        // 10 blocks being written for dirty nodes that still count their next images.
+        let s = SpaceUse::new(100, 50, dirty, 3, 0, 10);
+        assert_eq!(s.used(), (50 + 30 - 10 - 10) * 4096);
         let s = SpaceUse::new(
             100,
             10,
@@ -107,6 +116,7 @@ mod tests {
                 next_blocks: 500,
                 current_blocks: 0,
             },
+            0,
             0,
             0,
         );

@@ -230,6 +230,9 @@ pub struct Btt {
     pub alloc: Allocator,
     /// Images held only until the next checkpoint completes.
     pub checkpoint_held: CheckpointHeld,
+    /// Blocks allocated for node images being written and not yet recorded in a table: the
+    /// node still counts them as its next image (see `SpaceUse::writing`).
+    pub writing: u64,
 }
 
 /// The space held only until the next checkpoint completes: it is freed then, so the space
@@ -307,6 +310,15 @@ impl Btt {
             held.saved.insert(id, ext.blocks);
             held.saved_blocks += ext.blocks;
         }
+    }
+
+    /// An image written at `ext` ([`Store::write_placed`]) is recorded in a table or released.
+    pub fn written(&mut self, ext: Extent) {
+        assert!(
+            self.writing >= ext.blocks,
+            "more images settled than written"
+        );
+        self.writing -= ext.blocks;
     }
 
     /// Blocks of node `id`'s image in the last completed checkpoint if only that checkpoint
@@ -631,10 +643,13 @@ impl Store {
     /// Allocates an extent for `buf` and writes it there. The extent is not yet referenced by any
     /// table: the caller records it (or releases it on failure).
     pub fn write_new(&self, buf: &AlignedBuf, what: &str) -> Result<Extent> {
-        self.write_placed(buf, what, None)
+        let ext = self.write_placed(buf, what, None)?;
+        self.btt.lock().written(ext);
+        Ok(ext)
     }
 
-    /// [`Store::write_new`], as the next extent of `run` when one is given.
+    /// [`Store::write_new`], as the next extent of `run` when one is given. The extent counts
+    /// in [`Btt::writing`] until the caller records the image ([`Btt::written`]).
     pub fn write_placed(
         &self,
         buf: &AlignedBuf,
@@ -644,16 +659,22 @@ impl Store {
         let blocks = (buf.len() / BLOCK_SIZE) as u64;
         let ext = {
             let mut btt = self.btt.lock();
-            match run {
+            let ext = match run {
                 Some(run) => run.take(&mut btt.alloc, blocks),
                 None => btt.alloc.alloc(blocks),
+            };
+            if let Some(e) = ext {
+                btt.writing += e.blocks;
             }
+            ext
         }
         .ok_or_else(|| {
             Error::NoSpace(format!("no free extent of {} bytes for {what}", buf.len()))
         })?;
         if let Err(e) = self.dev.write_at(ext.offset(), buf) {
-            self.btt.lock().alloc.free(ext);
+            let mut btt = self.btt.lock();
+            btt.written(ext);
+            btt.alloc.free(ext);
             let err = Error::io(format!("writing {what}"), e);
             self.write_failure.lock().get_or_insert_with(|| err.clone());
             return Err(err);
@@ -757,6 +778,7 @@ mod tests {
             checkpointed: HashMap::new(),
             in_progress: None,
             checkpoint_held: Default::default(),
+            writing: 0,
             checkpointed_table: None,
             alloc: Allocator::new(0, 100),
         };

@@ -205,7 +205,11 @@ impl Tree {
         // node changed during the write.
         match cn.try_write() {
             Some(g) => self.install(cn, g, version, ext, &img.sublocs, false),
-            None => self.store.btt.lock().release(cn.id, ext),
+            None => {
+                let mut btt = self.store.btt.lock();
+                btt.written(ext);
+                btt.release(cn.id, ext);
+            }
         }
         Ok(())
     }
@@ -226,6 +230,7 @@ impl Tree {
     ) {
         let mut m = cn.meta.lock();
         let mut btt = self.store.btt.lock();
+        btt.written(ext);
         if for_checkpoint {
             btt.set_in_progress(cn.id, ext);
         }
@@ -337,10 +342,9 @@ impl Tree {
                 .write_placed(&buf, &format!("node {id} (checkpoint)"), Some(run));
             self.cache.add_used(-(len as isize));
             let ext = r?;
-            self.store
-                .btt
-                .lock()
-                .checkpoint_wrote_saved(id, ext, was_at);
+            let mut btt = self.store.btt.lock();
+            btt.written(ext);
+            btt.checkpoint_wrote_saved(id, ext, was_at);
             written.push((id, ext, was_at));
         }
     }

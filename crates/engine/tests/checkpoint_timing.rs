@@ -178,6 +178,66 @@ fn the_space_used_does_not_jump_while_a_checkpoint_runs() {
     e.close().unwrap();
 }
 
+/// A node image being written (its extent allocated, the node still dirty and counting it as its
+/// next image) is not counted twice: the checkpoint is held in its first node write.
+#[test]
+fn the_space_used_does_not_count_an_image_being_written_twice() {
+    let log_size = 16 * MIB;
+    let data_start = 2 * 4096 + log_size;
+    let dev = Arc::new(GatedDevice::new(
+        "checkpointing",
+        Hold::WritesFrom(data_start),
+    ));
+    let format = Format {
+        log_size: Some(log_size),
+        ..Format::default()
+    };
+    let options = Options {
+        background_threads: false,
+        ..Options::default()
+    };
+    let e = Arc::new(Engine::create(dev.clone(), format, options).unwrap());
+    for i in 0..2048 {
+        e.put(&key(i), &[i as u8; 4096]).unwrap();
+    }
+    let before = e.space_use();
+    dev.set_closed(true);
+    let ckpt = {
+        let e = e.clone();
+        std::thread::Builder::new()
+            .name("checkpointing".into())
+            .spawn(move || e.checkpoint().unwrap())
+            .unwrap()
+    };
+    dev.wait_for_held();
+    let during = e.space_use();
+    dev.set_closed(false);
+    ckpt.join().unwrap();
+    let after = e.space_use();
+    eprintln!(
+        "used before {:.2} MiB, during a node write {:.2} MiB ({:.2} MiB being written), after \
+         {:.2} MiB",
+        before.used() as f64 / MIB as f64,
+        during.used() as f64 / MIB as f64,
+        during.writing as f64 / MIB as f64,
+        after.used() as f64 / MIB as f64,
+    );
+    assert!(during.writing > 0, "no image was being written");
+    let slack = 4 * 4096 + before.table;
+    assert!(
+        during.used() <= before.used() + slack && during.used() + slack >= after.used(),
+        "used {} bytes before the checkpoint, {} during a node write, {} after",
+        before.used(),
+        during.used(),
+        after.used()
+    );
+    assert_eq!(after.writing, 0);
+    let e = Arc::try_unwrap(e)
+        .ok()
+        .expect("the checkpoint thread is done");
+    e.close().unwrap();
+}
+
 /// With the checkpointer held at its first node write, writers go on past half the log (each
 /// asks for a checkpoint); once the held checkpoint completes, the log is nearly empty and the
 /// checkpointer drops those requests instead of writing a second checkpoint.

@@ -297,6 +297,7 @@ impl Layout {
             checkpointed: HashMap::new(),
             in_progress: None,
             checkpoint_held: Default::default(),
+            writing: 0,
             checkpointed_table: None,
             alloc,
         }
