@@ -99,6 +99,8 @@ fn put_blocks(e: &Arc<Engine>, n: u32, returned: Arc<AtomicU64>) -> mpsc::Receiv
                     .unwrap();
                 returned.fetch_add(1, Ordering::SeqCst);
             }
+            // Let go of the engine before saying so: the receiver then unwraps it.
+            drop(e);
             let _ = tx.send(());
         })
         .unwrap();
