@@ -94,7 +94,8 @@ impl Store for Amaranth {
         for (k, v) in items {
             b.put(k.clone(), v.clone());
         }
-        self.e().write(&b).map(|_| ()).map_err(err("write"))
+        // The batch is not used again: given up, its keys and values are not copied twice.
+        self.e().write_owned(b).map(|_| ()).map_err(err("write"))
     }
     fn upsert_batch(&mut self, items: &[(Vec<u8>, u32, [u8; 4])]) -> Res<()> {
         let mut b = Batch::new();
@@ -107,7 +108,7 @@ impl Store for Amaranth {
                 },
             );
         }
-        self.e().write(&b).map(|_| ()).map_err(err("write"))
+        self.e().write_owned(b).map(|_| ()).map_err(err("write"))
     }
     fn get(&mut self, key: &[u8]) -> Res<Option<usize>> {
         self.e()

@@ -3,6 +3,7 @@
 //! and looked up in its encoded form without being decoded. The messages themselves and their
 //! semantics are in `msg.rs`.
 
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
@@ -68,16 +69,18 @@ impl Buffer {
             self.max_msn
         );
         self.max_msn = msn;
-        match self.points.get_mut(&key) {
-            Some(km) => {
+        // One search of the map (the entry), not a lookup and then an insert.
+        match self.points.entry(key) {
+            Entry::Occupied(mut o) => {
+                let km = o.get_mut();
                 self.bytes -= km.size();
                 km.push(msn, op);
                 self.bytes += km.size();
             }
-            None => {
+            Entry::Vacant(v) => {
                 let km = KeyMsgs::from_op(msn, op);
-                self.bytes += key.len() + 4 + km.size();
-                self.points.insert(key, km);
+                self.bytes += v.key().len() + 4 + km.size();
+                v.insert(km);
             }
         }
     }
@@ -86,16 +89,17 @@ impl Buffer {
     pub fn add_key_msgs(&mut self, key: Vec<u8>, km: KeyMsgs) {
         let max = km.max_msn();
         assert!(km.min_msn() > 0 && max >= km.min_msn(), "bad message MSNs");
-        match self.points.get_mut(&key) {
-            Some(old) => {
+        match self.points.entry(key) {
+            Entry::Occupied(mut o) => {
+                let old = o.get_mut();
                 assert!(km.min_msn() > old.max_msn(), "key messages out of order");
                 self.bytes -= old.size();
                 old.push_all(km);
                 self.bytes += old.size();
             }
-            None => {
-                self.bytes += key.len() + 4 + km.size();
-                self.points.insert(key, km);
+            Entry::Vacant(v) => {
+                self.bytes += v.key().len() + 4 + km.size();
+                v.insert(km);
             }
         }
         self.max_msn = self.max_msn.max(max);

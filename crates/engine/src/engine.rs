@@ -111,6 +111,8 @@ struct Inner {
 struct WakeState {
     flush_wanted: bool,
     checkpoint_wanted: bool,
+    /// The log buffer is past its write threshold: the log thread writes it.
+    log_write_wanted: bool,
     last_write: Option<Instant>,
 }
 
@@ -119,6 +121,9 @@ struct EngineCounters {
     syncs: AtomicU64,
     writes: AtomicU64,
     user_bytes: AtomicU64,
+    /// Requests for a checkpoint that the checkpointer dropped: when it came to them, a checkpoint
+    /// that ran meanwhile had already done what they asked for.
+    checkpoint_requests_dropped: AtomicU64,
 }
 
 impl Engine {

@@ -48,6 +48,8 @@ pub(crate) fn load_checkpoint(dev: &Arc<dyn BlockDevice>, options: &Options) -> 
         current: table.clone(),
         checkpointed: table,
         in_progress: None,
+        checkpoint_held: Default::default(),
+        writing: 0,
         checkpointed_table: Some(sb.btt),
         alloc,
     };

@@ -26,6 +26,16 @@ pub struct SpaceUse {
     pub dirty_current: u64,
     /// Bytes of the block translation table the next checkpoint writes.
     pub table: u64,
+    /// Images held only until the next checkpoint completes (part of `allocated`): those only the
+    /// last completed checkpoint references (the node was written again since, by a write-back
+    /// or by the running checkpoint), and images the running checkpoint wrote for nodes changed
+    /// meanwhile (their older images are freed instead when it completes). Not in `used`, but in
+    /// `checkpoint_need`.
+    pub checkpoint_held: u64,
+    /// Extents allocated for node images being written, not yet recorded (part of `allocated`):
+    /// the nodes still count them as their next images (`dirty_next`), so `used` leaves them out
+    /// (else `used` rose by a node's image for the time of each node write).
+    pub writing: u64,
 }
 
 impl SpaceUse {
@@ -34,10 +44,18 @@ impl SpaceUse {
         free_blocks: u64,
         dirty: DirtySpace,
         table_entries: u64,
+        held_blocks: u64,
+        writing_blocks: u64,
     ) -> SpaceUse {
         assert!(free_blocks <= total_blocks, "more free blocks than blocks");
+        assert!(
+            held_blocks + writing_blocks <= total_blocks - free_blocks,
+            "more blocks held or being written than are allocated"
+        );
         let b = BLOCK_SIZE as u64;
         SpaceUse {
+            checkpoint_held: held_blocks * b,
+            writing: writing_blocks * b,
             total: total_blocks * b,
             allocated: (total_blocks - free_blocks) * b,
             dirty_next: dirty.next_blocks * b,
@@ -47,11 +65,13 @@ impl SpaceUse {
     }
 
     /// Used: the allocated extents with every dirty node counted at its next image instead of its
-    /// current one — the tree as it would be written now, plus the old images the last
-    /// checkpoint still holds (freed when the next one completes). Never above `total`.
+    /// current one, less the images held only until the next checkpoint completes — the tree as
+    /// it would be written now, what is left once that checkpoint completes. So a checkpoint
+    /// neither makes it jump while it runs (by up to every dirty node's old image) nor drop when
+    /// it completes. Never above `total`.
     pub fn used(&self) -> u64 {
         (self.allocated + self.dirty_next)
-            .saturating_sub(self.dirty_current)
+            .saturating_sub(self.dirty_current + self.checkpoint_held + self.writing)
             .min(self.total)
     }
 
@@ -60,10 +80,11 @@ impl SpaceUse {
         self.total - self.used()
     }
 
-    /// Space the next checkpoint needs beyond `used` while it runs: the dirty nodes' old images
-    /// stay allocated until it completes, and it writes a new table before freeing the old one.
+    /// Space taken beyond `used` until the next checkpoint completes: the dirty nodes' old images
+    /// stay allocated until it does (those it or a write-back already replaced, and those of the
+    /// nodes still dirty), and it writes a new table before freeing the old one.
     pub fn checkpoint_need(&self) -> u64 {
-        self.dirty_current + self.table
+        self.dirty_current + self.checkpoint_held + self.table
     }
 }
 
@@ -77,10 +98,17 @@ mod tests {
             next_blocks: 30,
             current_blocks: 10,
         };
-        let s = SpaceUse::new(100, 60, dirty, 3);
+        let s = SpaceUse::new(100, 60, dirty, 3, 0, 0);
         assert_eq!(s.used(), (40 + 30 - 10) * 4096);
         assert_eq!(s.free(), 40 * 4096);
         assert_eq!(s.checkpoint_need(), 10 * 4096 + 4096);
+        // A running checkpoint that replaced 5 blocks of old images: not used, but needed.
+        let s = SpaceUse::new(100, 55, dirty, 3, 5, 0);
+        assert_eq!(s.used(), (45 + 30 - 10 - 5) * 4096);
+        assert_eq!(s.checkpoint_need(), (10 + 5) * 4096 + 4096);
+        // 10 blocks being written for dirty nodes that still count their next images.
+        let s = SpaceUse::new(100, 50, dirty, 3, 0, 10);
+        assert_eq!(s.used(), (50 + 30 - 10 - 10) * 4096);
         let s = SpaceUse::new(
             100,
             10,
@@ -88,6 +116,8 @@ mod tests {
                 next_blocks: 500,
                 current_blocks: 0,
             },
+            0,
+            0,
             0,
         );
         assert_eq!(s.used(), s.total);

@@ -228,6 +228,39 @@ pub struct Btt {
     pub checkpointed_table: Option<Extent>,
     /// Free space.
     pub alloc: Allocator,
+    /// Images held only until the next checkpoint completes.
+    pub checkpoint_held: CheckpointHeld,
+    /// Blocks allocated for node images being written and not yet recorded in a table: the
+    /// node still counts them as its next image (see `SpaceUse::writing`).
+    pub writing: u64,
+}
+
+/// The space held only until the next checkpoint completes: it is freed then, so the space
+/// reported used leaves it out (see `SpaceUse::checkpoint_held`).
+#[derive(Debug, Default)]
+pub struct CheckpointHeld {
+    /// Blocks of the images only the last completed checkpoint references (the node was
+    /// rewritten since, by a write-back or by the running checkpoint): the next completion frees
+    /// them.
+    replaced: u64,
+    /// Images it wrote that modifiers saved for it, by node, while the node is still at the
+    /// extent it was at when the image was saved: at completion the node becomes current at
+    /// the saved image and its older image is freed (`Tree::adopt_checkpoint_images`).
+    saved: HashMap<NodeId, u64>,
+    saved_blocks: u64,
+}
+
+impl CheckpointHeld {
+    /// Blocks held in all.
+    pub fn blocks(&self) -> u64 {
+        self.replaced + self.saved_blocks
+    }
+
+    fn forget_saved(&mut self, id: NodeId) {
+        if let Some(b) = self.saved.remove(&id) {
+            self.saved_blocks -= b;
+        }
+    }
 }
 
 impl Btt {
@@ -249,27 +282,130 @@ impl Btt {
 
     /// Records that node `id`'s newest image is at `e`.
     pub fn relocate(&mut self, id: NodeId, e: Extent) {
-        if let Some(old) = self.current.insert(id, e) {
+        let mut old = None;
+        self.change_entry(id, |b| old = b.current.insert(id, e));
+        if let Some(old) = old {
             if old != e {
+                // A saved image is no longer adopted once the node is elsewhere.
+                self.checkpoint_held.forget_saved(id);
                 self.release(id, old);
             }
         }
     }
 
+    /// Records that the running checkpoint wrote the image a modifier saved for node `id` at
+    /// `ext`, the node having been at `was_at` when it was saved.
+    pub fn checkpoint_wrote_saved(&mut self, id: NodeId, ext: Extent, was_at: Option<Extent>) {
+        self.set_in_progress(id, ext);
+        self.hold_for_adoption(id, ext, was_at);
+    }
+
+    /// Counts `ext`, an image of node `id` only the running checkpoint references, as held until
+    /// it completes if the node is still at `was_at` (its extent when the image was taken): the
+    /// node then becomes current at `ext` and its older image is freed.
+    pub fn hold_for_adoption(&mut self, id: NodeId, ext: Extent, was_at: Option<Extent>) {
+        if self.current.get(&id).copied() == was_at {
+            let held = &mut self.checkpoint_held;
+            held.forget_saved(id);
+            held.saved.insert(id, ext.blocks);
+            held.saved_blocks += ext.blocks;
+        }
+    }
+
+    /// An image written at `ext` ([`Store::write_placed`]) is recorded in a table or released.
+    pub fn written(&mut self, ext: Extent) {
+        assert!(
+            self.writing >= ext.blocks,
+            "more images settled than written"
+        );
+        self.writing -= ext.blocks;
+    }
+
+    /// Blocks of node `id`'s image in the last completed checkpoint if only that checkpoint
+    /// references it.
+    fn only_checkpointed(&self, id: NodeId) -> u64 {
+        match self.checkpointed.get(&id) {
+            Some(e)
+                if self.current.get(&id) != Some(e)
+                    && self
+                        .in_progress
+                        .as_ref()
+                        .is_none_or(|m| m.get(&id) != Some(e)) =>
+            {
+                e.blocks
+            }
+            _ => 0,
+        }
+    }
+
+    /// Applies `change` to the tables' entries for node `id`, keeping the count of blocks only
+    /// the last completed checkpoint references.
+    fn change_entry(&mut self, id: NodeId, change: impl FnOnce(&mut Btt)) {
+        let before = self.only_checkpointed(id);
+        change(self);
+        let after = self.only_checkpointed(id);
+        self.checkpoint_held.replaced = self.checkpoint_held.replaced - before + after;
+    }
+
+    /// Records that the running checkpoint's table references node `id` at `ext`.
+    pub fn set_in_progress(&mut self, id: NodeId, ext: Extent) {
+        self.change_entry(id, |b| {
+            b.in_progress
+                .as_mut()
+                .expect("checkpoint in progress")
+                .insert(id, ext);
+        });
+    }
+
+    /// Blocks of the images only the last completed checkpoint references, counted afresh.
+    fn recount_only_checkpointed(&self) -> u64 {
+        self.checkpointed
+            .iter()
+            .filter(|&(id, e)| {
+                self.current.get(id) != Some(e)
+                    && self
+                        .in_progress
+                        .as_ref()
+                        .is_none_or(|m| m.get(id) != Some(e))
+            })
+            .map(|(_, e)| e.blocks)
+            .sum()
+    }
+
     /// Forgets node `id` (merged away).
     pub fn remove(&mut self, id: NodeId) {
-        if let Some(old) = self.current.remove(&id) {
+        self.checkpoint_held.forget_saved(id);
+        let mut old = None;
+        self.change_entry(id, |b| old = b.current.remove(&id));
+        if let Some(old) = old {
             self.release(id, old);
         }
     }
 
     /// Makes `in_progress` the checkpointed table, freeing what only the old one referenced.
     pub fn complete_checkpoint(&mut self, table: Extent) {
+        assert_eq!(
+            self.checkpoint_held.replaced,
+            self.recount_only_checkpointed(),
+            "the images only the last checkpoint references differ from a recount"
+        );
         let new = self.in_progress.take().expect("a checkpoint in progress");
         let old = std::mem::replace(&mut self.checkpointed, new);
+        let free_before = self.alloc.free_blocks();
         for (id, e) in old {
             self.release(id, e);
         }
+        assert_eq!(
+            self.alloc.free_blocks() - free_before,
+            self.checkpoint_held.replaced,
+            "a completed checkpoint freed other than the images only the last one referenced"
+        );
+        // Nodes written back while it ran, at images it does not reference: their images in
+        // it are held until the next one.
+        self.checkpoint_held = CheckpointHeld {
+            replaced: self.recount_only_checkpointed(),
+            ..CheckpointHeld::default()
+        };
         if let Some(t) = self.checkpointed_table.replace(table) {
             self.alloc.free(t);
         }
@@ -277,6 +413,8 @@ impl Btt {
 
     /// Drops an unfinished checkpoint's table, freeing what only it referenced.
     pub fn abort_checkpoint(&mut self, table: Option<Extent>) {
+        self.checkpoint_held.saved.clear();
+        self.checkpoint_held.saved_blocks = 0;
         if let Some(m) = self.in_progress.take() {
             for (id, e) in m {
                 self.release(id, e);
@@ -285,6 +423,8 @@ impl Btt {
         if let Some(t) = table {
             self.alloc.free(t);
         }
+        // Images the last completed checkpoint references stay held until the next one.
+        self.checkpoint_held.replaced = self.recount_only_checkpointed();
     }
 }
 
@@ -503,10 +643,13 @@ impl Store {
     /// Allocates an extent for `buf` and writes it there. The extent is not yet referenced by any
     /// table: the caller records it (or releases it on failure).
     pub fn write_new(&self, buf: &AlignedBuf, what: &str) -> Result<Extent> {
-        self.write_placed(buf, what, None)
+        let ext = self.write_placed(buf, what, None)?;
+        self.btt.lock().written(ext);
+        Ok(ext)
     }
 
-    /// [`Store::write_new`], as the next extent of `run` when one is given.
+    /// [`Store::write_new`], as the next extent of `run` when one is given. The extent counts
+    /// in [`Btt::writing`] until the caller records the image ([`Btt::written`]).
     pub fn write_placed(
         &self,
         buf: &AlignedBuf,
@@ -516,16 +659,22 @@ impl Store {
         let blocks = (buf.len() / BLOCK_SIZE) as u64;
         let ext = {
             let mut btt = self.btt.lock();
-            match run {
+            let ext = match run {
                 Some(run) => run.take(&mut btt.alloc, blocks),
                 None => btt.alloc.alloc(blocks),
+            };
+            if let Some(e) = ext {
+                btt.writing += e.blocks;
             }
+            ext
         }
         .ok_or_else(|| {
             Error::NoSpace(format!("no free extent of {} bytes for {what}", buf.len()))
         })?;
         if let Err(e) = self.dev.write_at(ext.offset(), buf) {
-            self.btt.lock().alloc.free(ext);
+            let mut btt = self.btt.lock();
+            btt.written(ext);
+            btt.alloc.free(ext);
             let err = Error::io(format!("writing {what}"), e);
             self.write_failure.lock().get_or_insert_with(|| err.clone());
             return Err(err);
@@ -628,6 +777,8 @@ mod tests {
             current: HashMap::new(),
             checkpointed: HashMap::new(),
             in_progress: None,
+            checkpoint_held: Default::default(),
+            writing: 0,
             checkpointed_table: None,
             alloc: Allocator::new(0, 100),
         };

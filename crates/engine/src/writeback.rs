@@ -205,7 +205,11 @@ impl Tree {
         // node changed during the write.
         match cn.try_write() {
             Some(g) => self.install(cn, g, version, ext, &img.sublocs, false),
-            None => self.store.btt.lock().release(cn.id, ext),
+            None => {
+                let mut btt = self.store.btt.lock();
+                btt.written(ext);
+                btt.release(cn.id, ext);
+            }
         }
         Ok(())
     }
@@ -226,18 +230,16 @@ impl Tree {
     ) {
         let mut m = cn.meta.lock();
         let mut btt = self.store.btt.lock();
+        btt.written(ext);
         if for_checkpoint {
-            btt.in_progress
-                .as_mut()
-                .expect("checkpoint in progress")
-                .insert(cn.id, ext);
+            btt.set_in_progress(cn.id, ext);
         }
         if m.version == version && !m.deleted {
             if m.pending && !for_checkpoint {
                 // The checkpoint began after this image was taken and the node has not changed since:
                 // the image is exactly what the checkpoint needs.
-                if let Some(ip) = btt.in_progress.as_mut() {
-                    ip.insert(cn.id, ext);
+                if btt.in_progress.is_some() {
+                    btt.set_in_progress(cn.id, ext);
                     m.pending = false;
                 }
             }
@@ -301,6 +303,15 @@ impl Tree {
         self.cache.add_used(-(img.buf.len() as isize));
         let ext = r?;
         self.install(cn, cn.write(), version, ext, &img.sublocs, true);
+        {
+            // Changed between the image and its installation: the image waits in the
+            // checkpoint's table for adoption at completion, like a saved one.
+            let m = cn.meta.lock();
+            let mut btt = self.store.btt.lock();
+            if m.dirty && !m.deleted && btt.current.get(&cn.id) != Some(&ext) {
+                btt.hold_for_adoption(cn.id, ext, was_at);
+            }
+        }
         Ok(Some((cn.id, ext, was_at)))
     }
 
@@ -331,13 +342,9 @@ impl Tree {
                 .write_placed(&buf, &format!("node {id} (checkpoint)"), Some(run));
             self.cache.add_used(-(len as isize));
             let ext = r?;
-            self.store
-                .btt
-                .lock()
-                .in_progress
-                .as_mut()
-                .expect("checkpoint in progress")
-                .insert(id, ext);
+            let mut btt = self.store.btt.lock();
+            btt.written(ext);
+            btt.checkpoint_wrote_saved(id, ext, was_at);
             written.push((id, ext, was_at));
         }
     }

@@ -296,6 +296,8 @@ impl Layout {
             current: HashMap::new(),
             checkpointed: HashMap::new(),
             in_progress: None,
+            checkpoint_held: Default::default(),
+            writing: 0,
             checkpointed_table: None,
             alloc,
         }

@@ -33,15 +33,17 @@ impl Inner {
 
     pub(super) fn space_use(&self) -> SpaceUse {
         let t = &self.tree;
-        let (total, free, entries) = {
+        let (total, free, entries, held, writing) = {
             let b = t.store.btt.lock();
             (
                 b.alloc.total_blocks(),
                 b.alloc.free_blocks(),
                 b.current.len() as u64,
+                b.checkpoint_held.blocks(),
+                b.writing,
             )
         };
-        SpaceUse::new(total, free, t.cache.dirty_space(), entries)
+        SpaceUse::new(total, free, t.cache.dirty_space(), entries, held, writing)
     }
 
     /// Whether range deletes were applied since the last complete pass pushed them down.

@@ -84,6 +84,9 @@ pub struct Stats {
     pub merges: u64,
     /// Completed checkpoints (this session).
     pub checkpoints: u64,
+    /// Requests for a checkpoint (log past its checkpoint fraction, deleted data over its bound)
+    /// dropped because a checkpoint that ran after them had already satisfied them (this session).
+    pub checkpoint_requests_dropped: u64,
     /// Time spent in checkpoints (this session).
     pub checkpoint_seconds: f64,
     /// `sync` calls.
@@ -189,6 +192,10 @@ impl Engine {
             internal_splits: tc.internal_splits.load(Ordering::Relaxed),
             merges: tc.merges.load(Ordering::Relaxed),
             checkpoints: i.ckpt.count.load(Ordering::Relaxed),
+            checkpoint_requests_dropped: i
+                .counters
+                .checkpoint_requests_dropped
+                .load(Ordering::Relaxed),
             checkpoint_seconds: i.ckpt.nanos.load(Ordering::Relaxed) as f64 / 1e9,
             syncs: i.counters.syncs.load(Ordering::Relaxed),
             generation,

@@ -11,8 +11,15 @@ use crate::error::{Error, Result};
 use crate::ops::{self, Op};
 use crate::wal::{Lsn, Space};
 
-/// The log buffer is written (not synced) once it holds this much.
+/// The log buffer is written (not synced) once it holds this much: by the log thread when the
+/// background threads run (the request that crossed it does not wait for the device), else by the
+/// writer.
 const LOG_WRITE_THRESHOLD: usize = 1 << 20;
+
+/// With the background threads, a writer writes the log buffer itself only once it holds this
+/// many times the threshold (the log thread is behind): the bound on the buffer. See
+/// [`Inner::log_backstop`] for logs too small for it.
+const LOG_WRITE_BACKSTOP: usize = 4;
 
 impl Inner {
     /// Makes room in the log for `len` more bytes, checkpointing if needed.
@@ -43,6 +50,12 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// Whether a checkpoint is needed now: the log is past its checkpoint fraction, or deleted
+    /// data holds more space than its bound (the two reasons writers request one for).
+    pub(super) fn checkpoint_needed(&self) -> bool {
+        self.log.space(0) != Space::Ok || self.garbage_over_bound()
     }
 
     pub(super) fn request(&self, flush: bool, checkpoint: bool) {
@@ -96,12 +109,13 @@ impl Inner {
     }
 
     /// Housekeeping after an operation was applied: flush an overfull root, keep the memory bound,
-    /// write a large log buffer. The operation is already applied and logged, so a failure here is
+    /// have a large log buffer written. The operation is already applied and logged, so a failure here is
     /// not the operation's failure: it is recorded (an I/O failure makes the engine refuse later
     /// writes, and `sync` reports it) and, for lack of space, the memory bound is exceeded for a
     /// while instead.
     pub(super) fn after_write(&self) {
         let node_size = self.tree.format.node_size;
+        let mut wake_log = false;
         let r = (|| -> Result<()> {
             let root_bytes = self.tree.root_bytes()?;
             if root_bytes > node_size {
@@ -112,8 +126,14 @@ impl Inner {
                 }
             }
             self.tree.make_room()?;
-            if self.log.buffered() > LOG_WRITE_THRESHOLD.min(self.log.max_record()) {
-                self.log.flush(false)?;
+            let threshold = LOG_WRITE_THRESHOLD.min(self.log.max_record());
+            let buffered = self.log.buffered();
+            if buffered > threshold {
+                if self.options.background_threads && buffered <= self.log_backstop(threshold) {
+                    wake_log = true;
+                } else {
+                    self.log.flush(false)?;
+                }
             }
             if self.garbage_over_bound() {
                 if self.options.background_threads {
@@ -138,8 +158,23 @@ impl Inner {
             Err(e) => self.fail(&e),
         }
         if self.options.background_threads {
-            self.wake_state.lock().last_write = Some(Instant::now());
+            let mut w = self.wake_state.lock();
+            w.last_write = Some(Instant::now());
+            if wake_log && !w.log_write_wanted {
+                w.log_write_wanted = true;
+                self.wake.notify_all();
+            }
         }
+    }
+
+    /// The log buffer's size from which a writer writes it itself. A chunk that does not fit
+    /// before the end of the log's region starts at its beginning, wasting up to its own length, so
+    /// a buffer must stay under a quarter of the log: the backstop is at most a sixteenth of it (a
+    /// buffer holds at most the backstop plus one record, an eighth), and never below the threshold
+    /// (small logs write at the threshold, as before).
+    fn log_backstop(&self, threshold: usize) -> usize {
+        let sixteenth = self.log.max_record() / 2;
+        threshold.max((LOG_WRITE_BACKSTOP * LOG_WRITE_THRESHOLD).min(sixteenth))
     }
 
     pub(super) fn sync(&self) -> Result<()> {
