@@ -48,6 +48,8 @@ mod invariant_tests;
 #[cfg(test)]
 mod lift_tests;
 mod load;
+#[cfg(test)]
+mod load_found_tests;
 mod msg;
 mod node;
 mod ops;

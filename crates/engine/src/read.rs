@@ -98,7 +98,8 @@ impl Tree {
                     }
                     None => {
                         drop(g);
-                        pins.push(self.pin(next)?);
+                        // Merged away meanwhile: start over (`Tree::load_found`).
+                        pins.extend(self.load_found(next, false)?);
                         break;
                     }
                 }
@@ -194,7 +195,7 @@ impl Tree {
                         drop(path);
                         // A whole-image read for an open-ended scan; otherwise the skeleton, then
                         // only the partitions and buffers the range needs.
-                        pins.push(self.load_with(next, to.is_none())?);
+                        pins.extend(self.load_found(next, to.is_none())?);
                         continue 'restart;
                     }
                 }

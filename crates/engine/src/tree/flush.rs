@@ -32,7 +32,7 @@ impl Tree {
                 Ok(changed) => did |= changed,
                 Err(need) => {
                     drop(pg);
-                    pins.push(self.satisfy(need)?);
+                    pins.extend(self.satisfy(need)?);
                     continue 'retry;
                 }
             }
@@ -54,7 +54,8 @@ impl Tree {
                     Some(c) => c,
                     None if at_root => {
                         drop(pg);
-                        pins.push(self.load_with(cid, true)?);
+                        // Merged away by another flusher meanwhile: start over.
+                        pins.extend(self.load_found(cid, true)?);
                         continue 'retry;
                     }
                     None => self.load_with(cid, true)?,

@@ -27,6 +27,27 @@ impl Tree {
         self.load_with(id, false)
     }
 
+    /// Loads node `id`, a child id read in a parent whose latch the caller let go of before this
+    /// call (a miss is read without holding latches). `Ok(None)` when the node was merged away
+    /// meanwhile: it is neither cached nor has a location, and the caller starts over from the
+    /// root, where its parent no longer names it. Without this a lookup or scan racing with a
+    /// merge reported the benign race as corruption ("referenced but has no location"). A node
+    /// missing for good is still an error: every restart finds it again, and the callers' restart
+    /// bounds end in `Corrupt`.
+    pub(crate) fn load_found(&self, id: NodeId, whole: bool) -> Result<Option<Arc<CachedNode>>> {
+        if let Some(cn) = self.cache.get(id) {
+            return Ok(Some(cn));
+        }
+        match self.load_with(id, whole) {
+            Err(Error::Corrupt(_))
+                if self.cache.get(id).is_none() && self.store.location(id).is_none() =>
+            {
+                Ok(None)
+            }
+            r => r.map(Some),
+        }
+    }
+
     /// Loads node `id`; `whole`: read the entire image in one request (a leaf then has every
     /// partition in memory), as scans and flushes want. Otherwise a leaf is loaded as its skeleton.
     pub fn load_with(&self, id: NodeId, whole: bool) -> Result<Arc<CachedNode>> {
@@ -344,12 +365,14 @@ impl Tree {
         Ok(())
     }
 
-    pub(super) fn satisfy(&self, need: Need) -> Result<Arc<CachedNode>> {
+    /// Loads what a restructuring step found missing once it let go of its latches; `None` when
+    /// the node was merged away meanwhile ([`Tree::load_found`]).
+    pub(super) fn satisfy(&self, need: Need) -> Result<Option<Arc<CachedNode>>> {
         match need {
-            Need::Node(id) => self.load(id),
+            Need::Node(id) => self.load_found(id, false),
             Need::Partitions(cn) => {
                 self.load_partitions(&cn, None)?;
-                Ok(cn)
+                Ok(Some(cn))
             }
         }
     }
