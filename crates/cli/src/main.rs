@@ -6,7 +6,7 @@
 //! amaranth umount DIR [-l] [--timeout S] # returns after the daemon's final checkpoint
 //! amaranth fsck IMAGE [-n|-y|-p] [-f]    # 0 clean, 1 corrected, 4 left, 8 operational, 16 usage
 //! amaranth stat IMAGE|DIR [--json]
-//! amaranth upgrade IMAGE                 # rewrites a format-1/2 image as format 3 (once)
+//! amaranth upgrade IMAGE                 # makes an older image format 4 (format 1/2: nodes rewritten once)
 //! amaranth install-helper                # /usr/local/bin/amaranth + helpers in /sbin
 //! amaranth pg depend "CMD1" "CMD2"       # CMD2's changes reach the disk after CMD1's (no fsync)
 //! ```
@@ -163,7 +163,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Rewrite an image of an older format (1 or 2) as this build's format 3, every node once.
+    /// Make an image of an older format this build's format 4 (formats 1 and 2: every node rewritten once).
     /// The image must have been unmounted cleanly; an interrupted upgrade can be run again.
     Upgrade {
         /// Image file or block device (not mounted).

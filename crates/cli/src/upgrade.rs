@@ -1,7 +1,8 @@
-//! `amaranth upgrade IMAGE`: rewrites an image of an older format (1 or 2: keys stored whole) as
-//! this build's format 3 (keys lifted), every node once (docs/SURGERY.md §2.4). The image must have
-//! been closed cleanly; a crash during the upgrade leaves the old image, and the command can run
-//! again. An image already at format 3 is left as it is.
+//! `amaranth upgrade IMAGE`: rewrites an image of an older format (1 or 2: keys stored whole) with
+//! its keys lifted, every node once (docs/SURGERY.md §2.4), and gives a format-3 image (or the one
+//! just rewritten) its data table: this build's format 4 (docs/WRITEONCE.md). A format-1 or -2
+//! image must have been closed cleanly; a crash during the upgrade leaves the old image (or a
+//! format-3 one), and the command can run again. An image already at format 4 is left as it is.
 
 use std::io;
 use std::path::Path;
@@ -35,9 +36,14 @@ pub fn run(image: &Path) -> CliResult<i32> {
         .sb;
     if sb.version < amaranth_engine::FORMAT_VERSION {
         say!(
-            "upgrading {img} from format {} to format {}: every node is rewritten once",
+            "upgrading {img} from format {} to format {}: {}",
             sb.version,
-            amaranth_engine::FORMAT_VERSION
+            amaranth_engine::FORMAT_VERSION,
+            if sb.version < 3 {
+                "every node is rewritten once"
+            } else {
+                "a data table is added, no node is rewritten"
+            }
         );
     }
     let mut shown = 0;

@@ -55,16 +55,16 @@ fn a_format_2_image_is_named_upgraded_once_then_current() {
     let o = s.run(&["upgrade".as_ref(), image.as_os_str()]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}{err}");
-    assert!(out.contains("from format 2 to format 3"), "{out}");
+    assert!(out.contains("from format 2 to format 4"), "{out}");
     assert!(
         out.contains("upgraded") && err.contains("nodes"),
         "{out}{err}"
     );
-    assert_eq!(version(&image), 3);
+    assert_eq!(version(&image), 4);
     let o = s.run(&["upgrade".as_ref(), image.as_os_str()]);
     let (out, _) = text(&o);
     assert!(
-        o.status.success() && out.contains("already at format 3"),
+        o.status.success() && out.contains("already at format 4"),
         "{out}"
     );
     let o = s.run(&["fsck".as_ref(), image.as_os_str()]);

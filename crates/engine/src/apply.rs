@@ -9,6 +9,7 @@
 
 use std::sync::atomic::Ordering;
 
+use crate::dataref::{DataRef, Stored};
 use crate::error::{Error, Result};
 use crate::msg::PointOp;
 use crate::ops::{self, GroupMark, Op};
@@ -33,12 +34,45 @@ const EXPAND_CHUNK: usize = 2048;
 /// A record of an atomic group carries `group`'s mark; its gate is called with the LSN the record
 /// is about to get, under the root latch (so in log order), and refusing there leaves nothing
 /// logged or applied.
+///
+/// Out-of-line blocks ([`Op::PutBlocks`]) are written before this is called; their extents get
+/// their references in the data table where the record is appended (under the root latch and
+/// `writers`, so a checkpoint's table and log tail agree on them), or at replay where it is
+/// applied. Extents written for a record that is not appended go back to the free space here.
 pub(crate) fn apply_ops(
     tree: &Tree,
     log: Option<&Log>,
     ops: Vec<Op>,
     replay_first_msn: Option<u64>,
     group: Option<Gate<'_>>,
+) -> Result<Option<Lsn>> {
+    let placed: Vec<_> = ops.iter().filter_map(Op::placed_extent).collect();
+    let mut registered = placed.is_empty();
+    let r = apply_placed(
+        tree,
+        log,
+        ops,
+        replay_first_msn,
+        group,
+        &placed,
+        &mut registered,
+    );
+    if !registered && log.is_some() {
+        for &e in &placed {
+            tree.store.settle_data(e, false);
+        }
+    }
+    r
+}
+
+fn apply_placed(
+    tree: &Tree,
+    log: Option<&Log>,
+    ops: Vec<Op>,
+    replay_first_msn: Option<u64>,
+    group: Option<Gate<'_>>,
+    placed: &[crate::superblock::Extent],
+    registered: &mut bool,
 ) -> Result<Option<Lsn>> {
     let (mark, mut gate) = match group {
         Some((mark, gate)) => (Some(mark), Some(gate)),
@@ -67,11 +101,23 @@ pub(crate) fn apply_ops(
             assert_eq!(got, predicted, "a log append outside the root latch");
             lsn = Some(got);
         }
+        if !*registered {
+            *registered = true;
+            for &e in placed {
+                match log {
+                    Some(_) => tree.store.settle_data(e, true),
+                    None => tree.store.data.lock().add_replayed(e),
+                }
+            }
+        }
         started = true;
         Ok(())
     };
     if !ops.iter().any(|o| o.reads_tree()) {
-        let msgs: Vec<Msg> = ops.into_iter().filter_map(Op::into_msg).collect();
+        let mut msgs: Vec<Msg> = Vec::with_capacity(ops.len());
+        for op in ops {
+            op.into_msgs(&mut msgs);
+        }
         let _w = tree.writers.read();
         let (_, needs_flush) = tree.inject(msgs, &mut before)?;
         drop(_w);
@@ -109,7 +155,7 @@ fn expand(tree: &Tree, ops: &[Op], before: &mut dyn FnMut(u64) -> Result<()>) ->
             Op::MovePrefix { from, to } => (from, to, false),
             Op::CopyPrefix { from, to } => (from, to, true),
             other => {
-                simple.extend(other.to_msg());
+                other.clone().into_msgs(&mut simple);
                 continue;
             }
         };
@@ -121,6 +167,9 @@ fn expand(tree: &Tree, ops: &[Op], before: &mut dyn FnMut(u64) -> Result<()>) ->
         loop {
             let mut msgs = Vec::new();
             let mut last: Option<Vec<u8>> = None;
+            // A moved or copied reference is a second reference to its block (the source's goes
+            // when the move's range delete reaches it): counted before it can be dropped.
+            let mut shared: Vec<u64> = Vec::new();
             scan_tree(tree, &cursor, Some(&end), &mut |k, v| {
                 let mut nk = to.clone();
                 nk.extend_from_slice(&k[from.len()..]);
@@ -129,14 +178,25 @@ fn expand(tree: &Tree, ops: &[Op], before: &mut dyn FnMut(u64) -> Result<()>) ->
                     "a checked prefix operation produced a key of {} bytes",
                     nk.len()
                 );
-                msgs.push(Msg::Point {
-                    key: nk,
-                    op: PointOp::Put(v.to_vec()),
-                });
+                let op = match v {
+                    Stored::Bytes(b) => PointOp::Put(b.to_vec()),
+                    Stored::Ref(r) => {
+                        let r = DataRef::decode_checked(r);
+                        shared.push(r.block);
+                        PointOp::PutRef(r)
+                    }
+                };
+                msgs.push(Msg::Point { key: nk, op });
                 last = Some(k.to_vec());
                 msgs.len() < EXPAND_CHUNK
             })?;
             let Some(mut l) = last else { break };
+            if !shared.is_empty() {
+                let mut d = tree.store.data.lock();
+                for b in shared {
+                    d.refs.add(b, 1);
+                }
+            }
             inject(msgs, before)?;
             l.push(0);
             cursor = l;
@@ -247,12 +307,13 @@ pub(crate) fn flush_root(tree: &Tree, exclusive: bool) -> Result<()> {
     ))
 }
 
-/// Walks live entries of `[lo, hi)` in order until `f` returns false.
+/// Walks live entries of `[lo, hi)` in order until `f` returns false (values as stored: a
+/// reference is not read).
 pub(crate) fn scan_tree(
     tree: &Tree,
     lo: &[u8],
     hi: Option<&[u8]>,
-    f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    f: &mut dyn FnMut(&[u8], Stored<'_>) -> bool,
 ) -> Result<()> {
     let mut cursor = lo.to_vec();
     loop {

@@ -60,8 +60,10 @@ impl Buffer {
         (self.points.len(), self.ranges.len())
     }
 
-    /// Adds a point message (newer than everything held).
-    pub fn add_point(&mut self, key: impl Into<Vec<u8>>, msn: Msn, op: PointOp) {
+    /// Adds a point message (newer than everything held). Returns the block whose reference it
+    /// dropped (a buffered reference put the message replaces).
+    #[must_use]
+    pub fn add_point(&mut self, key: impl Into<Vec<u8>>, msn: Msn, op: PointOp) -> Option<u64> {
         let key: Vec<u8> = key.into();
         assert!(
             msn > self.max_msn,
@@ -74,40 +76,49 @@ impl Buffer {
             Entry::Occupied(mut o) => {
                 let km = o.get_mut();
                 self.bytes -= km.size();
-                km.push(msn, op);
+                let dropped = km.push(msn, op);
                 self.bytes += km.size();
+                dropped
             }
             Entry::Vacant(v) => {
                 let km = KeyMsgs::from_op(msn, op);
                 self.bytes += v.key().len() + 4 + km.size();
                 v.insert(km);
+                None
             }
         }
     }
 
-    /// Adds folded messages for a key (all newer than what the buffer holds for it).
-    pub fn add_key_msgs(&mut self, key: Vec<u8>, km: KeyMsgs) {
+    /// Adds folded messages for a key (all newer than what the buffer holds for it). Returns the
+    /// block whose reference they dropped.
+    #[must_use]
+    pub fn add_key_msgs(&mut self, key: Vec<u8>, km: KeyMsgs) -> Option<u64> {
         let max = km.max_msn();
         assert!(km.min_msn() > 0 && max >= km.min_msn(), "bad message MSNs");
-        match self.points.entry(key) {
+        let dropped = match self.points.entry(key) {
             Entry::Occupied(mut o) => {
                 let old = o.get_mut();
                 assert!(km.min_msn() > old.max_msn(), "key messages out of order");
                 self.bytes -= old.size();
-                old.push_all(km);
+                let dropped = old.push_all(km);
                 self.bytes += old.size();
+                dropped
             }
             Entry::Vacant(v) => {
                 self.bytes += v.key().len() + 4 + km.size();
                 v.insert(km);
+                None
             }
-        }
+        };
         self.max_msn = self.max_msn.max(max);
+        dropped
     }
 
     /// Adds a range delete of `[lo, hi)` (newer than everything held): removes the older point
-    /// messages it covers and trims older range deletes.
-    pub fn add_range(&mut self, msn: Msn, lo: &[u8], hi: &[u8]) {
+    /// messages it covers and trims older range deletes. Returns the blocks whose references the
+    /// removed messages held.
+    #[must_use]
+    pub fn add_range(&mut self, msn: Msn, lo: &[u8], hi: &[u8]) -> Vec<u64> {
         // Equal numbers happen: a range trimmed by a newer one leaves two pieces of one message.
         assert!(
             msn >= self.max_msn,
@@ -122,9 +133,11 @@ impl Buffer {
             .range::<[u8], _>((Bound::Included(lo), Bound::Excluded(hi)))
             .map(|(k, _)| k.clone())
             .collect();
+        let mut dropped = Vec::new();
         for k in covered {
             let km = self.points.remove(&k).expect("key just seen");
             self.bytes -= k.len() + 4 + km.size();
+            dropped.extend(km.ref_block());
         }
         // Trim the overlapping older ranges (a contiguous run: ranges are sorted and disjoint):
         // the one starting at or before `lo` if it reaches past it, and those starting in the new
@@ -169,6 +182,12 @@ impl Buffer {
             hi: hi.to_vec(),
         });
         self.check_ranges_around(lo, hi);
+        dropped
+    }
+
+    /// The blocks the buffer's messages reference (one per reference).
+    pub fn ref_blocks(&self) -> impl Iterator<Item = u64> + '_ {
+        self.points.values().filter_map(KeyMsgs::ref_block)
     }
 
     /// Inserts a range delete known not to overlap any held.
@@ -482,8 +501,47 @@ impl EncodedBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dataref::{DataRef, Val};
     use crate::msg::tests::w;
     use crate::msg::Patch;
+
+    /// Every way a buffer drops a reference put reports its block once: a later put, delete or
+    /// reference over it, a range delete over it, and folded messages from a parent that replace
+    /// it; an upsert onto it keeps it (patched).
+    #[test]
+    fn a_buffer_reports_each_reference_it_drops() {
+        let r = |b: u64| PointOp::PutRef(DataRef::new(b, 0));
+        let mut b = Buffer::new();
+        assert_eq!(b.add_point(b"a", 1, r(10)), None);
+        assert_eq!(b.add_point(b"a", 2, PointOp::Upsert(w(3, b"x"))), None);
+        assert_eq!(b.add_point(b"a", 3, PointOp::Put(b"v".to_vec())), Some(10));
+        assert_eq!(b.add_point(b"b", 4, r(11)), None);
+        assert_eq!(b.add_point(b"b", 5, r(12)), Some(11));
+        assert_eq!(b.add_point(b"b", 6, PointOp::Delete), Some(12));
+        assert_eq!(b.add_point(b"c", 7, r(13)), None);
+        assert_eq!(b.add_point(b"d", 8, r(14)), None);
+        assert_eq!(b.ref_blocks().collect::<Vec<_>>(), vec![13, 14]);
+        assert_eq!(b.add_range(9, b"c", b"d"), vec![13]);
+        let later = KeyMsgs::PutRef {
+            msn: 10,
+            r: DataRef::new(15, 0),
+        };
+        assert_eq!(b.add_key_msgs(b"d".to_vec(), later), Some(14));
+        let patch = KeyMsgs::Upserts(vec![(11, w(0, b"y"))]);
+        assert_eq!(b.add_key_msgs(b"d".to_vec(), patch), None);
+        let Some(KeyMsgs::PutRef { r, .. }) = b.point(b"d") else {
+            panic!("still a reference")
+        };
+        assert_eq!((r.block, r.patches.len()), (15, 1));
+        // The reference survives the encoding, patches and all.
+        let mut e = Enc::default();
+        b.encode(&mut e);
+        let back = Buffer::decode(&mut Dec::new(&e.buf, "buf"), 100, 100).unwrap();
+        assert_eq!(back.point(b"d"), b.point(b"d"));
+        assert_eq!(back.bytes(), b.bytes());
+        let enc = EncodedBuffer::index(e.buf, 100, 100).unwrap();
+        assert_eq!(enc.lookup(b"d").unwrap().1.as_ref(), b.point(b"d"));
+    }
 
     #[test]
     fn folding_matches_sequential_application() {
@@ -501,23 +559,26 @@ mod tests {
         }
         let mut b = Buffer::new();
         for (i, p) in ops.iter().enumerate() {
-            b.add_point(b"k", i as u64 + 1, PointOp::Upsert(p.clone()));
+            let _ = b.add_point(b"k", i as u64 + 1, PointOp::Upsert(p.clone()));
         }
-        assert_eq!(b.point(b"k").unwrap().apply(base), expect);
+        assert_eq!(
+            b.point(b"k").unwrap().apply(base.map(Val::Bytes)),
+            expect.map(Val::Bytes)
+        );
     }
 
     #[test]
     fn range_delete_annihilates_and_trims() {
         let mut b = Buffer::new();
-        b.add_point(b"a", 1, PointOp::Put(b"1".to_vec()));
-        b.add_point(b"c", 2, PointOp::Put(b"2".to_vec()));
-        b.add_range(3, b"a", b"d");
-        b.add_range(4, b"b", b"z");
+        let _ = b.add_point(b"a", 1, PointOp::Put(b"1".to_vec()));
+        let _ = b.add_point(b"c", 2, PointOp::Put(b"2".to_vec()));
+        let _ = b.add_range(3, b"a", b"d");
+        let _ = b.add_range(4, b"b", b"z");
         assert!(b.point(b"a").is_none());
         assert_eq!(b.range_covering(b"a").unwrap().msn, 3);
         assert_eq!(b.range_covering(b"c").unwrap().msn, 4);
         assert!(b.range_covering(b"z").is_none());
-        b.add_point(b"c", 5, PointOp::Put(b"3".to_vec()));
+        let _ = b.add_point(b"c", 5, PointOp::Put(b"3".to_vec()));
         let mut e = Enc::default();
         b.encode(&mut e);
         let back = Buffer::decode(&mut Dec::new(&e.buf, "buf"), 100, 100).unwrap();
@@ -533,12 +594,16 @@ mod tests {
             msn += 1;
             let key = format!("k{:05}", i * 7);
             match i % 3 {
-                0 => b.add_point(key.as_bytes(), msn, PointOp::Put(vec![i as u8; 5])),
-                1 => b.add_point(key.as_bytes(), msn, PointOp::Delete),
+                0 => {
+                    let _ = b.add_point(key.as_bytes(), msn, PointOp::Put(vec![i as u8; 5]));
+                }
+                1 => {
+                    let _ = b.add_point(key.as_bytes(), msn, PointOp::Delete);
+                }
                 _ => {
-                    b.add_point(key.as_bytes(), msn, PointOp::Upsert(w(2, b"xy")));
+                    let _ = b.add_point(key.as_bytes(), msn, PointOp::Upsert(w(2, b"xy")));
                     msn += 1;
-                    b.add_point(
+                    let _ = b.add_point(
                         key.as_bytes(),
                         msn,
                         PointOp::Upsert(Patch::Truncate { len: 1 }),
@@ -547,9 +612,9 @@ mod tests {
             }
         }
         msn += 1;
-        b.add_range(msn, b"k00100", b"k00200");
+        let _ = b.add_range(msn, b"k00100", b"k00200");
         msn += 1;
-        b.add_range(msn, b"k01000", b"k01001");
+        let _ = b.add_range(msn, b"k01000", b"k01001");
         let mut e = Enc::default();
         b.encode(&mut e);
         let enc = EncodedBuffer::index(e.buf.clone(), 100, 100).unwrap();

@@ -22,7 +22,7 @@ use crate::superblock::{backup_blocks, Superblock};
 #[derive(Clone, Debug)]
 enum Copy {
     /// A valid superblock.
-    Valid(Superblock),
+    Valid(Box<Superblock>),
     /// No superblock magic: never written, or overwritten by something else.
     Missing,
     /// The magic but a bad checksum, an impossible field, or another image's superblock.
@@ -73,7 +73,7 @@ fn read_block(dev: &dyn BlockDevice, block: u64) -> Result<AlignedBuf> {
 
 fn judge(buf: &[u8], block: u64) -> Copy {
     match Superblock::decode(buf, block * BLOCK_SIZE as u64) {
-        Ok(sb) => Copy::Valid(sb),
+        Ok(sb) => Copy::Valid(Box::new(sb)),
         Err(Error::BadMagic(_)) => Copy::Missing,
         Err(e) => Copy::Damaged(e),
     }
@@ -134,7 +134,7 @@ fn choose(
     allow_fallback: bool,
 ) -> Result<Located> {
     let valid = |(b, c): &(u64, Copy)| match c {
-        Copy::Valid(sb) => Some((*b, sb.clone())),
+        Copy::Valid(sb) => Some((*b, (**sb).clone())),
         _ => None,
     };
     // The newest valid copy; a primary wins a tie (it is where the checkpoint went first), then
@@ -353,6 +353,9 @@ mod tests {
             let mut sb = sample(g);
             sb.version = 1;
             sb.backups.clear();
+            sb.data_table = None;
+            sb.data_table_crc = 0;
+            sb.data_table_runs = 0;
             write_primary(&dev, &sb).unwrap();
         }
         assert_eq!(locate(&dev, false).unwrap().sb.generation, 5);

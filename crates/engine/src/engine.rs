@@ -14,6 +14,7 @@
 
 mod atomic;
 mod checkpoint;
+mod data;
 mod failure;
 mod mode;
 mod open;
@@ -32,7 +33,6 @@ use std::time::Instant;
 use amaranth_device::{BlockDevice, BLOCK_SIZE};
 use parking_lot::{Condvar, Mutex};
 
-use crate::apply::scan_tree;
 use crate::config::{Format, Options};
 use crate::error::{Error, Result};
 use crate::load::load_checkpoint;
@@ -50,7 +50,7 @@ pub(crate) use checkpoint::write_backups;
 pub(crate) use checkpoint::write_copy;
 pub(crate) use checkpoint::write_primary;
 pub(crate) use checkpoint::Checkpointer;
-use range::normalize;
+pub use data::{BlockRead, BlockRef, StoredValue};
 pub use range::RangeIter;
 pub use stats::Stats;
 
@@ -191,32 +191,22 @@ impl Engine {
                 max: self.inner.tree.format.max_key_len,
             });
         }
-        let r = self.inner.seen(self.inner.tree.get(key));
+        let r = self.inner.get_value(key);
         let _ = self.inner.tree.make_room();
         r
     }
 
     /// Calls `f(key, value)` for every live entry of the range in key order until it returns false.
     /// Not a snapshot: each leaf's range is read consistently, and every key is visited at most once.
+    /// Out-of-line blocks are read in batches, one device request per run of consecutive blocks
+    /// ([`Engine::scan_stored`] leaves them to the caller).
     pub fn scan(
         &self,
         lo: Bound<&[u8]>,
         hi: Bound<&[u8]>,
         mut f: impl FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<()> {
-        if self.inner.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed);
-        }
-        let (lo, hi) = normalize(lo, hi);
-        let Some(lo) = lo else { return Ok(()) };
-        let tree = &self.inner.tree;
-        let sequential = tree.note_scan(&lo, hi.as_deref());
-        self.inner
-            .seen(scan_tree(tree, &lo, hi.as_deref(), &mut f))?;
-        if let (true, Some(h)) = (sequential, &hi) {
-            tree.read_ahead_from(h);
-        }
-        tree.make_room()
+        self.inner.scan_values(lo, hi, &mut f)
     }
 
     /// Waits until the leaves being read ahead for sequential scans are in memory (tests and

@@ -37,6 +37,9 @@ mod codec;
 mod compress;
 mod config;
 mod copies;
+mod dataio;
+mod dataref;
+mod datatable;
 mod engine;
 mod error;
 #[cfg(test)]
@@ -71,11 +74,11 @@ mod writeback;
 pub use config::{Compression, Format, Options};
 #[doc(hidden)]
 pub use copies::Located;
-pub use engine::{Engine, RangeIter, Stats};
+pub use engine::{BlockRead, BlockRef, Engine, RangeIter, Stats, StoredValue};
 pub use error::{Error, Result};
 pub use info::ImageInfo;
 pub use msg::Patch;
-pub use ops::{prefix_end, Batch, Op};
+pub use ops::{prefix_end, Batch, BlockData, Op};
 pub use salvage::{Damage, DamagedPart, SalvageReport};
 pub use space::SpaceUse;
 /// The superblock itself, for tests that read or forge images byte by byte; tools read an image

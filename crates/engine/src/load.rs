@@ -9,10 +9,11 @@ use amaranth_device::BlockDevice;
 
 use crate::config::Options;
 use crate::copies::Located;
+use crate::datatable::{DataTable, RunMap};
 use crate::error::{Error, Result};
 use crate::node::NodeId;
 use crate::store::{self, Allocator, Btt, Store};
-use crate::superblock::{Extent, Superblock, FORMAT_VERSION};
+use crate::superblock::{Extent, Superblock, LIFTED_VERSION};
 use crate::tree::Tree;
 
 /// A checkpoint read from the device.
@@ -32,18 +33,19 @@ pub(crate) fn load_checkpoint(dev: &Arc<dyn BlockDevice>, options: &Options) -> 
         log::warn!("amaranth engine: {line}");
     }
     let sb = located.sb.clone();
-    if sb.version < FORMAT_VERSION {
+    if sb.version < LIFTED_VERSION {
         // Older images store full keys: the tree code reads only lifted nodes (§2.4 of
         // docs/SURGERY.md), read-only opens included.
         return Err(Error::UnsupportedVersion {
             found: sb.version,
-            supported: FORMAT_VERSION,
+            supported: crate::superblock::FORMAT_VERSION,
         });
     }
     let format = sb.format()?;
     options.validate(&format)?;
     let table = read_table(dev, &sb)?;
-    let alloc = build_allocator(&sb, &table)?;
+    let data = read_data_table(dev, &sb)?;
+    let alloc = build_allocator(&sb, &table, &data)?;
     let btt = Btt {
         current: table.clone(),
         checkpointed: table,
@@ -53,7 +55,11 @@ pub(crate) fn load_checkpoint(dev: &Arc<dyn BlockDevice>, options: &Options) -> 
         checkpointed_table: Some(sb.btt),
         alloc,
     };
-    let store = Arc::new(Store::new(dev.clone(), btt));
+    let store = Arc::new(Store::new(
+        dev.clone(),
+        btt,
+        DataTable::new(data, sb.data_table),
+    ));
     let mut tree = Tree::new(
         format.clone(),
         store,
@@ -96,10 +102,36 @@ pub(crate) fn read_table(
     Ok(table)
 }
 
-/// Free space: the data area less the table's extents, the table itself and the backup copies.
+/// The data table of `sb`'s checkpoint (empty in a format-3 image, which has none).
+pub(crate) fn read_data_table(dev: &Arc<dyn BlockDevice>, sb: &Superblock) -> Result<RunMap> {
+    let Some(ext) = sb.data_table else {
+        return Ok(RunMap::default());
+    };
+    let mut raw = amaranth_device::AlignedBuf::zeroed(ext.len());
+    dev.read_at(ext.offset(), &mut raw)
+        .map_err(|e| Error::io("reading the data table", e))?;
+    let len = RunMap::encoded_len(sb.data_table_runs);
+    if len > raw.len() || store::table_crc(&raw[..len]) != sb.data_table_crc {
+        return Err(Error::Checksum {
+            what: "data table".into(),
+            offset: ext.offset(),
+        });
+    }
+    RunMap::decode(
+        &raw,
+        sb.data_table_runs,
+        sb.data_start_block(),
+        sb.device_blocks,
+        ext.offset(),
+    )
+}
+
+/// Free space: the data area less the table's extents, the table itself, the data table, the
+/// blocks it counts references to, and the backup copies.
 pub(crate) fn build_allocator(
     sb: &Superblock,
     table: &HashMap<NodeId, Extent>,
+    data: &RunMap,
 ) -> Result<Allocator> {
     let mut alloc = Allocator::new(sb.data_start_block(), sb.device_blocks);
     let mut claimed: Vec<(u64, Extent)> = table.iter().map(|(id, e)| (*id, *e)).collect();
@@ -126,6 +158,18 @@ pub(crate) fn build_allocator(
         }) {
             return Err(Error::Corrupt(format!(
                 "a node or the table overlaps the backup superblock at block {b}"
+            )));
+        }
+    }
+    for e in sb.data_table.into_iter().chain(
+        data.iter()
+            .map(|(block, blocks, _)| Extent { block, blocks }),
+    ) {
+        if !alloc.claim(e) {
+            return Err(Error::Corrupt(format!(
+                "data blocks {}..{} overlap a node, a table or a backup superblock",
+                e.block,
+                e.block + e.blocks
             )));
         }
     }

@@ -7,6 +7,7 @@
 //! annihilates the older messages it covers, and trims older range deletes).
 
 use crate::codec::{Dec, Enc};
+use crate::dataref::{DataRef, Val, REF_BYTES};
 use crate::error::Result;
 
 /// Message sequence number: a total order over every message ever applied.
@@ -67,7 +68,7 @@ impl Patch {
     }
 
     /// Tries to fold `next` (applied after `self`) into `self`; returns false if they must stay apart.
-    fn absorb(&mut self, next: &Patch) -> bool {
+    pub(crate) fn absorb(&mut self, next: &Patch) -> bool {
         match (self, next) {
             (
                 Patch::Write {
@@ -140,7 +141,12 @@ pub enum PointOp {
     Delete,
     /// Patch the value in place.
     Upsert(Patch),
+    /// Set the value to an out-of-line block (`dataref.rs`).
+    PutRef(DataRef),
 }
+
+/// Buffer message code of a reference put: `5 msn u64, length u32, reference`.
+const TAG_PUT_REF: u8 = 5;
 
 /// The folded pending messages of one key inside one buffer, oldest first.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -159,6 +165,14 @@ pub enum KeyMsgs {
     },
     /// Patches to apply, in order, to whatever lies below.
     Upserts(Vec<(Msn, Patch)>),
+    /// The key is set to an out-of-line block (possibly after folding later upserts into its
+    /// patches).
+    PutRef {
+        /// Newest MSN folded in.
+        msn: Msn,
+        /// The reference.
+        r: DataRef,
+    },
 }
 
 impl KeyMsgs {
@@ -167,26 +181,54 @@ impl KeyMsgs {
             PointOp::Put(value) => KeyMsgs::Put { msn, value },
             PointOp::Delete => KeyMsgs::Delete { msn },
             PointOp::Upsert(p) => KeyMsgs::Upserts(vec![(msn, p)]),
+            PointOp::PutRef(r) => KeyMsgs::PutRef { msn, r },
         }
     }
 
-    /// Adds a newer message, folding where the result is the same.
-    pub(crate) fn push(&mut self, msn: Msn, op: PointOp) {
+    /// The block these messages reference, if they set the key to one.
+    pub(crate) fn ref_block(&self) -> Option<u64> {
+        match self {
+            KeyMsgs::PutRef { r, .. } => Some(r.block),
+            _ => None,
+        }
+    }
+
+    /// Whether the messages set the key whatever it held before (a put, a delete, a reference):
+    /// a reference below them is dropped when they are applied over it.
+    pub(crate) fn replaces(&self) -> bool {
+        !matches!(self, KeyMsgs::Upserts(_))
+    }
+
+    /// Adds a newer message, folding where the result is the same. Returns the block whose
+    /// reference the fold dropped (a put, delete or reference replacing a buffered reference).
+    #[must_use]
+    pub(crate) fn push(&mut self, msn: Msn, op: PointOp) -> Option<u64> {
         assert!(msn > self.max_msn(), "messages must arrive in MSN order");
         match op {
-            PointOp::Put(_) | PointOp::Delete => *self = KeyMsgs::from_op(msn, op),
+            PointOp::Put(_) | PointOp::Delete | PointOp::PutRef(_) => {
+                std::mem::replace(self, KeyMsgs::from_op(msn, op)).ref_block()
+            }
             PointOp::Upsert(p) => match self {
+                KeyMsgs::PutRef { msn: m, r } => {
+                    r.push(p);
+                    *m = msn;
+                    None
+                }
                 KeyMsgs::Put { msn: m, value } => {
                     let v = std::mem::take(value);
                     *value = p
                         .apply(Some(v))
                         .expect("a write or truncate of a present value is present");
                     *m = msn;
+                    None
                 }
-                KeyMsgs::Delete { msn: m } => match p.apply(None) {
-                    Some(value) => *self = KeyMsgs::Put { msn, value },
-                    None => *m = msn,
-                },
+                KeyMsgs::Delete { msn: m } => {
+                    match p.apply(None) {
+                        Some(value) => *self = KeyMsgs::Put { msn, value },
+                        None => *m = msn,
+                    }
+                    None
+                }
                 KeyMsgs::Upserts(list) => {
                     let last = list.last_mut().expect("upsert list is never empty");
                     if last.1.absorb(&p) {
@@ -194,36 +236,46 @@ impl KeyMsgs {
                     } else {
                         list.push((msn, p));
                     }
+                    None
                 }
             },
         }
     }
 
-    /// Appends `newer` (all of whose messages are newer than ours).
-    pub(crate) fn push_all(&mut self, newer: KeyMsgs) {
+    /// Appends `newer` (all of whose messages are newer than ours). Returns the block whose
+    /// reference that dropped.
+    #[must_use]
+    pub(crate) fn push_all(&mut self, newer: KeyMsgs) -> Option<u64> {
         match newer {
-            KeyMsgs::Put { .. } | KeyMsgs::Delete { .. } => *self = newer,
+            KeyMsgs::Put { .. } | KeyMsgs::Delete { .. } | KeyMsgs::PutRef { .. } => {
+                std::mem::replace(self, newer).ref_block()
+            }
             KeyMsgs::Upserts(list) => {
                 for (m, p) in list {
-                    self.push(m, PointOp::Upsert(p));
+                    let dropped = self.push(m, PointOp::Upsert(p));
+                    assert!(dropped.is_none(), "an upsert dropped a reference");
                 }
+                None
             }
         }
     }
 
     /// Applies these messages on top of `base`.
-    pub fn apply(&self, base: Option<Vec<u8>>) -> Option<Vec<u8>> {
+    pub fn apply(&self, base: Option<Val>) -> Option<Val> {
         match self {
-            KeyMsgs::Put { value, .. } => Some(value.clone()),
+            KeyMsgs::Put { value, .. } => Some(Val::Bytes(value.clone())),
             KeyMsgs::Delete { .. } => None,
-            KeyMsgs::Upserts(list) => list.iter().fold(base, |v, (_, p)| p.apply(v)),
+            KeyMsgs::PutRef { r, .. } => Some(Val::Ref(r.clone())),
+            KeyMsgs::Upserts(list) => list.iter().fold(base, |v, (_, p)| Val::patched(v, p)),
         }
     }
 
     /// The newest MSN in the set.
     pub fn max_msn(&self) -> Msn {
         match self {
-            KeyMsgs::Put { msn, .. } | KeyMsgs::Delete { msn } => *msn,
+            KeyMsgs::Put { msn, .. } | KeyMsgs::Delete { msn } | KeyMsgs::PutRef { msn, .. } => {
+                *msn
+            }
             KeyMsgs::Upserts(list) => list.last().map_or(0, |(m, _)| *m),
         }
     }
@@ -231,7 +283,9 @@ impl KeyMsgs {
     /// The oldest MSN in the set.
     pub fn min_msn(&self) -> Msn {
         match self {
-            KeyMsgs::Put { msn, .. } | KeyMsgs::Delete { msn } => *msn,
+            KeyMsgs::Put { msn, .. } | KeyMsgs::Delete { msn } | KeyMsgs::PutRef { msn, .. } => {
+                *msn
+            }
             KeyMsgs::Upserts(list) => list.first().map_or(0, |(m, _)| *m),
         }
     }
@@ -242,6 +296,7 @@ impl KeyMsgs {
             KeyMsgs::Put { value, .. } => 13 + value.len(),
             KeyMsgs::Delete { .. } => 9,
             KeyMsgs::Upserts(list) => 5 + list.iter().map(|(_, p)| 8 + p.size()).sum::<usize>(),
+            KeyMsgs::PutRef { r, .. } => 13 + r.encoded_len(),
         }
     }
 
@@ -264,6 +319,12 @@ impl KeyMsgs {
                     p.encode(e);
                 }
             }
+            KeyMsgs::PutRef { msn, r } => {
+                e.u8(TAG_PUT_REF);
+                e.u64(*msn);
+                e.u32(r.encoded_len() as u32);
+                r.encode(e);
+            }
         }
     }
 
@@ -276,6 +337,13 @@ impl KeyMsgs {
             }
             2 => {
                 d.u64()?;
+            }
+            TAG_PUT_REF => {
+                d.u64()?;
+                let r = d.bytes(max_value)?;
+                if r.len() < REF_BYTES {
+                    return Err(d.corrupt("data reference too short"));
+                }
             }
             3 => {
                 let n = d.u32()? as usize;
@@ -328,7 +396,12 @@ impl KeyMsgs {
                 }
                 Ok(KeyMsgs::Upserts(list))
             }
-            // Codes 4.. are reserved (GOTO messages for range-clone).
+            TAG_PUT_REF => {
+                let msn = d.u64()?;
+                let r = DataRef::decode(d.bytes(max_value)?, max_value)?;
+                Ok(KeyMsgs::PutRef { msn, r })
+            }
+            // Code 4 is reserved (GOTO messages for range-clone), codes 6.. unused.
             t => Err(d.corrupt(format!("unknown message type {t}"))),
         }
     }

@@ -602,7 +602,8 @@ mod tests {
                 )
             })
             .collect();
-        l.apply(&[], &points, &fmt());
+        let released = l.apply(&[], &points, &fmt());
+        assert!(released.is_empty());
         l
     }
 
@@ -611,7 +612,7 @@ mod tests {
         for s in &l.parts {
             let p = s.data().unwrap();
             for i in 0..p.len() {
-                out.push((p.key(i).to_vec(), p.value(i).to_vec()));
+                out.push((p.key(i).to_vec(), p.value(i).raw().to_vec()));
             }
         }
         out

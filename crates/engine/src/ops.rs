@@ -1,10 +1,105 @@
 //! Operations, batches, their validation and their encoding in log records.
 
+use std::sync::Arc;
+
+use amaranth_device::{AlignedBuf, BLOCK_SIZE};
+
 use crate::codec::{Dec, Enc};
 use crate::config::Format;
+use crate::dataref::DataRef;
 use crate::error::{Error, Result};
 use crate::msg::{Patch, PointOp};
 use crate::tree::Msg;
+
+/// The data of a [`Op::PutBlocks`]: whole 4 KiB blocks, one per key. Built from bytes
+/// ([`BlockData::copy_from`]); once the engine has written them out of line, or when a log record
+/// is read back, it holds where they went and their checksums instead.
+#[derive(Clone)]
+pub struct BlockData(BlockState);
+
+#[derive(Clone)]
+enum BlockState {
+    /// The bytes, in a buffer aligned for the device.
+    Bytes(Arc<AlignedBuf>, usize),
+    /// Written at consecutive blocks from `start`, with each block's crc32c.
+    Placed { start: u64, crcs: Vec<u32> },
+}
+
+impl BlockData {
+    /// Copies `bytes` (a whole number of 4 KiB blocks) into a buffer the device can write as it is.
+    pub fn copy_from(bytes: &[u8]) -> BlockData {
+        BlockData(BlockState::Bytes(
+            Arc::new(AlignedBuf::from_slice(bytes)),
+            bytes.len(),
+        ))
+    }
+
+    /// The bytes, before the engine writes them (`None` once placed).
+    pub fn bytes(&self) -> Option<&[u8]> {
+        match &self.0 {
+            BlockState::Bytes(b, len) => Some(&b[..*len]),
+            BlockState::Placed { .. } => None,
+        }
+    }
+
+    /// Bytes of data (4 KiB per block).
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            BlockState::Bytes(_, len) => *len,
+            BlockState::Placed { crcs, .. } => crcs.len() * BLOCK_SIZE,
+        }
+    }
+
+    /// Whether there is no block.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the blocks went: the first block and each block's crc32c (`None` before).
+    pub(crate) fn placed(&self) -> Option<(u64, &[u32])> {
+        match &self.0 {
+            BlockState::Placed { start, crcs } => Some((*start, crcs)),
+            BlockState::Bytes(..) => None,
+        }
+    }
+
+    /// Records that the blocks were written from block `start` on.
+    pub(crate) fn place(&mut self, start: u64) {
+        let crcs = self
+            .bytes()
+            .expect("placed once")
+            .chunks_exact(BLOCK_SIZE)
+            .map(crate::codec::crc)
+            .collect();
+        self.0 = BlockState::Placed { start, crcs };
+    }
+}
+
+impl PartialEq for BlockData {
+    fn eq(&self, other: &BlockData) -> bool {
+        match (&self.0, &other.0) {
+            (BlockState::Bytes(..), BlockState::Bytes(..)) => self.bytes() == other.bytes(),
+            (
+                BlockState::Placed { start: a, crcs: x },
+                BlockState::Placed { start: b, crcs: y },
+            ) => a == b && x == y,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for BlockData {}
+
+impl std::fmt::Debug for BlockData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            BlockState::Bytes(_, len) => write!(f, "BlockData({} blocks)", len / BLOCK_SIZE),
+            BlockState::Placed { start, crcs } => {
+                write!(f, "BlockData({} blocks at {start})", crcs.len())
+            }
+        }
+    }
+}
 
 /// One operation of a batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,6 +145,15 @@ pub enum Op {
         /// Destination prefix.
         to: Vec<u8>,
     },
+    /// Set each key to one 4 KiB block of `data`, stored out of line: written once to its own
+    /// place before the batch is logged, the tree and the log holding a 12-byte reference per
+    /// block (docs/WRITEONCE.md). Keys strictly increasing, `data` 4 KiB per key.
+    PutBlocks {
+        /// The keys, one per block.
+        keys: Vec<Vec<u8>>,
+        /// The blocks.
+        data: BlockData,
+    },
 }
 
 impl Op {
@@ -67,12 +171,22 @@ impl Op {
             Op::RangeDelete { lo, hi }
             | Op::MovePrefix { from: lo, to: hi }
             | Op::CopyPrefix { from: lo, to: hi } => lo.len() + hi.len(),
+            Op::PutBlocks { keys, data } => keys.iter().map(Vec::len).sum::<usize>() + data.len(),
         }
     }
 
-    /// Bytes the operation takes in a log record at most (see [`Batch::log_bytes`]).
+    /// Bytes the operation takes in a log record at most (see [`Batch::log_bytes`]): the data of
+    /// [`Op::PutBlocks`] is not in the log, only its keys and references.
     pub fn log_bytes(&self) -> usize {
-        self.user_bytes() + 16
+        match self {
+            Op::PutBlocks { keys, .. } => {
+                16 + keys
+                    .iter()
+                    .map(|k| k.len() + PUT_BLOCKS_PER_KEY)
+                    .sum::<usize>()
+            }
+            _ => self.user_bytes() + 16,
+        }
     }
 
     /// Checks sizes and arguments against the format.
@@ -130,8 +244,51 @@ impl Op {
                     ));
                 }
             }
+            Op::PutBlocks { keys, data } => {
+                if f.max_value_len < BLOCK_SIZE {
+                    return Err(Error::InvalidArgument(format!(
+                        "out-of-line blocks hold {BLOCK_SIZE} bytes, more than this image's \
+                         largest value ({} bytes)",
+                        f.max_value_len
+                    )));
+                }
+                if keys.is_empty() || data.len() != keys.len() * BLOCK_SIZE {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} keys for {} bytes of blocks",
+                        keys.len(),
+                        data.len()
+                    )));
+                }
+                for k in keys {
+                    key(k)?;
+                }
+                if keys.windows(2).any(|w| w[0] >= w[1]) {
+                    return Err(Error::InvalidArgument(
+                        "the keys of out-of-line blocks must be strictly increasing".into(),
+                    ));
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Adds the messages of a simple operation to `out`, consuming it (nothing for prefix
+    /// operations and empty ranges). Out-of-line blocks must have been written (placed).
+    pub(crate) fn into_msgs(self, out: &mut Vec<Msg>) {
+        match self {
+            Op::PutBlocks { keys, data } => {
+                let (start, crcs) = data
+                    .placed()
+                    .expect("blocks written before they are applied");
+                for (i, (key, crc)) in keys.into_iter().zip(crcs).enumerate() {
+                    out.push(Msg::Point {
+                        key,
+                        op: PointOp::PutRef(DataRef::new(start + i as u64, *crc)),
+                    });
+                }
+            }
+            op => out.extend(op.into_msg()),
+        }
     }
 
     /// The message for a simple operation, consuming it (`None` for prefix operations and empty
@@ -153,6 +310,20 @@ impl Op {
             Op::RangeDelete { lo, hi } if lo < hi => Msg::Range { lo, hi },
             _ => return None,
         })
+    }
+
+    /// The extent an [`Op::PutBlocks`] was written to (`None` for other operations, and before).
+    pub(crate) fn placed_extent(&self) -> Option<crate::superblock::Extent> {
+        match self {
+            Op::PutBlocks { data, .. } => {
+                data.placed()
+                    .map(|(block, crcs)| crate::superblock::Extent {
+                        block,
+                        blocks: crcs.len() as u64,
+                    })
+            }
+            _ => None,
+        }
     }
 
     /// The message for a simple operation (`None` for prefix operations and empty ranges).
@@ -261,6 +432,16 @@ impl Batch {
         });
         self
     }
+    /// Adds a put of one 4 KiB block of `data` under each of `keys` (strictly increasing), stored
+    /// out of line (see [`Op::PutBlocks`]); `data` is copied once, into a buffer the device writes
+    /// as it is.
+    pub fn put_blocks(&mut self, keys: Vec<Vec<u8>>, data: &[u8]) -> &mut Batch {
+        self.ops.push(Op::PutBlocks {
+            keys,
+            data: BlockData::copy_from(data),
+        });
+        self
+    }
     /// Adds `op` (any operation; the builders above are shorthands for it).
     pub fn push(&mut self, op: Op) -> &mut Batch {
         self.ops.push(op);
@@ -332,6 +513,9 @@ const TAG_MOVE_PREFIX: u8 = 5;
 const TAG_COPY_PREFIX: u8 = 6;
 const TAG_GROUP_MEMBER: u8 = 7;
 const TAG_GROUP_COMMIT: u8 = 8;
+const TAG_PUT_BLOCKS: u8 = 13;
+/// Log bytes per block of a [`Op::PutBlocks`] beyond its key: the key's length and the crc.
+const PUT_BLOCKS_PER_KEY: usize = 8;
 /// Bytes a group mark adds to a record (its tag and the group id).
 pub(crate) const MARK_BYTES: usize = 9;
 
@@ -401,6 +585,18 @@ pub(crate) fn encode_marked_record(ops: &[Op], mark: Option<GroupMark>) -> Vec<u
                 e.bytes(from);
                 e.bytes(to);
             }
+            Op::PutBlocks { keys, data } => {
+                let (start, crcs) = data
+                    .placed()
+                    .expect("blocks written before they are logged");
+                e.u8(TAG_PUT_BLOCKS);
+                e.u64(start);
+                e.u32(keys.len() as u32);
+                for (k, c) in keys.iter().zip(crcs) {
+                    e.bytes(k);
+                    e.u32(*c);
+                }
+            }
         }
     }
     e.buf
@@ -462,6 +658,23 @@ pub fn decode_record(payload: &[u8], f: &Format) -> Result<(u64, Vec<Op>)> {
                 from: d.bytes(mk)?.to_vec(),
                 to: d.bytes(mk)?.to_vec(),
             },
+            TAG_PUT_BLOCKS => {
+                let start = d.u64()?;
+                let n = d.u32()? as usize;
+                if n == 0 || n > d.remaining() {
+                    return Err(d.corrupt(format!("impossible block count {n}")));
+                }
+                let mut keys = Vec::with_capacity(n);
+                let mut crcs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    keys.push(d.bytes(mk)?.to_vec());
+                    crcs.push(d.u32()?);
+                }
+                Op::PutBlocks {
+                    keys,
+                    data: BlockData(BlockState::Placed { start, crcs }),
+                }
+            }
             t => return Err(d.corrupt(format!("unknown operation tag {t}"))),
         };
         op.validate(f)

@@ -3,17 +3,25 @@
 //! The in-memory form is the on-disk form (before compression): `[klen u16][vlen u32][key][value]`
 //! repeated, plus an offset table built on load. Lookups are binary searches; updates build a new
 //! partition by merging (flushes bring many messages at once, so a merge is the natural unit).
+//! The top bit of `vlen` marks an entry whose value is a reference to an out-of-line data block
+//! (`dataref.rs`) rather than the value's bytes.
 
 use crate::codec::Dec;
+use crate::dataref::{DataRef, Stored, REF_BYTES, REF_MAX};
 use crate::error::Result;
 
 const ENTRY_HEADER: usize = 6;
+
+/// The bit of an entry's value length that marks a reference.
+const REF_FLAG: u32 = 1 << 31;
 
 /// A sorted, immutable run of entries.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Partition {
     data: Vec<u8>,
     offs: Vec<u32>,
+    /// Entries that are references.
+    refs: usize,
 }
 
 impl Partition {
@@ -55,12 +63,31 @@ impl Partition {
     }
 
     /// Value of entry `i`.
-    pub fn value(&self, i: usize) -> &[u8] {
+    pub fn value(&self, i: usize) -> Stored<'_> {
         let o = self.offs[i] as usize;
         let kl = u16::from_le_bytes([self.data[o], self.data[o + 1]]) as usize;
-        let vl = u32::from_le_bytes(self.data[o + 2..o + 6].try_into().expect("4 bytes")) as usize;
+        let vl = u32::from_le_bytes(self.data[o + 2..o + 6].try_into().expect("4 bytes"));
         let s = o + ENTRY_HEADER + kl;
-        &self.data[s..s + vl]
+        let bytes = &self.data[s..s + (vl & !REF_FLAG) as usize];
+        if vl & REF_FLAG != 0 {
+            Stored::Ref(bytes)
+        } else {
+            Stored::Bytes(bytes)
+        }
+    }
+
+    /// Entries that are references.
+    #[cfg(test)]
+    pub fn ref_count(&self) -> usize {
+        self.refs
+    }
+
+    /// The blocks the entries `[a, b)` reference (one per reference).
+    pub fn ref_blocks(&self, a: usize, b: usize) -> Vec<u64> {
+        if self.refs == 0 {
+            return Vec::new();
+        }
+        (a..b).filter_map(|i| self.value(i).block()).collect()
     }
 
     /// Binary search for `key`: `Ok(index)` if present, `Err(insertion point)` otherwise.
@@ -78,7 +105,7 @@ impl Partition {
     }
 
     /// The value stored for `key`.
-    pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
+    pub fn get(&self, key: &[u8]) -> Option<Stored<'_>> {
         self.search(key).ok().map(|i| self.value(i))
     }
 
@@ -89,12 +116,18 @@ impl Partition {
         }
     }
 
-    /// Sets (`Some`) or removes (`None`) the entry for `key` in place.
-    pub fn set(&mut self, key: &[u8], value: Option<&[u8]>) {
-        match (self.search(key), value) {
+    /// Sets (`Some`) or removes (`None`) the entry for `key` in place (the caller accounts for a
+    /// reference it replaces).
+    pub fn set(&mut self, key: &[u8], value: Option<Stored<'_>>) {
+        let found = self.search(key);
+        if let Ok(i) = found {
+            self.refs -= usize::from(self.value(i).is_ref());
+        }
+        self.refs += usize::from(value.is_some_and(|v| v.is_ref()));
+        match (found, value) {
             (Ok(i), Some(v)) => {
                 let (start, end) = self.entry_range(i);
-                let mut e = Vec::with_capacity(ENTRY_HEADER + key.len() + v.len());
+                let mut e = Vec::with_capacity(entry_size(key, v));
                 encode_entry(&mut e, key, v);
                 let delta = e.len() as isize - (end - start) as isize;
                 replace_bytes(&mut self.data, start, end, &e);
@@ -112,7 +145,7 @@ impl Partition {
                 } else {
                     self.data.len()
                 };
-                let mut e = Vec::with_capacity(ENTRY_HEADER + key.len() + v.len());
+                let mut e = Vec::with_capacity(entry_size(key, v));
                 encode_entry(&mut e, key, v);
                 let len = e.len();
                 replace_bytes(&mut self.data, start, start, &e);
@@ -142,12 +175,14 @@ impl Partition {
         end - self.offs[a] as usize
     }
 
-    /// Removes the entries `[a, b)` in place (one memmove).
+    /// Removes the entries `[a, b)` in place (one memmove; the caller accounts for the
+    /// references among them).
     pub fn remove_run(&mut self, a: usize, b: usize) {
         let len = self.run_bytes(a, b);
         if len == 0 {
             return;
         }
+        self.refs -= (a..b).filter(|&i| self.value(i).is_ref()).count();
         let start = self.offs[a] as usize;
         self.data.drain(start..start + len);
         self.offs.drain(a..b);
@@ -173,25 +208,33 @@ impl Partition {
     /// Parses a raw payload, checking that keys are strictly increasing and lengths in bounds.
     pub fn decode(data: Vec<u8>, max_key: usize, max_value: usize) -> Result<Partition> {
         let mut offs = Vec::new();
+        let mut refs = 0;
         {
             let mut d = Dec::new(&data, "leaf partition");
             let mut prev: Option<&[u8]> = None;
             while d.remaining() > 0 {
                 offs.push(d.pos() as u32);
                 let kl = d.u16()? as usize;
-                let vl = d.u32()? as usize;
-                if kl > max_key || vl > max_value {
+                let raw_vl = d.u32()?;
+                let is_ref = raw_vl & REF_FLAG != 0;
+                let vl = (raw_vl & !REF_FLAG) as usize;
+                let max = if is_ref { REF_MAX } else { max_value };
+                if kl > max_key || vl > max || (is_ref && vl < REF_BYTES) {
                     return Err(d.corrupt(format!("entry lengths {kl}/{vl} out of bounds")));
                 }
                 let k = d.raw(kl)?;
-                d.raw(vl)?;
+                let v = d.raw(vl)?;
+                if is_ref {
+                    DataRef::decode(v, max_value)?;
+                    refs += 1;
+                }
                 if prev.is_some_and(|p| p >= k) {
                     return Err(d.corrupt("keys out of order"));
                 }
                 prev = Some(k);
             }
         }
-        Ok(Partition { data, offs })
+        Ok(Partition { data, offs, refs })
     }
 }
 
@@ -207,6 +250,7 @@ impl Drop for Partition {
 pub struct PartitionBuilder {
     data: Vec<u8>,
     offs: Vec<u32>,
+    refs: usize,
 }
 
 impl PartitionBuilder {
@@ -215,15 +259,17 @@ impl PartitionBuilder {
         PartitionBuilder {
             data: Vec::with_capacity(bytes),
             offs: Vec::new(),
+            refs: 0,
         }
     }
 
     /// Appends an entry; keys must be strictly increasing.
-    pub fn push(&mut self, key: &[u8], value: &[u8]) {
+    pub fn push(&mut self, key: &[u8], value: Stored<'_>) {
         assert!(
             self.last_key().is_none_or(|l| l < key),
             "partition keys out of order"
         );
+        self.refs += usize::from(value.is_ref());
         self.offs.push(self.data.len() as u32);
         encode_entry(&mut self.data, key, value);
     }
@@ -255,19 +301,36 @@ impl PartitionBuilder {
         Partition {
             data: self.data,
             offs: self.offs,
+            refs: self.refs,
         }
     }
 }
 
-fn encode_entry(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
+fn encode_entry(out: &mut Vec<u8>, key: &[u8], value: Stored<'_>) {
     assert!(
         key.len() <= u16::MAX as usize,
         "key length exceeds the format"
     );
+    let raw = value.raw();
+    assert!(
+        raw.len() < REF_FLAG as usize,
+        "value length exceeds the format"
+    );
+    let flag = match value {
+        Stored::Ref(r) => {
+            assert!(
+                (REF_BYTES..=REF_MAX).contains(&r.len()),
+                "a reference of {} bytes in a partition",
+                r.len()
+            );
+            REF_FLAG
+        }
+        Stored::Bytes(_) => 0,
+    };
     out.extend_from_slice(&(key.len() as u16).to_le_bytes());
-    out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(raw.len() as u32 | flag).to_le_bytes());
     out.extend_from_slice(key);
-    out.extend_from_slice(value);
+    out.extend_from_slice(raw);
 }
 
 /// Replaces `data[start..end]` with `new`, moving the tail with one `memmove` (`Vec::splice`
@@ -291,8 +354,8 @@ fn replace_bytes(data: &mut Vec<u8>, start: usize, end: usize, new: &[u8]) {
 }
 
 /// Encoded size of an entry.
-pub fn entry_size(key: &[u8], value: &[u8]) -> usize {
-    ENTRY_HEADER + key.len() + value.len()
+pub fn entry_size(key: &[u8], value: Stored<'_>) -> usize {
+    ENTRY_HEADER + key.len() + value.raw().len()
 }
 
 #[cfg(test)]
@@ -319,26 +382,47 @@ mod tests {
     fn build_search_decode() {
         let mut b = PartitionBuilder::default();
         for i in 0..100u32 {
-            b.push(format!("k{i:04}").as_bytes(), &i.to_le_bytes());
+            b.push(
+                format!("k{i:04}").as_bytes(),
+                Stored::Bytes(&i.to_le_bytes()),
+            );
         }
         let p = b.finish();
         assert_eq!(p.len(), 100);
-        assert_eq!(p.get(b"k0042"), Some(&42u32.to_le_bytes()[..]));
+        assert_eq!(p.get(b"k0042"), Some(Stored::Bytes(&42u32.to_le_bytes())));
         assert_eq!(p.get(b"k0042x"), None);
         assert_eq!(p.lower_bound(b"k0042x"), 43);
         let q = Partition::decode(p.raw().to_vec(), 100, 100).unwrap();
         assert_eq!(p, q);
         // In-place edits keep the encoding valid and sorted.
         let mut r = q.clone();
-        r.set(b"k0042", Some(b"changed value"));
-        r.set(b"k0042a", Some(b"new"));
+        r.set(b"k0042", Some(Stored::Bytes(b"changed value")));
+        r.set(b"k0042a", Some(Stored::Bytes(b"new")));
         r.set(b"k0000", None);
-        r.set(b"zzz", Some(b""));
-        assert_eq!(r.get(b"k0042"), Some(&b"changed value"[..]));
-        assert_eq!(r.get(b"k0042a"), Some(&b"new"[..]));
+        r.set(b"zzz", Some(Stored::Bytes(b"")));
+        assert_eq!(r.get(b"k0042"), Some(Stored::Bytes(b"changed value")));
+        assert_eq!(r.get(b"k0042a"), Some(Stored::Bytes(b"new")));
         assert_eq!(r.get(b"k0000"), None);
         assert_eq!(r.len(), 101);
         assert_eq!(Partition::decode(r.raw().to_vec(), 100, 100).unwrap(), r);
+        // References: flagged, counted, found again after a decode, and checked when decoded.
+        let reference = DataRef::new(9, 3).to_bytes();
+        r.set(b"k0001", Some(Stored::Ref(&reference)));
+        r.set(b"k0002", Some(Stored::Ref(&reference)));
+        assert_eq!(r.ref_count(), 2);
+        r.set(b"k0002", Some(Stored::Bytes(b"x")));
+        assert_eq!(r.ref_count(), 1);
+        assert_eq!(r.get(b"k0001"), Some(Stored::Ref(&reference)));
+        assert_eq!(r.ref_blocks(0, r.len()), vec![9]);
+        let back = Partition::decode(r.raw().to_vec(), 100, 100).unwrap();
+        assert_eq!((back.ref_count(), &back), (1, &r));
+        r.remove_run(0, 3);
+        assert_eq!(r.ref_count(), 0);
+        let mut short = PartitionBuilder::default();
+        short.push(b"a", Stored::Bytes(&reference[..11]));
+        let mut raw = short.finish().raw().to_vec();
+        raw[5] |= 0x80; // an 11-byte value flagged as a reference
+        assert!(Partition::decode(raw, 100, 100).is_err());
         let mut bad = p.raw().to_vec();
         bad.truncate(bad.len() - 1);
         assert!(Partition::decode(bad, 100, 100).is_err());

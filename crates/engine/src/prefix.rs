@@ -92,6 +92,11 @@ impl Check<'_, '_> {
                         best = best.max(Some(key.len()));
                     }
                 }
+                Op::PutBlocks { keys, .. } => {
+                    for key in keys.iter().filter(|k| k.starts_with(p)) {
+                        best = best.max(Some(key.len()));
+                    }
+                }
                 Op::Delete { .. } => {}
                 Op::RangeDelete { lo, hi } => {
                     if lo.as_slice() <= p && prefix_end(p, self.max_key) <= *hi {

@@ -4,11 +4,13 @@
 //! key (or its leaf's range), and applies them to what the leaf stores, deepest first (deeper
 //! messages are older). Nothing is flushed and nothing is marked dirty.
 
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::sync::Arc;
 
 use crate::buffer::Buffer;
 use crate::cache::ReadGuard;
+use crate::dataref::{Stored, Val};
 use crate::error::{Error, Result};
 use crate::msg::{KeyMsgs, Msn, RangeDel};
 use crate::node::{child_index, Body, ROOT_ID};
@@ -25,15 +27,15 @@ thread_local! {
 }
 
 impl Tree {
-    /// The value of `key`, with pending messages applied.
-    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+    /// The value of `key`, with pending messages applied (a reference is not read here).
+    pub fn get(&self, key: &[u8]) -> Result<Option<Val>> {
         let mut bounds = POINT_BOUNDS.with(Cell::take);
         let r = self.get_with(key, &mut bounds);
         POINT_BOUNDS.with(|c| c.set(bounds));
         r
     }
 
-    fn get_with(&self, key: &[u8], bounds: &mut Bounds) -> Result<Option<Vec<u8>>> {
+    fn get_with(&self, key: &[u8], bounds: &mut Bounds) -> Result<Option<Val>> {
         let mut pins = Vec::new();
         for _ in 0..MAX_RESTARTS {
             // (range delete msn covering the key, folded point messages), top to bottom.
@@ -69,7 +71,7 @@ impl Tree {
                             break;
                         };
                         let leaf_msn = g.max_msn;
-                        let mut v = part.get(stored).map(|x| x.to_vec());
+                        let mut v = part.get(stored).map(|x| x.to_val());
                         for (range, point) in layers.iter().rev() {
                             if let Some(m) = range {
                                 assert!(*m > leaf_msn, "ancestor message already applied below");
@@ -233,16 +235,48 @@ pub struct Chunk {
     deleted: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
-/// An overlay entry: offsets into the chunk's arena (`v_len == u32::MAX`: deleted).
+/// An overlay entry: offsets into the chunk's arena (`v_len == u32::MAX`: deleted), and whether
+/// the value is an encoded reference.
 #[derive(Clone, Copy, Debug)]
 struct OvEntry {
     k_off: u32,
     k_len: u32,
     v_off: u32,
     v_len: u32,
+    is_ref: bool,
 }
 
 const GONE: u32 = u32::MAX;
+
+/// A value while a chunk applies messages to it: borrowed from a partition or a message, or
+/// made by an upsert.
+enum Cur<'a> {
+    Bytes(Cow<'a, [u8]>),
+    Ref(Cow<'a, [u8]>),
+}
+
+impl<'a> Cur<'a> {
+    fn borrowed(s: Stored<'a>) -> Cur<'a> {
+        match s {
+            Stored::Bytes(b) => Cur::Bytes(Cow::Borrowed(b)),
+            Stored::Ref(r) => Cur::Ref(Cow::Borrowed(r)),
+        }
+    }
+
+    fn to_val(&self) -> Val {
+        match self {
+            Cur::Bytes(b) => Stored::Bytes(b).to_val(),
+            Cur::Ref(r) => Stored::Ref(r).to_val(),
+        }
+    }
+
+    fn owned(v: Val) -> Cur<'a> {
+        match v {
+            Val::Bytes(b) => Cur::Bytes(Cow::Owned(b)),
+            Val::Ref(r) => Cur::Ref(Cow::Owned(r.to_bytes())),
+        }
+    }
+}
 
 impl Chunk {
     /// Builds the chunk of a leaf with bounds `leaf` (its resident partitions holding the stored
@@ -308,7 +342,7 @@ impl Chunk {
             }
             let Some(k) = min else { break };
             // Base value.
-            let mut base: Option<&[u8]> = None;
+            let mut base: Option<Stored<'_>> = None;
             while bp < parts.len() {
                 let p = &parts[bp];
                 if bi >= p.len() {
@@ -326,8 +360,7 @@ impl Chunk {
                 }
             }
             // Apply the layers deepest first; the common case (one put or delete) copies once.
-            let mut value: Option<std::borrow::Cow<'_, [u8]>> =
-                base.map(std::borrow::Cow::Borrowed);
+            let mut value: Option<Cur<'_>> = base.map(Cur::borrowed);
             for li in (0..iters.len()).rev() {
                 let rs = &ranges[li];
                 while rcur[li] < rs.len() && rs[rcur[li]].hi.as_slice() <= k {
@@ -346,31 +379,38 @@ impl Chunk {
                     if km.max_msn() > leaf_msn {
                         value = match km {
                             KeyMsgs::Put { value, .. } => {
-                                Some(std::borrow::Cow::Borrowed(value.as_slice()))
+                                Some(Cur::Bytes(Cow::Borrowed(value.as_slice())))
                             }
                             KeyMsgs::Delete { .. } => None,
-                            KeyMsgs::Upserts(_) => km
-                                .apply(value.map(|v| v.into_owned()))
-                                .map(std::borrow::Cow::Owned),
+                            KeyMsgs::PutRef { r, .. } => Some(Cur::Ref(Cow::Owned(r.to_bytes()))),
+                            KeyMsgs::Upserts(_) => {
+                                km.apply(value.map(|v| v.to_val())).map(Cur::owned)
+                            }
                         };
                     }
                 }
             }
             let k_off = arena.len() as u32;
             arena.extend_from_slice(k);
-            let (v_off, v_len) = match value {
-                Some(v) => {
+            let (v_off, v_len, is_ref) = match value {
+                Some(Cur::Bytes(v)) => {
                     let off = arena.len() as u32;
                     arena.extend_from_slice(&v);
-                    (off, v.len() as u32)
+                    (off, v.len() as u32, false)
                 }
-                None => (0, GONE),
+                Some(Cur::Ref(v)) => {
+                    let off = arena.len() as u32;
+                    arena.extend_from_slice(&v);
+                    (off, v.len() as u32, true)
+                }
+                None => (0, GONE, false),
             };
             overlay.push(OvEntry {
                 k_off,
                 k_len: k.len() as u32,
                 v_off,
                 v_len,
+                is_ref,
             });
         }
         let mut all: Vec<(Vec<u8>, Vec<u8>)> =
@@ -404,19 +444,28 @@ impl Chunk {
         &self.arena[e.k_off as usize..(e.k_off + e.k_len) as usize]
     }
 
-    fn ov_value(&self, i: usize) -> Option<&[u8]> {
+    fn ov_value(&self, i: usize) -> Option<Stored<'_>> {
         let e = self.overlay[i];
-        (e.v_len != GONE).then(|| &self.arena[e.v_off as usize..(e.v_off + e.v_len) as usize])
+        if e.v_len == GONE {
+            return None;
+        }
+        let v = &self.arena[e.v_off as usize..(e.v_off + e.v_len) as usize];
+        Some(if e.is_ref {
+            Stored::Ref(v)
+        } else {
+            Stored::Bytes(v)
+        })
     }
 
     /// Calls `f(key, value)` for live entries in `[start, end)` in key order (or reverse order if
-    /// `!forward`), until `f` returns false. Returns false if `f` stopped the walk.
+    /// `!forward`), until `f` returns false. Returns false if `f` stopped the walk. Values are as
+    /// stored: a reference is not read.
     pub fn walk(
         &self,
         start: &[u8],
         end: Option<&[u8]>,
         forward: bool,
-        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+        f: &mut dyn FnMut(&[u8], Stored<'_>) -> bool,
     ) -> bool {
         let parts = &self.parts;
         let start = &self.bounds.lift_clipped(start)[..];
@@ -425,7 +474,7 @@ impl Chunk {
         // The callback gets full keys: the prefix and the stored key in one reused buffer.
         let prefix = self.bounds.prefix();
         let mut full = Vec::new();
-        let mut f = |k: &[u8], v: &[u8]| {
+        let mut f = |k: &[u8], v: Stored<'_>| {
             if prefix.is_empty() {
                 return f(k, v);
             }

@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use crate::buffer::Buffer;
+use crate::dataref::Val;
 use crate::error::Result;
 use crate::msg::{KeyMsgs, Msn};
 use crate::node::{Body, BufSlot, Internal, Leaf, Node, NodeId, ROOT_ID};
@@ -84,7 +85,7 @@ impl<'t> Builder<'t> {
         &mut self,
         lo: Vec<u8>,
         hi: Option<Vec<u8>>,
-        entries: Vec<(Vec<u8>, Vec<u8>)>,
+        entries: Vec<(Vec<u8>, Val)>,
         pending: Buffer,
     ) -> Result<()> {
         let format = self.tree.format.clone();
@@ -92,9 +93,16 @@ impl<'t> Builder<'t> {
         if !entries.is_empty() {
             let points: Vec<(Vec<u8>, KeyMsgs)> = entries
                 .into_iter()
-                .map(|(k, v)| (k, KeyMsgs::Put { msn: 1, value: v }))
+                .map(|(k, v)| {
+                    let km = match v {
+                        Val::Bytes(value) => KeyMsgs::Put { msn: 1, value },
+                        Val::Ref(r) => KeyMsgs::PutRef { msn: 1, r },
+                    };
+                    (k, km)
+                })
                 .collect();
-            first.apply(&[], &points, &format);
+            let released = first.apply(&[], &points, &format);
+            assert!(released.is_empty(), "a new leaf dropped references");
         }
         let mut pieces = vec![(lo, Leaf::empty())];
         let rest = first.split(&format);
@@ -275,12 +283,13 @@ pub(crate) fn restrict(b: &Buffer, lo: &[u8], hi: Option<&[u8]>, out: &mut Buffe
             dropped += 1;
             continue;
         }
-        out.add_range(r.msn, &r.lo, &r.hi);
+        // References dropped here: a rebuild recounts the data table afterwards.
+        let _ = out.add_range(r.msn, &r.lo, &r.hi);
     }
     for (k, km) in b.points_in(lo, hi) {
         let ok = km.min_msn() > 0 && out.point(k).is_none_or(|old| km.min_msn() > old.max_msn());
         if ok {
-            out.add_key_msgs(k.clone(), km.clone());
+            let _ = out.add_key_msgs(k.clone(), km.clone());
         } else {
             dropped += 1;
         }

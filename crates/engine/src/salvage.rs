@@ -21,6 +21,7 @@ use std::collections::{HashMap, HashSet};
 use amaranth_device::AlignedBuf;
 
 use crate::buffer::Buffer;
+use crate::dataref::Val;
 use crate::error::{Error, Result};
 use crate::msg::Msn;
 use crate::node::{self, NodeHeader, NodeId, ROOT_ID};
@@ -379,7 +380,7 @@ impl<'t> Walker<'t> {
         let mut all = Vec::with_capacity(entries as usize);
         for p in &parts {
             for j in 0..p.len() {
-                all.push((full_key(&h.prefix, p.key(j)), p.value(j).to_vec()));
+                all.push((full_key(&h.prefix, p.key(j)), p.value(j).to_val()));
             }
         }
         self.report.entries += entries;
@@ -470,7 +471,7 @@ impl<'t> Walker<'t> {
         &mut self,
         lo: &[u8],
         hi: Option<&[u8]>,
-        entries: Vec<(Vec<u8>, Vec<u8>)>,
+        entries: Vec<(Vec<u8>, Val)>,
         stack: &mut [Level],
     ) -> Result<()> {
         self.report.leaves_rebuilt += 1;

@@ -36,6 +36,20 @@ pub struct SpaceUse {
     /// the nodes still count them as their next images (`dirty_next`), so `used` leaves them out
     /// (else `used` rose by a node's image for the time of each node write).
     pub writing: u64,
+    /// Out-of-line data blocks the tree references, or being written (part of `allocated` and of
+    /// `used`); released ones wait for the next checkpoint in `checkpoint_held`.
+    pub data: u64,
+}
+
+/// The data table's share of the space (docs/WRITEONCE.md), in blocks.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct DataSpace {
+    /// Blocks referenced or being written.
+    pub blocks: u64,
+    /// Blocks released, freed when the next checkpoint completes.
+    pub held: u64,
+    /// Runs in the table the next checkpoint writes.
+    pub runs: u64,
 }
 
 impl SpaceUse {
@@ -46,13 +60,16 @@ impl SpaceUse {
         table_entries: u64,
         held_blocks: u64,
         writing_blocks: u64,
+        data: DataSpace,
     ) -> SpaceUse {
         assert!(free_blocks <= total_blocks, "more free blocks than blocks");
+        let held_blocks = held_blocks + data.held;
         assert!(
-            held_blocks + writing_blocks <= total_blocks - free_blocks,
-            "more blocks held or being written than are allocated"
+            held_blocks + writing_blocks + data.blocks <= total_blocks - free_blocks,
+            "more blocks held, being written or holding data than are allocated"
         );
         let b = BLOCK_SIZE as u64;
+        let data_table = crate::datatable::RunMap::encoded_len(data.runs) as u64;
         SpaceUse {
             checkpoint_held: held_blocks * b,
             writing: writing_blocks * b,
@@ -60,7 +77,8 @@ impl SpaceUse {
             allocated: (total_blocks - free_blocks) * b,
             dirty_next: dirty.next_blocks * b,
             dirty_current: dirty.current_blocks * b,
-            table: (32 + 24 * table_entries).div_ceil(b) * b,
+            table: (32 + 24 * table_entries).div_ceil(b) * b + data_table.div_ceil(b) * b,
+            data: data.blocks * b,
         }
     }
 
@@ -98,17 +116,28 @@ mod tests {
             next_blocks: 30,
             current_blocks: 10,
         };
-        let s = SpaceUse::new(100, 60, dirty, 3, 0, 0);
+        let none = DataSpace::default();
+        let s = SpaceUse::new(100, 60, dirty, 3, 0, 0, none);
         assert_eq!(s.used(), (40 + 30 - 10) * 4096);
         assert_eq!(s.free(), 40 * 4096);
-        assert_eq!(s.checkpoint_need(), 10 * 4096 + 4096);
+        assert_eq!(s.checkpoint_need(), 10 * 4096 + 2 * 4096);
         // A running checkpoint that replaced 5 blocks of old images: not used, but needed.
-        let s = SpaceUse::new(100, 55, dirty, 3, 5, 0);
+        let s = SpaceUse::new(100, 55, dirty, 3, 5, 0, none);
         assert_eq!(s.used(), (45 + 30 - 10 - 5) * 4096);
-        assert_eq!(s.checkpoint_need(), (10 + 5) * 4096 + 4096);
+        assert_eq!(s.checkpoint_need(), (10 + 5) * 4096 + 2 * 4096);
         // 10 blocks being written for dirty nodes that still count their next images.
-        let s = SpaceUse::new(100, 50, dirty, 3, 0, 10);
+        let s = SpaceUse::new(100, 50, dirty, 3, 0, 10, none);
         assert_eq!(s.used(), (50 + 30 - 10 - 10) * 4096);
+        // Data: 20 blocks referenced are used, 4 released ones wait for the checkpoint.
+        let data = DataSpace {
+            blocks: 20,
+            held: 4,
+            runs: 300,
+        };
+        let s = SpaceUse::new(100, 36, dirty, 3, 0, 0, data);
+        assert_eq!(s.used(), (64 + 30 - 10 - 4) * 4096);
+        assert_eq!(s.data, 20 * 4096);
+        assert_eq!(s.checkpoint_need(), (10 + 4) * 4096 + 4096 + 2 * 4096);
         let s = SpaceUse::new(
             100,
             10,
@@ -119,6 +148,7 @@ mod tests {
             0,
             0,
             0,
+            none,
         );
         assert_eq!(s.used(), s.total);
         assert_eq!(s.free(), 0);

@@ -15,6 +15,7 @@ use amaranth_device::{AlignedBuf, BlockDevice, BLOCK_SIZE};
 use parking_lot::Mutex;
 
 use crate::codec::{crc, crc_with_hole, Dec, Enc};
+use crate::datatable::DataTable;
 use crate::error::{Error, Result};
 use crate::node::NodeId;
 use crate::superblock::Extent;
@@ -143,6 +144,16 @@ impl Allocator {
             }
         }
         self.insert(start, len);
+    }
+
+    /// Whether none of the `len` blocks from `start` is free.
+    pub fn is_allocated(&self, start: u64, len: u64) -> bool {
+        let before = self
+            .by_start
+            .range(..start)
+            .next_back()
+            .is_some_and(|(&s, &l)| s + l > start);
+        !before && self.by_start.range(start..start + len).next().is_none()
     }
 
     /// Free blocks.
@@ -539,6 +550,14 @@ pub struct StoreCounters {
     /// Clean leaves marked dirty so that a checkpoint's run relocates them next to their key
     /// neighbours (`placement.rs`).
     pub relocated: AtomicU64,
+    /// Out-of-line data extents written, and their bytes.
+    pub data_writes: AtomicU64,
+    /// Bytes of out-of-line data written.
+    pub data_bytes_written: AtomicU64,
+    /// Device reads of out-of-line data (one per run of consecutive blocks), and their bytes.
+    pub data_reads: AtomicU64,
+    /// Bytes of out-of-line data read.
+    pub data_bytes_read: AtomicU64,
 }
 
 /// The device, its space and its table.
@@ -547,6 +566,8 @@ pub struct Store {
     pub dev: Arc<dyn BlockDevice>,
     /// Table and allocator.
     pub btt: Mutex<Btt>,
+    /// The data table (`datatable.rs`). Lock order: `data` before `btt`.
+    pub data: Mutex<DataTable>,
     /// Counters.
     pub counters: StoreCounters,
     /// The first failed write of a node image or table. Writes happen on read paths too (the
@@ -590,11 +611,12 @@ impl Drop for Image<'_> {
 }
 
 impl Store {
-    /// A store on `dev` with this table and allocator.
-    pub fn new(dev: Arc<dyn BlockDevice>, btt: Btt) -> Store {
+    /// A store on `dev` with this table and allocator, and this data table.
+    pub fn new(dev: Arc<dyn BlockDevice>, btt: Btt, data: DataTable) -> Store {
         Store {
             dev,
             btt: Mutex::new(btt),
+            data: Mutex::new(data),
             counters: StoreCounters::default(),
             write_failure: Mutex::new(None),
             image_pool: Mutex::new(Vec::new()),

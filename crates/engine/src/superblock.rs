@@ -15,10 +15,14 @@ use crate::error::{Error, Result};
 
 /// Magic bytes at the start of each superblock.
 pub const SUPER_MAGIC: [u8; 8] = *b"AMARANTH";
-/// The on-disk format version this build writes for new images (3: node keys lifted). Superblocks
-/// of versions 1 and 2 are still decoded (to name them and for `amaranth upgrade`), but the engine
-/// opens only version 3.
-pub const FORMAT_VERSION: u32 = 3;
+/// The on-disk format version this build writes (4: out-of-line data blocks and the data table).
+/// Superblocks of versions 1 and 2 are still decoded (to name them and for `amaranth upgrade`),
+/// but the engine opens only versions 3 and 4; a read-write open of a version-3 image makes it
+/// version 4 at its first checkpoint (nothing else changes: it has no out-of-line block).
+pub const FORMAT_VERSION: u32 = 4;
+/// The first format version with node keys lifted (docs/SURGERY.md §2), the oldest the engine
+/// opens.
+pub const LIFTED_VERSION: u32 = 3;
 /// The oldest format version this build reads.
 pub const OLDEST_VERSION: u32 = 1;
 /// Superblock flag: log records were skipped at an open; the image wants a check.
@@ -30,6 +34,8 @@ const CRC_AT: usize = 12;
 const BACKUPS_AT: usize = 192;
 /// Most backup copies a superblock can list.
 const MAX_BACKUPS: usize = 8;
+/// Offset of the data table's location (version 4), after the longest backup list.
+const DATA_TABLE_AT: usize = BACKUPS_AT + 8 + 8 * MAX_BACKUPS;
 
 /// Blocks of the backup superblock copies of a device of `device_blocks` blocks (format version 2):
 /// a quarter, half and three quarters of the way, far from the start that a stray write of a
@@ -42,7 +48,7 @@ pub const LABEL_AT: usize = 1024;
 /// Longest label in bytes (UTF-8, no NUL; the rest of the field is zeros).
 pub const LABEL_MAX: usize = 64;
 // The backup list (version 2) ends before the label, and the label inside the block.
-const _: () = assert!(BACKUPS_AT + 8 + 8 * MAX_BACKUPS <= LABEL_AT);
+const _: () = assert!(DATA_TABLE_AT + 32 <= LABEL_AT);
 const _: () = assert!(LABEL_AT + LABEL_MAX <= BLOCK_SIZE);
 
 /// An extent of whole blocks.
@@ -125,6 +131,13 @@ pub struct Superblock {
     pub btt_crc: u32,
     /// Number of table entries.
     pub btt_count: u64,
+    /// Where this checkpoint's data table lies (version 4; `None` before), its crc32c and its
+    /// number of runs.
+    pub data_table: Option<Extent>,
+    /// crc32c of the data table's bytes.
+    pub data_table_crc: u32,
+    /// Runs in the data table.
+    pub data_table_runs: u64,
     /// When the image was created (Unix seconds).
     pub created_unix: u64,
     /// When this checkpoint was written (Unix seconds).
@@ -221,6 +234,14 @@ impl Superblock {
         } else {
             assert!(self.backups.is_empty(), "a version-1 image has no backups");
         }
+        if let Some(t) = self.data_table {
+            e.raw(&vec![0u8; DATA_TABLE_AT - e.len()]);
+            e.u64(t.block);
+            e.u64(t.blocks);
+            e.u32(self.data_table_crc);
+            e.u32(0);
+            e.u64(self.data_table_runs);
+        }
         let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
         buf[..e.len()].copy_from_slice(&e.buf);
         assert!(e.len() <= LABEL_AT, "superblock fields reach the label");
@@ -299,6 +320,9 @@ impl Superblock {
             checkpoint_unix: d.u64()?,
             label: decode_label(&block[LABEL_AT..LABEL_AT + LABEL_MAX])?,
             backups: Vec::new(),
+            data_table: None,
+            data_table_crc: 0,
+            data_table_runs: 0,
         };
         if version >= 2 {
             let n = d.u32()? as usize;
@@ -309,6 +333,16 @@ impl Superblock {
             for _ in 0..n {
                 sb.backups.push(d.u64()?);
             }
+        }
+        if version >= 4 {
+            let mut d = Dec::new(&block[DATA_TABLE_AT..DATA_TABLE_AT + 32], "superblock");
+            sb.data_table = Some(Extent {
+                block: d.u64()?,
+                blocks: d.u64()?,
+            });
+            sb.data_table_crc = d.u32()?;
+            d.u32()?;
+            sb.data_table_runs = d.u64()?;
         }
         sb.validate()?;
         Ok(sb)
@@ -349,6 +383,32 @@ impl Superblock {
             .any(|&b| b >= ext.block && b < ext.block + ext.blocks)
         {
             return bad("the block translation table covers a backup copy");
+        }
+        match self.data_table {
+            None if self.version >= 4 => return bad("no data table"),
+            None if self.data_table_crc != 0 || self.data_table_runs != 0 => {
+                return bad("a data table count without a data table")
+            }
+            None => {}
+            Some(_) if self.version < 4 => return bad("a data table before format 4"),
+            Some(t) => {
+                if t.blocks == 0
+                    || t.block < self.data_start_block()
+                    || t.block + t.blocks > self.device_blocks
+                {
+                    return bad("data table out of bounds");
+                }
+                if self
+                    .backups
+                    .iter()
+                    .any(|&b| b >= t.block && b < t.block + t.blocks)
+                {
+                    return bad("the data table covers a backup copy");
+                }
+                if crate::datatable::RunMap::encoded_len(self.data_table_runs) > t.len() {
+                    return bad("data table longer than its extent");
+                }
+            }
         }
         Ok(())
     }
@@ -476,6 +536,12 @@ pub(crate) mod tests {
             checkpoint_unix: 2,
             label: "data-é".into(),
             backups: backup_blocks(1000),
+            data_table: Some(Extent {
+                block: 201,
+                blocks: 1,
+            }),
+            data_table_crc: 99,
+            data_table_runs: 4,
         }
     }
 
@@ -562,9 +628,42 @@ pub(crate) mod tests {
         let mut v1 = sample(4);
         v1.version = 1;
         v1.backups.clear();
+        v1.data_table = None;
+        v1.data_table_crc = 0;
+        v1.data_table_runs = 0;
         assert_eq!(Superblock::decode(&v1.encode(), 0).unwrap().label, "data-é");
         v1.label.clear();
         assert!(v1.encode()[BACKUPS_AT..].iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn the_data_table_location_is_in_format_4_only() {
+        let sb = sample(4);
+        let buf = sb.encode();
+        assert_eq!(
+            u64::from_le_bytes(buf[DATA_TABLE_AT..DATA_TABLE_AT + 8].try_into().unwrap()),
+            201
+        );
+        assert_eq!(Superblock::decode(&buf, 0).unwrap(), sb);
+        // Format 3: no data table, and zeros where format 4 has it.
+        let mut v3 = sample(4);
+        v3.version = 3;
+        assert!(v3.validate().is_err(), "a data table in format 3");
+        v3.data_table = None;
+        v3.data_table_crc = 0;
+        v3.data_table_runs = 0;
+        let b3 = v3.encode();
+        assert!(b3[DATA_TABLE_AT..DATA_TABLE_AT + 32]
+            .iter()
+            .all(|&x| x == 0));
+        assert_eq!(Superblock::decode(&b3, 0).unwrap(), v3);
+        // Format 4 without one, or with one over a backup copy, is damage.
+        let none = forged(&sb, |b| b[DATA_TABLE_AT..DATA_TABLE_AT + 32].fill(0));
+        assert!(Superblock::decode(&none, 0).is_err());
+        let over = forged(&sb, |b| {
+            b[DATA_TABLE_AT..DATA_TABLE_AT + 8].copy_from_slice(&250u64.to_le_bytes())
+        });
+        assert!(Superblock::decode(&over, 0).is_err());
     }
 
     #[test]
@@ -576,6 +675,9 @@ pub(crate) mod tests {
         let mut v1 = sample(4);
         v1.version = 1;
         v1.backups.clear();
+        v1.data_table = None;
+        v1.data_table_crc = 0;
+        v1.data_table_runs = 0;
         assert_eq!(Superblock::decode(&v1.encode(), 0).unwrap(), v1);
         // Backups must be where the device size puts them.
         let moved = forged(&sample(4), |b| b[BACKUPS_AT + 16] ^= 1);

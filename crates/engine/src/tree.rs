@@ -43,6 +43,7 @@ mod flush;
 mod inject;
 mod load;
 mod readahead;
+mod refs;
 mod split_merge;
 
 pub use readahead::ReadAhead;
@@ -81,6 +82,7 @@ impl Msg {
                         PointOp::Put(v) => v.len() + 8,
                         PointOp::Delete => 8,
                         PointOp::Upsert(p) => p.size(),
+                        PointOp::PutRef(r) => r.encoded_len() + 8,
                     }
             }
             Msg::Range { lo, hi } => lo.len() + hi.len() + 8,

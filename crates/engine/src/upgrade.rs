@@ -1,5 +1,7 @@
 //! `amaranth upgrade`: rewrites a format-1 or format-2 image (full keys, node layout 1) as a
-//! format-3 image (keys lifted, node layout 2), docs/SURGERY.md §2.4.
+//! format-3 image (keys lifted, node layout 2), docs/SURGERY.md §2.4, then makes a format-3 image
+//! format 4 (an empty data table, docs/WRITEONCE.md): an open and a close, whose checkpoint
+//! writes the table and the new superblock (a read-write open of a format-3 image does the same).
 //!
 //! The last checkpoint's tree is walked depth first from the root with each node's [`Bounds`],
 //! using only the node image code (parse, build, re-lift, serialize), never the tree's hot paths.
@@ -14,12 +16,13 @@ use std::sync::Arc;
 
 use amaranth_device::{AlignedBuf, BlockDevice};
 
-use crate::config::Compression;
+use crate::config::{Compression, Options};
+use crate::datatable::RunMap;
 use crate::error::{Error, Result};
-use crate::load::{build_allocator, read_table};
+use crate::load::{build_allocator, read_data_table, read_table};
 use crate::node::{self, Body, Node, NodeId, NODE_VERSION, NODE_VERSION_UNLIFTED, ROOT_ID};
 use crate::store::{self, Allocator};
-use crate::superblock::{backup_blocks, Extent, Superblock, FORMAT_VERSION};
+use crate::superblock::{backup_blocks, Extent, Superblock, FORMAT_VERSION, LIFTED_VERSION};
 use crate::tree::Bounds;
 
 /// What [`upgrade`] did.
@@ -49,17 +52,21 @@ impl UpgradeReport {
     }
 }
 
-/// Upgrades the image on `dev` to this build's format version (3), rewriting every node of its last
-/// checkpoint once; `progress(done, total)` is called as nodes are written. A format-3 image is
-/// left untouched (the report says it is already current). Refuses, changing nothing, an image
-/// that was not closed cleanly or that is marked damaged: its log must be replayed, or it must be
-/// repaired, by the build that wrote it. A crash during the upgrade leaves the old image intact;
-/// run the upgrade again.
+/// Upgrades the image on `dev` to this build's format version (4): an image of format 1 or 2 has
+/// every node of its last checkpoint rewritten once (`progress(done, total)` is called as nodes
+/// are written), then gets, as a format-3 image does, its empty data table by an open and a
+/// close. A format-4 image is left untouched (the report says it is already current). Refuses,
+/// changing nothing, a format-1 or -2 image that was not closed cleanly or that is marked damaged:
+/// its log must be replayed, or it must be repaired, by the build that wrote it. A crash during
+/// the upgrade leaves the old image intact; run the upgrade again.
 pub fn upgrade(
     dev: Arc<dyn BlockDevice>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<UpgradeReport> {
     let sb = Superblock::locate(&*dev, false)?.sb;
+    if sb.version == LIFTED_VERSION {
+        return add_data_table(dev, sb.version, None);
+    }
     if sb.version == FORMAT_VERSION {
         return Ok(UpgradeReport {
             from_version: sb.version,
@@ -92,17 +99,64 @@ pub fn upgrade(
             sb.version
         )));
     }
-    rewrite(&dev, sb, NODE_VERSION_UNLIFTED, NODE_VERSION, progress)
+    let report = rewrite(&dev, sb, NODE_VERSION_UNLIFTED, NODE_VERSION, progress)?;
+    add_data_table(dev, report.from_version, Some(report))
 }
 
-/// Rewrites a cleanly closed format-3 image as the format-`version` image (2, or 1: no backup
-/// superblocks) an older build would have written: full keys, node layout 1. For tests of the
-/// upgrade; the engine never writes older formats otherwise.
+/// Makes the clean format-3 image on `dev` format 4: an open (which replays nothing) and a close,
+/// whose checkpoint writes an empty data table and a format-4 superblock. `rewritten` is what a
+/// rewrite of older nodes did first.
+fn add_data_table(
+    dev: Arc<dyn BlockDevice>,
+    from_version: u32,
+    rewritten: Option<UpgradeReport>,
+) -> Result<UpgradeReport> {
+    let format = Superblock::locate(&*dev, false)?.sb.format()?;
+    let options = Options {
+        cache_size: (64 << 20).max(16 * format.node_size),
+        background_threads: false,
+        read_ahead: 0,
+        ..Options::default()
+    };
+    crate::Engine::open(dev, options)?.close()?;
+    let mut report = rewritten.unwrap_or(UpgradeReport {
+        from_version,
+        to_version: FORMAT_VERSION,
+        nodes: 0,
+        bytes: 0,
+        bytes_before: 0,
+        leaf_entry_bytes: (0, 0),
+        unreachable: 0,
+    });
+    report.from_version = from_version;
+    report.to_version = FORMAT_VERSION;
+    Ok(report)
+}
+
+/// Rewrites a cleanly closed format-4 image without out-of-line blocks as the format-`version`
+/// image (3: no data table; 2, or 1: no backup superblocks either) an older build would have
+/// written: for 1 and 2 with full keys, node layout 1. For tests of the upgrade; the engine never
+/// writes older formats otherwise.
 #[doc(hidden)]
 pub fn downgrade_for_tests(dev: Arc<dyn BlockDevice>, version: u32) -> Result<()> {
-    assert!(version == 1 || version == 2, "format {version}");
-    let sb = Superblock::locate(&*dev, false)?.sb;
+    assert!((1..=3).contains(&version), "format {version}");
+    let mut sb = Superblock::locate(&*dev, false)?.sb;
     assert_eq!(sb.version, FORMAT_VERSION, "a current image to downgrade");
+    assert!(
+        read_data_table(&dev, &sb)?.is_empty(),
+        "an image with out-of-line blocks cannot be downgraded"
+    );
+    if version == 3 {
+        sb.version = 3;
+        sb.generation += 1;
+        sb.data_table = None;
+        sb.data_table_crc = 0;
+        sb.data_table_runs = 0;
+        crate::engine::write_primary(&*dev, &sb)?;
+        flush(&*dev, "the superblock")?;
+        crate::engine::write_backups(&*dev, &sb)?;
+        return flush(&*dev, "the backup superblocks");
+    }
     rewrite(
         &dev,
         sb,
@@ -138,13 +192,17 @@ pub(crate) fn rewrite(
 ) -> Result<UpgradeReport> {
     let format = sb.format()?;
     let table = read_table(dev, &sb)?;
-    let mut alloc = build_allocator(&sb, &table)?;
+    let mut alloc = build_allocator(&sb, &table, &RunMap::default())?;
     let from_version = sb.version;
     let to_version = if to == NODE_VERSION {
-        FORMAT_VERSION
+        LIFTED_VERSION
     } else {
         2
     };
+    // Neither format has a data table (the downgrade's image has no out-of-line block).
+    sb.data_table = None;
+    sb.data_table_crc = 0;
+    sb.data_table_runs = 0;
     if sb.backups.is_empty() && to_version >= 2 {
         // A format-1 image gets the backup superblocks format 2 added (as a format-2 build's
         // first read-write open did), where no extent lies.

@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 
+use crate::datatable::RunMap;
 use crate::error::{Error, Result};
 use crate::node::{Body, NodeId, ROOT_ID};
 use crate::tree::{Bounds, Tree};
@@ -30,6 +31,11 @@ pub struct Report {
     /// Where each leaf's current image lies, `(first block, blocks)`, leaves in key order (a
     /// leaf never written yet is left out).
     pub leaf_extents: Vec<(u64, u64)>,
+    /// References to out-of-line data blocks (leaf entries and buffered messages), and the
+    /// blocks they name: the data table must count exactly these.
+    pub data_refs: u64,
+    /// Distinct out-of-line blocks referenced.
+    pub data_blocks: u64,
 }
 
 impl Report {
@@ -63,6 +69,7 @@ pub fn verify(tree: &Tree) -> Result<Report> {
     let mut seen: HashSet<NodeId> = HashSet::new();
     let mut leaves: Vec<(Vec<u8>, (u64, u64))> = Vec::new();
     let mut stack: Vec<Pending> = vec![(ROOT_ID, Bounds::root(), None, u64::MAX)];
+    let mut refs = RunMap::default();
     while let Some((id, bounds, height, msn_bound)) = stack.pop() {
         if !seen.insert(id) {
             return Err(broken(format!("node {id} is reachable twice")));
@@ -125,8 +132,12 @@ pub fn verify(tree: &Tree) -> Result<Report> {
                             return Err(broken(format!("leaf {id}: keys out of order")));
                         }
                         prev = Some(k.to_vec());
+                        if let Some(b) = p.value(j).block() {
+                            refs.add(b, 1);
+                            report.data_refs += 1;
+                        }
                         report.leaf_entries += 1;
-                        report.leaf_bytes += (k.len() + p.value(j).len()) as u64;
+                        report.leaf_bytes += (k.len() + p.value(j).raw().len()) as u64;
                     }
                 }
             }
@@ -185,6 +196,10 @@ pub fn verify(tree: &Tree) -> Result<Report> {
                         report.buffered_ranges += 1;
                     }
                     report.buffered_bytes += b.bytes() as u64;
+                    for block in b.ref_blocks() {
+                        refs.add(block, 1);
+                        report.data_refs += 1;
+                    }
                     stack.push((
                         n.children[i],
                         bounds.child(n, i),
@@ -198,6 +213,8 @@ pub fn verify(tree: &Tree) -> Result<Report> {
         drop(cn);
         tree.make_room()?;
     }
+    report.data_blocks = refs.blocks();
+    check_data_table(tree, &refs)?;
     let btt = tree.store.btt.lock();
     let mut leaked: Vec<NodeId> = btt
         .current
@@ -211,4 +228,50 @@ pub fn verify(tree: &Tree) -> Result<Report> {
     leaves.sort_by(|a, b| a.0.cmp(&b.0));
     report.leaf_extents = leaves.into_iter().map(|(_, e)| e).collect();
     Ok(report)
+}
+
+/// Checks the data table against a recount of the tree's references: the same count for every
+/// block, and every referenced block allocated and not part of a node image or a table.
+pub(crate) fn check_data_table(tree: &Tree, recount: &RunMap) -> Result<()> {
+    let data = tree.store.data.lock();
+    if data.refs != *recount {
+        let first = data
+            .refs
+            .iter()
+            .zip(recount.iter())
+            .find(|(a, b)| a != b)
+            .map(|(a, b)| format!("table {a:?}, tree {b:?}"))
+            .unwrap_or_else(|| format!("{} runs against {}", data.refs.runs(), recount.runs()));
+        return Err(broken(format!(
+            "the data table differs from the tree's references ({first}; runs as (first block, \
+             blocks, references))"
+        )));
+    }
+    let btt = tree.store.btt.lock();
+    let mut images: Vec<(u64, u64)> = btt
+        .current
+        .values()
+        .chain(btt.checkpointed.values())
+        .chain(btt.in_progress.iter().flat_map(|m| m.values()))
+        .chain(btt.checkpointed_table.iter())
+        .chain(data.checkpointed_table.iter())
+        .map(|e| (e.block, e.block + e.blocks))
+        .collect();
+    images.sort_unstable();
+    for (start, len, _) in recount.iter() {
+        if !btt.alloc.is_allocated(start, len) {
+            return Err(broken(format!(
+                "data blocks {start}..{} are referenced but free",
+                start + len
+            )));
+        }
+        let i = images.partition_point(|&(_, end)| end <= start);
+        if images.get(i).is_some_and(|&(s, _)| s < start + len) {
+            return Err(broken(format!(
+                "data blocks {start}..{} overlap a node image or a table",
+                start + len
+            )));
+        }
+    }
+    Ok(())
 }

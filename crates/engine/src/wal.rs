@@ -473,6 +473,9 @@ pub struct Recovered {
     /// Durable records that could not be read (a later chunk proves they were written): damage,
     /// which an open refuses and a repair reports. The records before them were replayed.
     pub damage: Option<Error>,
+    /// The highest durable LSN a chunk examined records: every record below it was on stable
+    /// storage (with the out-of-line data it names) before the crash.
+    pub max_durable: Lsn,
 }
 
 /// A parsed, verified chunk header.
@@ -511,9 +514,10 @@ fn parse_chunk_header(blk: &[u8], at: u64, epoch: u64, region_len: u64) -> Optio
 
 /// Scans the log from `tail_voff` (whose first record is `tail_lsn`), calling `apply(lsn, payload)`
 /// for each valid record in order, and stops at the end marker or the first invalid or missing
-/// record. With `check_damage`, it then looks at the rest of the region: a later chunk that says
-/// the missing records had been made durable proves damage rather than a torn write, and is an
-/// error.
+/// record, or before a record `apply` refuses (`Some(why)`: the caller found it incomplete, its
+/// out-of-line data not on the device). With `check_damage`, it then looks at the rest of the
+/// region: a later chunk that says the missing records had been made durable proves damage rather
+/// than a torn write, and is an error.
 #[allow(clippy::too_many_arguments)]
 pub fn recover(
     dev: &dyn BlockDevice,
@@ -523,12 +527,13 @@ pub fn recover(
     tail_voff: u64,
     tail_lsn: Lsn,
     check_damage: bool,
-    mut apply: impl FnMut(Lsn, &[u8]) -> Result<()>,
+    mut apply: impl FnMut(Lsn, &[u8]) -> Result<Option<String>>,
 ) -> Result<Recovered> {
     let mut voff = tail_voff;
     let mut expect = tail_lsn;
     let mut records = 0u64;
     let mut resume = tail_voff;
+    let mut max_durable = 0;
     let read = |off: u64, len: usize| -> Result<AlignedBuf> {
         let mut b = AlignedBuf::zeroed(len);
         dev.read_at(region_start + off % region_len, &mut b)
@@ -569,6 +574,7 @@ pub fn recover(
         let Some((at, h, first_block)) = found else {
             break format!("no valid chunk at log offset {voff}");
         };
+        max_durable = max_durable.max(h.durable);
         if h.n == 0 {
             resume = at;
             at_marker = true;
@@ -613,7 +619,10 @@ pub fn recover(
                 bad = Some(format!("record LSN {lsn} where {expect} was expected"));
                 break;
             }
-            apply(lsn, &rec[RECORD_HEADER..])?;
+            if let Some(why) = apply(lsn, &rec[RECORD_HEADER..])? {
+                bad = Some(why);
+                break;
+            }
             expect += 1;
             records += 1;
             pos += rlen;
@@ -657,6 +666,7 @@ pub fn recover(
         records,
         stop_reason,
         damage,
+        max_durable,
     })
 }
 
@@ -671,7 +681,7 @@ mod tests {
         let mut out = Vec::new();
         let r = recover(dev, 4096, REGION, epoch, tail, lsn, true, |l, p| {
             out.push((l, p.to_vec()));
-            Ok(())
+            Ok(None)
         })
         .unwrap();
         assert!(r.damage.is_none(), "{:?}", r.damage);

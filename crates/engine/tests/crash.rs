@@ -27,22 +27,7 @@ fn crash_at_every_flush_and_between() {
         let seed = 0xc4a5_0000 + seed;
         eprintln!("crash seed {seed}");
         let run = workload(seed, 300);
-        for (i, pos) in crash_points(&run, seed, 40).into_iter().enumerate() {
-            let plans = [
-                CrashPlan::DropAll,
-                CrashPlan::KeepAll,
-                CrashPlan::Random {
-                    seed: seed + i as u64,
-                    keep: 0.5,
-                    tear: 0.5,
-                },
-            ];
-            for plan in plans {
-                let what = format!("seed {seed} crash at {pos} with {plan:?}");
-                check_crash(&run, pos, &plan, &what);
-                states += 1;
-            }
-        }
+        states += check_crash_points(&run, seed, 40);
     }
     eprintln!("checked {states} crash states");
 }

@@ -52,14 +52,7 @@ fn run(seed: u64, steps: usize) {
             }
             680..=689 => {
                 // Move or copy one key family to another prefix.
-                let a = format!("k{:04}/", g.rng.gen_range(0..keys)).into_bytes();
-                let b = format!("k{:04}/", g.rng.gen_range(0..keys)).into_bytes();
-                if a != b {
-                    let op = if g.rng.gen_bool(0.5) {
-                        Op::MovePrefix { from: a, to: b }
-                    } else {
-                        Op::CopyPrefix { from: a, to: b }
-                    };
+                if let Some(op) = g.prefix_op() {
                     apply_model(&mut m, &op);
                     let mut batch = Batch::new();
                     batch.push(op);
@@ -70,15 +63,7 @@ fn run(seed: u64, steps: usize) {
             }
             690..=899 => {
                 let k = g.key();
-                let got = e
-                    .get(&k)
-                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: get failed: {err}"));
-                assert_eq!(
-                    got.as_ref(),
-                    m.get(&k),
-                    "seed {seed} step {step}: get {:?}",
-                    String::from_utf8_lossy(&k)
-                );
+                check_get(&e, &m, &k, seed, step);
             }
             900..=969 => check_range(&e, &m, &mut g, seed, step),
             970..=979 => {
@@ -87,18 +72,18 @@ fn run(seed: u64, steps: usize) {
                 verified(&e, seed, step, "checkpoint");
             }
             980..=989 => {
-                e.close()
-                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: close: {err}"));
-                e = Engine::open(dev.clone(), options.clone())
-                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: open: {err}"));
+                e = restart(
+                    e,
+                    &dev,
+                    &options,
+                    false,
+                    &format!("seed {seed} step {step}"),
+                );
                 verified(&e, seed, step, "reopen");
             }
             _ => {
                 // A crash after sync: nothing acknowledged may be lost.
-                e.sync().unwrap();
-                e.abandon();
-                e = Engine::open(dev.clone(), options.clone())
-                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: recover: {err}"));
+                e = restart(e, &dev, &options, true, &format!("seed {seed} step {step}"));
                 verified(&e, seed, step, "recovery");
             }
         }
@@ -127,6 +112,150 @@ fn run(seed: u64, steps: usize) {
         dump(&e) == m,
         "seed {seed}: contents differ after the last reopen"
     );
+}
+
+/// Compares a point read of `k` with the model.
+fn check_get(e: &Engine, m: &Model, k: &[u8], seed: u64, step: usize) {
+    let got = e
+        .get(k)
+        .unwrap_or_else(|err| panic!("seed {seed} step {step}: get failed: {err}"));
+    assert_eq!(
+        got.as_ref(),
+        m.get(k),
+        "seed {seed} step {step}: get {:?}",
+        String::from_utf8_lossy(k)
+    );
+}
+
+/// The engine on `dev` opened again: after a clean close, or after a crash that followed a sync.
+fn restart(e: Engine, dev: &Arc<MemDevice>, options: &Options, crash: bool, at: &str) -> Engine {
+    if crash {
+        e.sync().unwrap();
+        e.abandon();
+    } else {
+        e.close().unwrap_or_else(|err| panic!("{at}: close: {err}"));
+    }
+    Engine::open(dev.clone(), options.clone()).unwrap_or_else(|err| panic!("{at}: open: {err}"))
+}
+
+/// One random sequence with out-of-line blocks in the mix (puts of block runs, small and large
+/// upserts onto them, prefix moves and copies that share them, range deletes that drop them),
+/// checking after every step that the data table equals a recount of the tree's references.
+fn run_blocks(seed: u64, steps: usize) {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let mut format = blocks_format();
+    format.compression = [Compression::None, Compression::Lz4][(seed % 2) as usize];
+    let keys = [60, 400][(seed / 2 % 2) as usize];
+    let options = Options {
+        cache_size: 512 << 10,
+        ..small_options()
+    };
+    let mut e = Engine::create(dev.clone(), format, options.clone()).expect("create");
+    let mut m = Model::new();
+    let mut g = Gen::new(seed, keys, 4096);
+    let write = |e: &Engine, m: &mut Model, ops: Vec<Op>, step: usize| {
+        for op in &ops {
+            apply_model(m, op);
+        }
+        e.write(&Batch::from(ops))
+            .unwrap_or_else(|err| panic!("seed {seed} step {step}: write failed: {err}"));
+    };
+    for step in 0..steps {
+        match g.rng.gen_range(0..1000) {
+            0..=299 => {
+                let op = g.simple_op();
+                write(&e, &mut m, vec![op], step);
+            }
+            300..=499 => {
+                let op = g.blocks_op();
+                write(&e, &mut m, vec![op], step);
+            }
+            500..=599 => {
+                let op = g.block_upsert();
+                write(&e, &mut m, vec![op], step);
+            }
+            600..=649 => {
+                let ops = (0..g.rng.gen_range(2..5))
+                    .map(|_| match g.rng.gen_range(0..3) {
+                        0 => g.blocks_op(),
+                        1 => g.block_upsert(),
+                        _ => g.simple_op(),
+                    })
+                    .collect();
+                write(&e, &mut m, ops, step);
+            }
+            650..=679 => {
+                if let Some(op) = g.prefix_op() {
+                    write(&e, &mut m, vec![op], step);
+                }
+            }
+            680..=849 => {
+                let k = if g.rng.gen_bool(0.5) {
+                    Gen::block_key(g.rng.gen_range(0..keys), g.rng.gen_range(0..16))
+                } else {
+                    g.key()
+                };
+                check_get(&e, &m, &k, seed, step);
+            }
+            850..=929 => check_range(&e, &m, &mut g, seed, step),
+            930..=949 => {
+                e.checkpoint()
+                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: checkpoint: {err}"));
+            }
+            950..=969 => {
+                e.flush_buffers(0, 40)
+                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: flush: {err}"));
+            }
+            970..=984 => {
+                e = restart(
+                    e,
+                    &dev,
+                    &options,
+                    false,
+                    &format!("seed {seed} step {step}"),
+                );
+            }
+            _ => e = restart(e, &dev, &options, true, &format!("seed {seed} step {step}")),
+        }
+        e.check_data_table()
+            .unwrap_or_else(|err| panic!("seed {seed} step {step}: {err}"));
+        if step % 250 == 249 {
+            verified(&e, seed, step, "operations");
+            e.check_space_accounting();
+        }
+    }
+    assert!(dump(&e) == m, "seed {seed}: final contents differ");
+    verified(&e, seed, steps, "the end");
+    let st = e.stats();
+    let report = e.verify().unwrap();
+    eprintln!(
+        "  {} data extents written, {} data reads, {} references to {} blocks at the end",
+        st.data_writes, st.data_reads, report.data_refs, report.data_blocks
+    );
+    e.close().unwrap();
+    let e = Engine::open(dev, options).unwrap();
+    assert!(
+        dump(&e) == m,
+        "seed {seed}: contents differ after the last reopen"
+    );
+    e.check_data_table().unwrap();
+}
+
+#[test]
+fn random_sequences_with_out_of_line_blocks_match_the_model() {
+    let n: u64 = std::env::var("AMARANTH_MODEL_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(24, |r: u64| (r / 25).max(1));
+    for seed in seeds(n) {
+        eprintln!("model (blocks) seed {seed}");
+        run_blocks(seed, 1500);
+    }
+}
+
+#[test]
+fn replay_blocks() {
+    replay_with(run_blocks, 1500);
 }
 
 /// The full check of the tree (every node read and checked, no leaked node) after `what`.
@@ -161,8 +290,8 @@ fn random_sequences_match_the_model() {
     }
 }
 
-#[test]
-fn replay() {
+/// Runs `run` with `AMARANTH_SEED` and `AMARANTH_STEPS` (default `steps`) when a seed is given.
+fn replay_with(run: fn(u64, usize), steps: usize) {
     if let Some(seed) = std::env::var("AMARANTH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -170,9 +299,14 @@ fn replay() {
         let steps = std::env::var("AMARANTH_STEPS")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(2500);
+            .unwrap_or(steps);
         run(seed, steps);
     }
+}
+
+#[test]
+fn replay() {
+    replay_with(run, 2500);
 }
 
 #[test]

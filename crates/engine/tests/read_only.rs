@@ -206,9 +206,9 @@ fn a_format_1_image_is_refused_read_only_and_upgraded_gets_its_backups_and_label
     );
     assert!(mem.to_bytes() == before, "a refused read-only open wrote");
     let r = upgrade(dev.clone(), &mut |_, _| {}).unwrap();
-    assert_eq!((r.from_version, r.to_version), (1, 3));
+    assert_eq!((r.from_version, r.to_version), (1, 4));
     let sb = Superblock::read_newest(&*dev, false).unwrap();
-    assert_eq!((sb.version, &sb.backups), (3, &backups));
+    assert_eq!((sb.version, &sb.backups), (4, &backups));
     let e = Engine::open(dev.clone(), plain_read_only()).unwrap();
     check_round(&e, 500, 1);
     e.set_read_only(false).unwrap();

@@ -183,7 +183,7 @@ fn a_format_1_image_is_refused_and_upgraded_by_the_upgrade_command() {
         );
     }
     let r = upgrade(dev.clone(), &mut |_, _| {}).unwrap();
-    assert_eq!((r.from_version, r.to_version), (1, 3));
+    assert_eq!((r.from_version, r.to_version), (1, 4));
     let e = Engine::open(dev.clone(), small_options()).unwrap();
     assert_eq!(dump(&e), m);
     e.write(&Batch::from(vec![Op::Put {
@@ -193,7 +193,7 @@ fn a_format_1_image_is_refused_and_upgraded_by_the_upgrade_command() {
     .unwrap();
     e.close().unwrap();
     let sb = Superblock::read_newest(&*dev, false).unwrap();
-    assert_eq!((sb.version, &sb.backups), (3, &backups));
+    assert_eq!((sb.version, &sb.backups), (4, &backups));
     // The backups the upgrade gave it hold the image when the primary copies are lost.
     dev.with_bytes_mut(|b| b[..8192].fill(0));
     let e = Engine::open(dev, small_options()).unwrap();
@@ -206,6 +206,9 @@ fn a_format_2_image_is_refused_naming_the_upgrade() {
     // A format-2 superblock (full keys in its nodes) in every copy.
     let mut sb = Superblock::read_newest(&*dev, false).unwrap();
     sb.version = 2;
+    sb.data_table = None;
+    sb.data_table_crc = 0;
+    sb.data_table_runs = 0;
     sb.forge_for_tests(&*dev).unwrap();
     for read_only in [true, false] {
         let opts = Options {

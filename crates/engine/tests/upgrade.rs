@@ -1,6 +1,8 @@
 //! `amaranth upgrade` (docs/SURGERY.md §2.4): a format-2 image (full keys, node layout 1) is
-//! rewritten as format 3 with every key and value as it was; a crash at any point of the upgrade
-//! leaves an image that is either the old one (and upgrades again) or the new one, whole.
+//! rewritten as format 3 with every key and value as it was, then gets its data table (format 4,
+//! docs/WRITEONCE.md); a crash at any point of the upgrade leaves an image that is either the old
+//! one (and upgrades again) or a new one, whole. A format-3 image needs no node rewritten: its
+//! first read-write open, or the upgrade, adds the data table.
 
 mod common;
 
@@ -67,16 +69,48 @@ fn a_format_2_image_is_upgraded_with_every_key_and_value() {
         calls += 1;
     })
     .unwrap();
-    assert_eq!((r.from_version, r.to_version), (2, 3));
+    assert_eq!((r.from_version, r.to_version), (2, 4));
     assert!(r.nodes > 10 && r.bytes > 0 && calls == r.nodes, "{r:?}");
     assert_eq!(r.unreachable, 0);
-    assert_eq!(version(&*dev), 3);
+    assert_eq!(version(&*dev), 4);
     check_holds(dev.clone(), &m, "upgraded");
     // Again: nothing to do, nothing written.
     let before = dev.to_bytes();
     let again = upgrade(dev.clone(), &mut no_progress()).unwrap();
     assert!(again.already_current(), "{again:?}");
     assert!(dev.to_bytes() == before, "a current image was changed");
+}
+
+#[test]
+fn a_format_3_image_becomes_format_4_at_its_first_writable_open_or_its_upgrade() {
+    for how in ["open", "upgrade"] {
+        let (dev, m) = old_image(3, 5);
+        assert_eq!(version(&*dev), 3);
+        // Read-only, it is read as it is and left untouched.
+        let before = dev.to_bytes();
+        let ro = Options {
+            read_only: true,
+            ..small_options()
+        };
+        let e = Engine::open(dev.clone(), ro).unwrap();
+        assert!(dump(&e) == m, "{how}: read-only contents");
+        drop(e);
+        assert!(dev.to_bytes() == before, "{how}: a read-only open wrote");
+        match how {
+            "open" => Engine::open(dev.clone(), small_options())
+                .unwrap()
+                .close()
+                .unwrap(),
+            _ => {
+                let r = upgrade(dev.clone(), &mut no_progress()).unwrap();
+                assert_eq!((r.from_version, r.to_version, r.nodes), (3, 4, 0), "{r:?}");
+            }
+        }
+        assert_eq!(version(&*dev), 4, "{how}");
+        let sb = Superblock::locate(&*dev, false).unwrap().sb;
+        assert_eq!(sb.data_table_runs, 0, "{how}: an empty data table");
+        check_holds(dev, &m, how);
+    }
 }
 
 #[test]
@@ -101,7 +135,7 @@ fn a_crash_during_the_upgrade_leaves_the_old_image_or_the_new_one() {
     let (old, m) = old_image(2, 3);
     let dev = Arc::new(FaultDevice::from_bytes(old.to_bytes()));
     let full: UpgradeReport = upgrade(dev.clone(), &mut no_progress()).unwrap();
-    assert_eq!(full.to_version, 3);
+    assert_eq!(full.to_version, 4);
     // Every flush point and the point just before it (everything since the last one in flight),
     // and points between flushes, with several fates for the unflushed writes.
     let len = dev.trace_len();
@@ -137,7 +171,9 @@ fn a_crash_during_the_upgrade_leaves_the_old_image_or_the_new_one() {
                     assert_eq!(r.nodes, full.nodes, "{what}");
                     check_holds(img, &m, &what);
                 }
-                3 => {
+                // Nodes rewritten lifted, the data table not added yet: a format-3 image, whose
+                // next read-write open makes it format 4.
+                3 | 4 => {
                     new_seen += 1;
                     check_holds(img, &m, &what);
                 }

@@ -22,10 +22,11 @@ use parking_lot::{Mutex, MutexGuard};
 use super::Inner;
 use crate::cache::CachedNode;
 use crate::copies::Located;
+use crate::datatable::RunMap;
 use crate::error::{Error, Result};
 use crate::node::{NodeId, ROOT_ID};
 use crate::store::{self, Placement};
-use crate::superblock::{Extent, Superblock};
+use crate::superblock::{Extent, Superblock, FORMAT_VERSION, LIFTED_VERSION};
 
 /// Owner of the checkpoint protocol and of the current superblock.
 pub(crate) struct Checkpointer {
@@ -47,6 +48,16 @@ struct Begun {
     next_msn: u64,
     next_node_id: u64,
     pending: Vec<Arc<CachedNode>>,
+    /// The data table of the references the checkpoint's tree holds, and its runs.
+    data_table: AlignedBuf,
+    data_runs: u64,
+}
+
+/// Extents a checkpoint wrote for its tables, freed again if it fails.
+#[derive(Default)]
+struct Tables {
+    btt: Option<Extent>,
+    data: Option<Extent>,
 }
 
 /// Node images written by the checkpoint: `(node, new extent, extent it replaces)`.
@@ -120,13 +131,26 @@ impl Checkpointer {
         // tail move past them.
         inner.log.flush(false)?;
         let mut begun = self.begin(inner)?;
-        let mut table_ext: Option<Extent> = None;
+        let mut tables = Tables::default();
         let mut saved = Vec::new();
-        let result = self.write(inner, clean, &mut begun, &mut table_ext, &mut saved);
+        let result = self.write(inner, clean, &mut begun, &mut tables, &mut saved);
         match result {
             Ok(sb) => {
                 let tree = &inner.tree;
                 tree.store.btt.lock().complete_checkpoint(sb.btt);
+                {
+                    // Blocks released before the checkpoint began: neither its tree nor a
+                    // record after its tail names them.
+                    let mut data = tree.store.data.lock();
+                    let table = sb
+                        .data_table
+                        .expect("a format-4 checkpoint has a data table");
+                    let freed = data.complete_checkpoint(table);
+                    let mut btt = tree.store.btt.lock();
+                    for e in freed {
+                        btt.alloc.free(e);
+                    }
+                }
                 tree.adopt_checkpoint_images(&saved);
                 inner.log.set_tail(begun.tail_voff);
                 *self.sb.lock() = sb;
@@ -139,7 +163,11 @@ impl Checkpointer {
             }
             Err(e) => {
                 let tree = &inner.tree;
-                tree.store.btt.lock().abort_checkpoint(table_ext);
+                tree.store.data.lock().abort_checkpoint();
+                if let Some(t) = tables.data {
+                    tree.store.btt.lock().alloc.free(t);
+                }
+                tree.store.btt.lock().abort_checkpoint(tables.btt);
                 // Only a checkpoint marks nodes pending, and this one holds `lock`.
                 for cn in tree.cache.all() {
                     cn.meta.lock().pending = false;
@@ -178,7 +206,13 @@ impl Checkpointer {
                     pending.push(cn);
                 }
             }
+            let (data_table, data_runs) = {
+                let mut d = tree.store.data.lock();
+                (d.begin_checkpoint(), d.refs.runs() as u64)
+            };
             return Ok(Begun {
+                data_table,
+                data_runs,
                 tail_voff,
                 tail_lsn,
                 ckpt_lsn,
@@ -195,7 +229,7 @@ impl Checkpointer {
         inner: &Inner,
         clean: bool,
         begun: &mut Begun,
-        table_ext: &mut Option<Extent>,
+        tables: &mut Tables,
         saved: &mut Saved,
     ) -> Result<Superblock> {
         let tree = &inner.tree;
@@ -225,9 +259,17 @@ impl Checkpointer {
             (store::encode_btt(ip), ip.len() as u64)
         };
         let ext = tree.store.write_new(&table, "block translation table")?;
-        *table_ext = Some(ext);
+        tables.btt = Some(ext);
+        let data_ext = tree.store.write_new(&begun.data_table, "data table")?;
+        tables.data = Some(data_ext);
         tree.store.flush("checkpoint nodes")?;
         let mut sb = self.sb.lock().clone();
+        // A format-3 image becomes format 4 here (its data table is the first one).
+        sb.version = FORMAT_VERSION;
+        sb.data_table = Some(data_ext);
+        sb.data_table_runs = begun.data_runs;
+        sb.data_table_crc =
+            store::table_crc(&begun.data_table[..RunMap::encoded_len(begun.data_runs)]);
         sb.generation += 1;
         sb.clean = clean;
         sb.log_epoch = inner.log.epoch();
@@ -258,7 +300,8 @@ impl Checkpointer {
             "checkpoint generation"
         );
         assert!(
-            next.version == prev.version,
+            next.version == prev.version
+                || (prev.version == LIFTED_VERSION && next.version == FORMAT_VERSION),
             "superblock version {} after {}",
             next.version,
             prev.version

@@ -1,7 +1,7 @@
 //! Creating an image and opening one: loading the last checkpoint, healing the superblock
 //! copies, a repair's survey and rebuild, replaying the log, and assembling the engine.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
@@ -13,14 +13,16 @@ use super::{atomic, Engine, EngineCounters, Inner, WakeState};
 use crate::apply;
 use crate::config::{Format, Options};
 use crate::copies::Located;
+use crate::datatable::DataTable;
 use crate::error::{Error, Result};
 use crate::load::{load_checkpoint, Loaded};
 use crate::node::{Node, ROOT_ID};
+use crate::ops::Op;
 use crate::salvage::{self, SalvageReport};
 use crate::store::{Allocator, Btt, Store};
 use crate::superblock::{backup_blocks, Extent, Superblock, FORMAT_VERSION};
 use crate::tree::Tree;
-use crate::wal::{self, Log, LogPosition, Recovered};
+use crate::wal::{self, Log, LogPosition, Lsn, Recovered};
 
 pub(super) fn now_unix() -> u64 {
     std::time::SystemTime::now()
@@ -54,7 +56,11 @@ impl Engine {
         let sb = layout.superblock(&format, epoch);
         let mut tree = Tree::new(
             format,
-            Arc::new(Store::new(dev.clone(), layout.empty_btt())),
+            Arc::new(Store::new(
+                dev.clone(),
+                layout.empty_btt(),
+                DataTable::default(),
+            )),
             options.cache_size,
             ROOT_ID + 1,
             1,
@@ -271,6 +277,13 @@ impl Layout {
             },
             btt_crc: 0,
             btt_count: 0,
+            // The first checkpoint writes the table.
+            data_table: Some(Extent {
+                block: self.data_start,
+                blocks: 1,
+            }),
+            data_table_crc: 0,
+            data_table_runs: 0,
             created_unix: now_unix(),
             checkpoint_unix: 0,
             label: String::new(),
@@ -314,6 +327,9 @@ fn salvage_tree(tree: &Tree, located: &Located) -> Result<SalvageReport> {
             report.damage.len()
         );
         report = salvage::rebuild(tree)?;
+        // The references that sat in damaged nodes are gone: their blocks are released.
+        let recount = tree.recount_refs()?;
+        tree.store.data.lock().settle_recount(&recount)?;
     }
     report.superblock = located.describe();
     Ok(report)
@@ -333,6 +349,13 @@ struct Replayed {
 /// Replays the log records after `sb`'s checkpoint into `tree`, dropping an atomic group that
 /// never committed (with what was logged after its first record) and flagging `sb` for a check
 /// when a record had to be skipped.
+///
+/// Out-of-line data (docs/WRITEONCE.md §3): a first pass over the log claims every data extent
+/// its records after the checkpoint name, so that nothing replay writes is placed over them. The
+/// replay then checks the blocks of each such record past the last LSN a chunk declares durable
+/// against their checksums: a record whose data did not reach the device (a power cut between
+/// the data write and a flush, a torn data write) was never acknowledged as durable, and the
+/// replayed prefix ends before it. Extents of records not replayed are freed again.
 fn replay_log(
     dev: &dyn BlockDevice,
     tree: &Tree,
@@ -340,33 +363,35 @@ fn replay_log(
     options: &Options,
 ) -> Result<Replayed> {
     let ckpt_lsn = sb.ckpt_lsn;
+    let (named, max_durable) = claim_logged_data(dev, tree, sb)?;
+    tree.store.data.lock().replayed = Some(Vec::new());
     let mut skipped = 0u64;
     // A repair replays what it can: a record whose application hits damage ends the replay.
     let mut replay_stop: Option<String> = None;
     let mut replay = atomic::Replay::default();
-    let recovered = wal::recover(
-        dev,
-        sb.log_start_block * BLOCK_SIZE as u64,
-        sb.log_blocks * BLOCK_SIZE as u64,
-        sb.log_epoch,
-        sb.log_tail_voff,
-        sb.log_tail_lsn,
-        !sb.clean,
-        |lsn, payload| {
-            replay.record(lsn, payload, &mut |lsn, payload| {
-                if lsn < ckpt_lsn || replay_stop.is_some() {
-                    return Ok(());
+    let recovered = recover_log(dev, sb, !sb.clean, |lsn, payload| {
+        if lsn >= ckpt_lsn && lsn >= max_durable {
+            if let Some(exts) = named.get(&lsn) {
+                if let Some(why) = check_logged_data(tree, lsn, exts)? {
+                    return Ok(Some(why));
                 }
-                match apply::replay_record(tree, lsn, payload, &mut skipped) {
-                    Err(e) if options.salvage && e.is_damage() => {
-                        replay_stop = Some(format!("log record {lsn} could not be replayed: {e}"));
-                        Ok(())
-                    }
-                    r => r,
+            }
+        }
+        replay.record(lsn, payload, &mut |lsn, payload| {
+            if lsn < ckpt_lsn || replay_stop.is_some() {
+                return Ok(());
+            }
+            match apply::replay_record(tree, lsn, payload, &mut skipped) {
+                Err(e) if options.salvage && e.is_damage() => {
+                    replay_stop = Some(format!("log record {lsn} could not be replayed: {e}"));
+                    Ok(())
                 }
-            })
-        },
-    )?;
+                r => r,
+            }
+        })?;
+        Ok(None)
+    })?;
+    release_unreplayed(tree, &named);
     let dropped = match replay.finish() {
         Some((group, records)) => {
             log::warn!(
@@ -396,6 +421,106 @@ fn replay_log(
         stop: replay_stop,
         replayed,
     })
+}
+
+/// [`wal::recover`] of `sb`'s log from its checkpoint's tail.
+fn recover_log(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    check_damage: bool,
+    apply: impl FnMut(Lsn, &[u8]) -> Result<Option<String>>,
+) -> Result<Recovered> {
+    wal::recover(
+        dev,
+        sb.log_start_block * BLOCK_SIZE as u64,
+        sb.log_blocks * BLOCK_SIZE as u64,
+        sb.log_epoch,
+        sb.log_tail_voff,
+        sb.log_tail_lsn,
+        check_damage,
+        apply,
+    )
+}
+
+/// The data extents (and their blocks' checksums) each log record after `sb`'s checkpoint names,
+/// by LSN.
+type Named = HashMap<Lsn, Vec<(Extent, Vec<u32>)>>;
+
+/// The first pass of a replay: claims in the allocator every data extent a record after the
+/// checkpoint names (a record that does not decode names none: replay skips it). Returns them by
+/// record, and the highest LSN a chunk declares durable.
+fn claim_logged_data(dev: &dyn BlockDevice, tree: &Tree, sb: &Superblock) -> Result<(Named, Lsn)> {
+    let mut named = Named::new();
+    let format = &tree.format;
+    let scan = recover_log(dev, sb, false, |lsn, payload| {
+        if lsn < sb.ckpt_lsn {
+            return Ok(None);
+        }
+        let Ok((_, ops)) = crate::ops::decode_record(payload, format) else {
+            return Ok(None);
+        };
+        for op in ops {
+            if let Op::PutBlocks { data, .. } = &op {
+                let (block, crcs) = data.placed().expect("a logged record is placed");
+                let e = Extent {
+                    block,
+                    blocks: crcs.len() as u64,
+                };
+                named.entry(lsn).or_default().push((e, crcs.to_vec()));
+            }
+        }
+        Ok(None)
+    })?;
+    let mut btt = tree.store.btt.lock();
+    for (lsn, exts) in &named {
+        for (e, _) in exts {
+            if !btt.alloc.claim(*e) {
+                return Err(Error::Corrupt(format!(
+                    "log record {lsn} names data blocks {}..{} that are in use",
+                    e.block,
+                    e.block + e.blocks
+                )));
+            }
+        }
+    }
+    Ok((named, scan.max_durable))
+}
+
+/// Checks the data blocks record `lsn` names against their checksums: `Some(why)` when one does
+/// not match (the record is not part of the log's valid prefix).
+fn check_logged_data(tree: &Tree, lsn: Lsn, exts: &[(Extent, Vec<u32>)]) -> Result<Option<String>> {
+    for (e, crcs) in exts {
+        let data = tree.store.read(e.offset(), e.len(), "data blocks")?;
+        for (i, (block, crc)) in data.chunks_exact(BLOCK_SIZE).zip(crcs).enumerate() {
+            if crate::codec::crc(block) != *crc {
+                return Ok(Some(format!(
+                    "log record {lsn}: data block {} did not reach the device",
+                    e.block + i as u64
+                )));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Frees the extents the log names whose records were not replayed (after the replayed prefix,
+/// skipped, or in a dropped atomic group); replayed ones hold references now.
+fn release_unreplayed(tree: &Tree, named: &Named) {
+    let replayed: HashSet<Extent> = tree
+        .store
+        .data
+        .lock()
+        .replayed
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    let mut btt = tree.store.btt.lock();
+    for (e, _) in named.values().flatten() {
+        if !replayed.contains(e) {
+            btt.alloc.free(*e);
+        }
+    }
 }
 
 /// The log of an opened image, resuming after what recovery found (in a new epoch unless

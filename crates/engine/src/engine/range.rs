@@ -3,9 +3,14 @@
 use std::collections::VecDeque;
 use std::ops::Bound;
 
+use super::data::Resolver;
 use super::Engine;
 use crate::error::Result;
 use crate::read::Target;
+
+/// Out-of-line blocks one refill reads at most: it stops its leaf's walk there and goes on from
+/// the next key at the next refill.
+const REFILL_REFS: usize = 256;
 
 /// Converts bounds to an inclusive low key and an exclusive high key (`None` low: empty range).
 pub(super) fn normalize(lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> (Option<Vec<u8>>, Option<Vec<u8>>) {
@@ -69,22 +74,34 @@ impl<'a> RangeIter<'a> {
     }
 
     fn refill(&mut self) -> Result<()> {
-        let tree = &self.engine.inner.tree;
+        let inner = &self.engine.inner;
+        let tree = &inner.tree;
         while self.buf.is_empty() {
             let Some(cur) = self.cursor.take() else {
                 return Ok(());
             };
-            let buf = &mut self.buf;
-            let mut push = |k: &[u8], v: &[u8]| {
-                buf.push_back((k.to_vec(), v.to_vec()));
+            // Entries are held (copied) with the references among them, whose blocks are read
+            // once the walk stops: at its leaf's end, or after `REFILL_REFS` references.
+            let mut held = Resolver::default();
+            let mut last: Option<Vec<u8>> = None;
+            let mut push = |k: &[u8], v: crate::dataref::Stored<'_>| {
+                held.push(k, v);
+                if held.refs() >= REFILL_REFS {
+                    last = Some(k.to_vec());
+                    return false;
+                }
                 true
             };
             if self.forward {
                 let start = cur.expect("forward cursor");
                 let chunk = tree.chunk(Target::AtOrAfter(&start), &start, self.hi.as_deref())?;
-                chunk.walk(&start, self.hi.as_deref(), true, &mut push);
-                self.cursor = match &chunk.hi {
-                    Some(h) if self.hi.as_ref().is_none_or(|e| h < e) => Some(Some(h.clone())),
+                let whole = chunk.walk(&start, self.hi.as_deref(), true, &mut push);
+                self.cursor = match (&chunk.hi, last) {
+                    (_, Some(mut k)) if !whole => {
+                        k.push(0);
+                        Some(Some(k))
+                    }
+                    (Some(h), _) if self.hi.as_ref().is_none_or(|e| h < e) => Some(Some(h.clone())),
                     _ => None,
                 };
                 // A forward iteration past its first leaf is sequential: read the next leaves
@@ -97,13 +114,14 @@ impl<'a> RangeIter<'a> {
                 self.leaves += 1;
             } else {
                 let chunk = tree.chunk(Target::Before(cur.as_deref()), &self.lo, cur.as_deref())?;
-                chunk.walk(&self.lo, cur.as_deref(), false, &mut push);
-                self.cursor = if !chunk.lo.is_empty() && chunk.lo > self.lo {
-                    Some(Some(chunk.lo.clone()))
-                } else {
-                    None
+                let whole = chunk.walk(&self.lo, cur.as_deref(), false, &mut push);
+                self.cursor = match last {
+                    Some(k) if !whole => Some(Some(k)),
+                    _ if !chunk.lo.is_empty() && chunk.lo > self.lo => Some(Some(chunk.lo.clone())),
+                    _ => None,
                 };
             }
+            self.buf.extend(held.resolve_owned(inner)?);
             tree.make_room()?;
         }
         Ok(())

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use super::Inner;
 use crate::error::Result;
-use crate::space::SpaceUse;
+use crate::space::{DataSpace, SpaceUse};
 
 /// Nodes' worth of space deleted data may hold beyond 1.5 times the baseline use before a pass that
 /// pushes range deletes down and a checkpoint are forced (see `Inner::space_baseline`).
@@ -33,6 +33,13 @@ impl Inner {
 
     pub(super) fn space_use(&self) -> SpaceUse {
         let t = &self.tree;
+        // Both locks at once (data first): a checkpoint frees released data blocks under them.
+        let d = t.store.data.lock();
+        let data = DataSpace {
+            blocks: d.refs.blocks() + d.writing,
+            held: d.held_blocks(),
+            runs: d.refs.runs() as u64,
+        };
         let (total, free, entries, held, writing) = {
             let b = t.store.btt.lock();
             (
@@ -43,7 +50,16 @@ impl Inner {
                 b.writing,
             )
         };
-        SpaceUse::new(total, free, t.cache.dirty_space(), entries, held, writing)
+        drop(d);
+        SpaceUse::new(
+            total,
+            free,
+            t.cache.dirty_space(),
+            entries,
+            held,
+            writing,
+            data,
+        )
     }
 
     /// Whether range deletes were applied since the last complete pass pushed them down.

@@ -68,6 +68,14 @@ pub struct Stats {
     pub run_contiguous: u64,
     /// Clean leaves rewritten by checkpoints to restore key order on the device.
     pub relocated: u64,
+    /// Out-of-line data extents written (one per [`crate::Op::PutBlocks`]), and their bytes.
+    pub data_writes: u64,
+    /// Bytes of out-of-line data written.
+    pub data_bytes_written: u64,
+    /// Device reads of out-of-line data (one per run of consecutive blocks), and their bytes.
+    pub data_reads: u64,
+    /// Bytes of out-of-line data read.
+    pub data_bytes_read: u64,
     /// Device bytes written per byte of user data.
     pub write_amplification: f64,
     /// Log activity.
@@ -180,6 +188,10 @@ impl Engine {
             run_extents: sc.run_extents.load(Ordering::Relaxed),
             run_contiguous: sc.run_contiguous.load(Ordering::Relaxed),
             relocated: sc.relocated.load(Ordering::Relaxed),
+            data_writes: sc.data_writes.load(Ordering::Relaxed),
+            data_bytes_written: sc.data_bytes_written.load(Ordering::Relaxed),
+            data_reads: sc.data_reads.load(Ordering::Relaxed),
+            data_bytes_read: sc.data_bytes_read.load(Ordering::Relaxed),
             write_amplification: if user > 0 {
                 device.bytes_written as f64 / user as f64
             } else {

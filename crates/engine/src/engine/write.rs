@@ -70,11 +70,25 @@ impl Inner {
     }
 
     /// Validates, admits, logs and applies a batch; `group` marks a record of an atomic group.
-    pub(super) fn write_marked(&self, ops: Vec<Op>, group: Option<apply::Gate<'_>>) -> Result<Lsn> {
+    /// Out-of-line blocks ([`Op::PutBlocks`]) are written first, and the record is appended only
+    /// once their writes completed (docs/WRITEONCE.md §2): a `sync` that covers the record then
+    /// covers the data.
+    pub(super) fn write_marked(
+        &self,
+        mut ops: Vec<Op>,
+        group: Option<apply::Gate<'_>>,
+    ) -> Result<Lsn> {
         let _mode = self.mode.read();
         self.check_writable()?;
         for op in &ops {
             op.validate(&self.tree.format)?;
+            if let Op::PutBlocks { data, .. } = op {
+                if data.bytes().is_none() {
+                    return Err(Error::InvalidArgument(
+                        "out-of-line blocks read back from the log cannot be written again".into(),
+                    ));
+                }
+            }
         }
         let estimate = ops::record_bytes(&ops) + if group.is_some() { ops::MARK_BYTES } else { 0 };
         if estimate > self.log.max_record() {
@@ -89,6 +103,7 @@ impl Inner {
             .iter()
             .filter(|o| matches!(o, Op::RangeDelete { .. } | Op::MovePrefix { .. }))
             .count() as u64;
+        self.write_blocks(&mut ops)?;
         let r = apply_ops(&self.tree, Some(&self.log), ops, None, group);
         let lsn = match r {
             Ok(l) => l.expect("a logged batch has an LSN"),
@@ -106,6 +121,35 @@ impl Inner {
         }
         self.after_write();
         Ok(lsn)
+    }
+
+    /// Writes the blocks of the batch's [`Op::PutBlocks`] out of line, each to a fresh extent,
+    /// and records where they went. On a failure the extents written so far are freed.
+    fn write_blocks(&self, ops: &mut [Op]) -> Result<()> {
+        let store = &self.tree.store;
+        let mut written = Vec::new();
+        for op in ops.iter_mut() {
+            let Op::PutBlocks { data, .. } = op else {
+                continue;
+            };
+            let bytes = data.bytes().expect("blocks from a caller are bytes");
+            match store.write_data(bytes) {
+                Ok(ext) => {
+                    data.place(ext.block);
+                    written.push(ext);
+                }
+                Err(e) => {
+                    for ext in written {
+                        store.settle_data(ext, false);
+                    }
+                    if matches!(e, Error::Io { .. }) {
+                        self.fail(&e);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Housekeeping after an operation was applied: flush an overfull root, keep the memory bound,

@@ -661,9 +661,9 @@ mod tests {
             all_entries(old.leaf().unwrap())
         );
         let mut b0 = Buffer::new();
-        b0.add_point(b"a", 5, PointOp::Put(b"v".to_vec()));
+        let _ = b0.add_point(b"a", 5, PointOp::Put(b"v".to_vec()));
         let mut b1 = Buffer::new();
-        b1.add_range(6, b"m", b"q");
+        let _ = b1.add_range(6, b"m", b"q");
         let int = Internal {
             pivots: vec![b"m".to_vec()],
             children: vec![2, 3],

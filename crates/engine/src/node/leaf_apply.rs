@@ -2,22 +2,42 @@
 //! when every one of them can be (resident, a few messages, staying non-empty and within its
 //! size); otherwise by rebuilding the touched partitions (`LeafBuilder`) and re-cutting them at the
 //! partition size, a partition split by a merge keeping room for later inserts.
+//!
+//! Every reference to an out-of-line block the messages drop (an entry deleted by a range, or
+//! replaced by a put, a delete or another reference) is reported to the caller, which releases it
+//! in the data table; an upsert onto a reference keeps it, patched.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use super::{separator, Leaf, PartSlot};
 use crate::config::Format;
+use crate::dataref::{Stored, Val};
 use crate::msg::{KeyMsgs, RangeDel};
-use crate::partition::{Partition, PartitionBuilder};
+use crate::partition::{entry_size, Partition, PartitionBuilder};
+
+/// The encoded size of an entry holding `v`.
+fn val_entry_size(key: &[u8], v: &Val) -> usize {
+    match v {
+        Val::Bytes(b) => entry_size(key, Stored::Bytes(b)),
+        Val::Ref(r) => entry_size(key, Stored::Ref(&[])) + r.encoded_len(),
+    }
+}
 
 impl Leaf {
     /// Applies flushed messages (range deletes first, then point messages, both sorted by key and all
     /// newer than the leaf's contents). Partitions without messages are kept as they are; the others
     /// are rebuilt and re-cut at `format.partition_size`. Every touched partition must be resident.
-    pub fn apply(&mut self, ranges: &[RangeDel], points: &[(Vec<u8>, KeyMsgs)], format: &Format) {
-        if self.apply_in_place(ranges, points, format) {
-            return;
+    /// Returns the blocks whose references the messages dropped (one per reference).
+    #[must_use]
+    pub fn apply(
+        &mut self,
+        ranges: &[RangeDel],
+        points: &[(Vec<u8>, KeyMsgs)],
+        format: &Format,
+    ) -> Vec<u64> {
+        if let Some(released) = self.apply_in_place(ranges, points, format) {
+            return released;
         }
         let old_parts = std::mem::take(&mut self.parts);
         let old_pivots = std::mem::take(&mut self.pivots);
@@ -30,8 +50,9 @@ impl Leaf {
                 out.keep(m.lo, slot);
                 return ControlFlow::Continue(());
             }
-            // A partition wholly inside one range delete is dropped without being read.
-            // (Range deletes are older than the point messages beside them, so the base is not needed.)
+            // A partition wholly inside one range delete is dropped without going through its
+            // entries, except for the references it holds, which are released. (Range deletes
+            // are older than the point messages beside them, so the base is not needed.)
             let whole = m.ranges.iter().any(|r| {
                 m.lo.is_some_and(|l| r.lo.as_slice() <= l)
                     && m.hi.is_some_and(|h| r.hi.as_slice() >= h)
@@ -40,33 +61,37 @@ impl Leaf {
             // `plan_patch`).
             if !whole {
                 if let Some(plan) = plan_patch(&slot, &m, format) {
+                    out.released.extend_from_slice(&plan.released);
                     out.keep(m.lo, PartSlot::resident(patch(&slot, plan, m.points)));
                     return ControlFlow::Continue(());
                 }
             }
-            let base = if whole {
-                None
+            let data = slot.data().expect("touched partition must be resident");
+            if whole {
+                out.released.extend(data.ref_blocks(0, data.len()));
+                out.merge(m.lo, None, &m.ranges, m.points);
             } else {
-                Some(slot.data().expect("touched partition must be resident"))
-            };
-            out.merge(m.lo, base.as_deref(), &m.ranges, m.points);
+                out.merge(m.lo, Some(&data), &m.ranges, m.points);
+            }
             ControlFlow::Continue(())
         });
-        let (pivots, parts) = out.finish();
+        let (pivots, parts, released) = out.finish();
         self.pivots = pivots;
         self.parts = parts;
+        released
     }
 
     /// Applies the messages by patching each partition they touch where it is, when every one of
     /// them can be (resident, a few messages, staying non-empty and within its size): the leaf's
     /// other partitions and its pivots are left alone, so the cost does not grow with the number
-    /// of partitions. Returns false, having changed nothing, otherwise.
+    /// of partitions. Returns the blocks whose references it dropped, or `None`, having changed
+    /// nothing.
     fn apply_in_place(
         &mut self,
         ranges: &[RangeDel],
         points: &[(Vec<u8>, KeyMsgs)],
         format: &Format,
-    ) -> bool {
+    ) -> Option<Vec<u64>> {
         let mut plans: Vec<(usize, PatchPlan, usize)> = Vec::new();
         let parts = &self.parts;
         let walk = each_partition(parts.len(), &self.pivots, ranges, points, |m| {
@@ -82,14 +107,16 @@ impl Leaf {
             }
         });
         if walk.is_break() {
-            return false;
+            return None;
         }
+        let mut released = Vec::new();
         for (i, plan, first) in plans {
             let n = plan.values.len();
+            released.extend_from_slice(&plan.released);
             let p = patch(&self.parts[i], plan, &points[first..first + n]);
             self.parts[i] = PartSlot::resident(p);
         }
-        true
+        Some(released)
     }
 }
 
@@ -161,11 +188,13 @@ fn each_partition<'a>(
 }
 
 /// How to patch one partition where it is: the runs of entries its range deletes remove, the new
-/// value of each point message's key (`None`: deleted), and the exact size it ends with.
+/// value of each point message's key (`None`: deleted), the exact size it ends with, and the
+/// blocks whose references it drops.
 struct PatchPlan {
     runs: Vec<(usize, usize)>,
-    values: Vec<Option<Vec<u8>>>,
+    values: Vec<Option<Val>>,
     size: usize,
+    released: Vec<u64>,
 }
 
 /// A plan for patching the partition in `slot` with its messages `m` (one memmove per entry or
@@ -181,8 +210,17 @@ fn plan_patch(slot: &PartSlot, m: &PartMsgs<'_>, format: &Format) -> Option<Patc
     let base = slot.data()?;
     let runs = covered_runs(&base, &m.ranges);
     let cut: usize = runs.iter().map(|&(a, b)| base.run_bytes(a, b)).sum();
-    let (size, values) = patched_size(&base, cut, &m.ranges, m.points);
-    (size > 0 && size <= format.partition_size).then_some(PatchPlan { runs, values, size })
+    let mut released: Vec<u64> = runs
+        .iter()
+        .flat_map(|&(a, b)| base.ref_blocks(a, b))
+        .collect();
+    let (size, values) = patched_size(&base, cut, &m.ranges, m.points, &mut released);
+    (size > 0 && size <= format.partition_size).then_some(PatchPlan {
+        runs,
+        values,
+        size,
+        released,
+    })
 }
 
 /// The partition in `slot` (taken from it: the slot is left without data) patched by `plan` and
@@ -202,7 +240,8 @@ fn patch(slot: &PartSlot, plan: PatchPlan, points: &[(Vec<u8>, KeyMsgs)]) -> Par
         p.remove_run(a, b);
     }
     for ((k, _), v) in points.iter().zip(plan.values) {
-        p.set(k, v.as_deref());
+        let stored = v.map(|v| v.encoded());
+        p.set(k, stored.as_ref().map(|s| s.as_stored()));
     }
     assert_eq!(p.bytes(), plan.size, "patched partition size");
     p
@@ -218,6 +257,8 @@ struct LeafBuilder {
     parts: Vec<PartSlot>,
     cur: Option<(Option<Vec<u8>>, PartitionBuilder)>,
     last_key: Option<Vec<u8>>,
+    /// Blocks whose references the merged messages dropped.
+    released: Vec<u64>,
 }
 
 impl LeafBuilder {
@@ -229,6 +270,7 @@ impl LeafBuilder {
             parts: Vec::new(),
             cur: None,
             last_key: None,
+            released: Vec::new(),
         }
     }
 
@@ -265,8 +307,8 @@ impl LeafBuilder {
         self.last_key = None;
     }
 
-    fn push_entry(&mut self, range_lo: Option<&[u8]>, key: &[u8], value: &[u8]) {
-        let size = crate::partition::entry_size(key, value);
+    fn push_entry(&mut self, range_lo: Option<&[u8]>, key: &[u8], value: Stored<'_>) {
+        let size = entry_size(key, value);
         let full = self
             .cur
             .as_ref()
@@ -331,7 +373,9 @@ impl LeafBuilder {
                 pi >= points.len() || (bi < base.len() && base.key(bi) < points[pi].0.as_slice());
             if take_base {
                 let k = base.key(bi);
-                if !covered(k) {
+                if covered(k) {
+                    self.released.extend(base.value(bi).block());
+                } else {
                     self.push_entry(range_lo, k, base.value(bi));
                     range_lo = None;
                 }
@@ -340,16 +384,17 @@ impl LeafBuilder {
                 let (k, km) = &points[pi];
                 let old = if bi < base.len() && base.key(bi) == k.as_slice() {
                     bi += 1;
-                    if covered(k) {
-                        None
-                    } else {
-                        Some(base.value(bi - 1).to_vec())
+                    let v = base.value(bi - 1);
+                    if covered(k) || km.replaces() {
+                        self.released.extend(v.block());
                     }
+                    (!covered(k)).then(|| v.to_val())
                 } else {
                     None
                 };
                 if let Some(v) = km.apply(old) {
-                    self.push_entry(range_lo, k, &v);
+                    let stored = v.encoded();
+                    self.push_entry(range_lo, k, stored.as_stored());
                     range_lo = None;
                 }
                 pi += 1;
@@ -360,7 +405,7 @@ impl LeafBuilder {
         self.fill = self.partition_size;
     }
 
-    fn finish(mut self) -> (Vec<Vec<u8>>, Vec<PartSlot>) {
+    fn finish(mut self) -> (Vec<Vec<u8>>, Vec<PartSlot>, Vec<u64>) {
         self.seal();
         if self.parts.is_empty() {
             self.parts.push(PartSlot::resident(Partition::empty()));
@@ -400,7 +445,7 @@ impl LeafBuilder {
             parts.push(slot);
         }
         assert_eq!(pivots.len() + 1, parts.len());
-        (pivots, parts)
+        (pivots, parts, self.released)
     }
 }
 
@@ -409,7 +454,8 @@ impl LeafBuilder {
 /// counts its patches' data).
 fn grow_hint(key: &[u8], km: &KeyMsgs) -> usize {
     match km {
-        KeyMsgs::Put { value, .. } => crate::partition::entry_size(key, value),
+        KeyMsgs::Put { value, .. } => entry_size(key, Stored::Bytes(value)),
+        KeyMsgs::PutRef { r, .. } => entry_size(key, Stored::Ref(&[])) + r.encoded_len(),
         KeyMsgs::Delete { .. } => 0,
         KeyMsgs::Upserts(ps) => {
             let data: usize = ps
@@ -419,7 +465,7 @@ fn grow_hint(key: &[u8], km: &KeyMsgs) -> usize {
                     crate::msg::Patch::Truncate { .. } => 0,
                 })
                 .sum();
-            crate::partition::entry_size(key, &[]) + data
+            entry_size(key, Stored::Bytes(&[])) + data
         }
     }
 }
@@ -443,13 +489,16 @@ fn covered_runs(base: &Partition, ranges: &[&RangeDel]) -> Vec<(usize, usize)> {
 }
 
 /// The size of `base` after removing `cut` bytes of entries deleted by `ranges` and applying
-/// `points` (each key's old value is gone if a range covers it), and each key's new value.
+/// `points` (each key's old value is gone if a range covers it), and each key's new value. The
+/// blocks of the references the points replace go to `released` (those the ranges delete are
+/// the caller's).
 fn patched_size(
     base: &Partition,
     cut: usize,
     ranges: &[&RangeDel],
     points: &[(Vec<u8>, KeyMsgs)],
-) -> (usize, Vec<Option<Vec<u8>>>) {
+    released: &mut Vec<u64>,
+) -> (usize, Vec<Option<Val>>) {
     let mut size = base.bytes() - cut;
     let mut values = Vec::with_capacity(points.len());
     for (k, km) in points {
@@ -459,15 +508,18 @@ fn patched_size(
             base.get(k)
         };
         if let Some(o) = old {
-            size -= crate::partition::entry_size(k, o);
+            size -= entry_size(k, o);
+            if km.replaces() {
+                released.extend(o.block());
+            }
         }
         // Only upserts read the old value (a put or delete would copy it for nothing).
         let new = match km {
-            KeyMsgs::Upserts(_) => km.apply(old.map(|v| v.to_vec())),
+            KeyMsgs::Upserts(_) => km.apply(old.map(|v| v.to_val())),
             _ => km.apply(None),
         };
         if let Some(n) = &new {
-            size += crate::partition::entry_size(k, n);
+            size += val_entry_size(k, n);
         }
         values.push(new);
     }
@@ -496,7 +548,7 @@ mod tests {
                     value: vec![1u8; 40],
                 },
             )];
-            l.apply(&[], &points, &fmt());
+            let _ = l.apply(&[], &points, &fmt());
         }
     }
 
@@ -524,11 +576,11 @@ mod tests {
                 },
             )]
         };
-        l.apply(&[], &put(0), &fmt());
+        let _ = l.apply(&[], &put(0), &fmt());
         assert_eq!(l.parts.len(), parts + 1, "the full partition split");
         // ...and the one after that goes in place.
         let before = l.parts[0].data().unwrap().raw().as_ptr();
-        l.apply(&[], &put(1), &fmt());
+        let _ = l.apply(&[], &put(1), &fmt());
         let p = l.parts[0].data().unwrap();
         assert_eq!(
             p.raw().as_ptr(),
@@ -557,10 +609,10 @@ mod tests {
                 value: vec![9u8; 50],
             },
         )];
-        l.apply(&[], &points, &fmt());
+        let _ = l.apply(&[], &points, &fmt());
         let p = l.parts[0].data().unwrap();
         assert_eq!(p.raw().as_ptr(), before, "the partition was rebuilt");
-        assert_eq!(p.get(&key), Some(&[9u8; 50][..]));
+        assert_eq!(p.get(&key), Some(Stored::Bytes(&[9u8; 50])));
     }
 
     /// Range deletes inside a partition (with point messages beside them, some in the ranges'
@@ -603,7 +655,7 @@ mod tests {
         ];
         let mut patched = leaf_with(300);
         let before = patched.parts[0].data().unwrap().raw().as_ptr();
-        patched.apply(&ranges, &points, &fmt());
+        let _ = patched.apply(&ranges, &points, &fmt());
         let p = patched.parts[0].data().unwrap();
         assert_eq!(p.raw().as_ptr(), before, "the partition was rebuilt");
         // The same messages through the rebuild.
@@ -613,14 +665,14 @@ mod tests {
         let refs: Vec<&RangeDel> = ranges.iter().collect();
         let mut out = LeafBuilder::new(fmt().partition_size);
         out.merge(None, Some(&base), &refs, &points);
-        let (_, parts) = out.finish();
+        let (_, parts, _) = out.finish();
         drop(base);
         rebuilt.parts[0] = parts.into_iter().next().unwrap();
         let q = rebuilt.parts[0].data().unwrap();
         assert_eq!(p.raw(), q.raw());
-        assert_eq!(p.get(&key(4)), Some(&[1u8; 10][..]));
+        assert_eq!(p.get(&key(4)), Some(Stored::Bytes(&[1u8; 10])));
         assert_eq!(p.get(&key(5)), None);
-        assert_eq!(p.get(&key(9)).map(|v| v.len()), Some(50));
+        assert_eq!(p.get(&key(9)).map(|v| v.raw().len()), Some(50));
         assert_eq!(p.get(&key(20)), None);
     }
 
@@ -650,7 +702,7 @@ mod tests {
                 value: b"x".to_vec(),
             },
         )];
-        l.apply(&ranges, &points, &fmt());
+        let _ = l.apply(&ranges, &points, &fmt());
         let e = all_entries(&l);
         assert_eq!(e.len(), 10 + 1 + 10);
         assert_eq!(e[10], (b"key00100".to_vec(), b"x".to_vec()));

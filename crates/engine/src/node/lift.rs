@@ -93,7 +93,7 @@ mod tests {
     fn leaf(keys: &[&[u8]]) -> Node {
         let mut b = PartitionBuilder::with_capacity(64);
         for k in keys {
-            b.push(k, b"v");
+            b.push(k, crate::dataref::Stored::Bytes(b"v"));
         }
         let p: Partition = b.finish();
         Node {
@@ -136,8 +136,8 @@ mod tests {
     #[test]
     fn internal_pivots_and_messages_move_together() {
         let mut buf = Buffer::new();
-        buf.add_point(b"xa".to_vec(), 1, PointOp::Delete);
-        buf.add_range(2, b"xb", b"xc");
+        let _ = buf.add_point(b"xa".to_vec(), 1, PointOp::Delete);
+        let _ = buf.add_range(2, b"xb", b"xc");
         let mut n = Node {
             height: 1,
             max_msn: 2,

@@ -10,7 +10,8 @@ use crate::buffer::Buffer;
 use crate::cache::{CachedNode, WriteGuard};
 use crate::config::Format;
 use crate::error::{Error, Result};
-use crate::node::{child_index, Body, Node, ROOT_ID};
+use crate::msg::{KeyMsgs, RangeDel};
+use crate::node::{child_index, Body, Leaf, Node, ROOT_ID};
 
 impl Tree {
     /// Flushes along the heaviest path from the root while buffers hold more than `threshold` bytes,
@@ -225,7 +226,7 @@ impl Tree {
         self.counters
             .bytes_flushed
             .fetch_add(buf.bytes() as u64, Ordering::Relaxed);
-        deliver(buf, cg, &cb, extra, &self.format);
+        self.deliver(buf, cg, &cb, extra)?;
         // The buffer left the parent: count that before the child's growth, or the accounted
         // usage holds the messages twice (measured: 13 MiB above the eviction point in one step).
         self.cache.remeasure(pcn, pg);
@@ -236,10 +237,40 @@ impl Tree {
     }
 }
 
-/// Applies a parent's buffer to a child (internal: into its buffers; leaf: into its entries). The
-/// child has bounds `cb` and strips `extra` bytes more than the parent: every message key and range
-/// bound loses them on the way down (re-lifted to the child's prefix).
-pub(super) fn deliver(buf: Buffer, node: &mut Node, cb: &Bounds, extra: usize, format: &Format) {
+impl Tree {
+    /// Applies a parent's buffer to a child (internal: into its buffers; leaf: into its entries).
+    /// The child has bounds `cb` and strips `extra` bytes more than the parent: every message key
+    /// and range bound loses them on the way down (re-lifted to the child's prefix). References
+    /// the messages drop are released; one a leaf must keep inline is read first
+    /// ([`Tree::inline_heavy_refs`]), before anything changes.
+    pub(super) fn deliver(
+        &self,
+        buf: Buffer,
+        node: &mut Node,
+        cb: &Bounds,
+        extra: usize,
+    ) -> Result<()> {
+        let released = deliver(buf, node, cb, extra, &self.format, &mut |l, r, p, rel| {
+            self.inline_heavy_refs(l, r, p, rel)
+        })?;
+        self.release_refs(&released);
+        Ok(())
+    }
+}
+
+/// What [`deliver`] calls before it applies messages to a leaf.
+type BeforeLeaf<'a> =
+    dyn FnMut(&Leaf, &[RangeDel], &mut [(Vec<u8>, KeyMsgs)], &mut Vec<u64>) -> Result<()> + 'a;
+
+/// [`Tree::deliver`]'s work; returns the blocks whose references the messages dropped.
+fn deliver(
+    buf: Buffer,
+    node: &mut Node,
+    cb: &Bounds,
+    extra: usize,
+    format: &Format,
+    before_leaf: &mut BeforeLeaf<'_>,
+) -> Result<Vec<u64>> {
     let max = buf.max_msn();
     let (mut ranges, mut points) = buf.into_parts();
     if extra > 0 {
@@ -251,22 +282,27 @@ pub(super) fn deliver(buf: Buffer, node: &mut Node, cb: &Bounds, extra: usize, f
             Bounds::strip(cb, extra, k);
         }
     }
+    let mut released = Vec::new();
     match &mut node.body {
         Body::Internal(n) => {
             // Ranges are independent of each other; deliver them in MSN order so each buffer sees
             // increasing numbers, then the point messages (newer than the ranges they overlap).
             ranges.sort_by_key(|r| r.msn);
             for r in ranges {
-                route_range(n, r.msn, &r.lo, &r.hi);
+                route_range(n, r.msn, &r.lo, &r.hi, &mut released);
             }
             for (k, km) in points {
                 let c = child_index(&n.pivots, &k);
-                n.buffers[c].mutate(|b| b.add_key_msgs(k, km));
+                released.extend(n.buffers[c].mutate(|b| b.add_key_msgs(k, km)));
             }
         }
-        Body::Leaf(l) => l.apply(&ranges, &points, format),
+        Body::Leaf(l) => {
+            before_leaf(l, &ranges, &mut points, &mut released)?;
+            released.extend(l.apply(&ranges, &points, format));
+        }
     }
     node.max_msn = node.max_msn.max(max);
+    Ok(released)
 }
 
 /// The budget and filter of one [`Tree::drain_from`] round.

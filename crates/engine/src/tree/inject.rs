@@ -35,10 +35,11 @@ impl Tree {
             let count = msgs.len() as u64;
             let bytes: usize = msgs.iter().map(|m| m.size()).sum();
             let node = &mut *g;
+            let mut released = Vec::new();
             match &mut node.body {
                 Body::Internal(n) => {
                     for (i, m) in msgs.into_iter().enumerate() {
-                        route(n, first + i as u64, m);
+                        route(n, first + i as u64, m, &mut released);
                     }
                 }
                 Body::Leaf(l) => {
@@ -46,14 +47,16 @@ impl Tree {
                     for (i, m) in msgs.into_iter().enumerate() {
                         let msn = first + i as u64;
                         match m {
-                            Msg::Point { key, op } => tmp.add_point(key, msn, op),
-                            Msg::Range { lo, hi } => tmp.add_range(msn, &lo, &hi),
+                            Msg::Point { key, op } => released.extend(tmp.add_point(key, msn, op)),
+                            Msg::Range { lo, hi } => released.extend(tmp.add_range(msn, &lo, &hi)),
                         }
                     }
-                    let (ranges, points) = tmp.into_parts();
-                    l.apply(&ranges, &points, &self.format);
+                    let (ranges, mut points) = tmp.into_parts();
+                    self.inline_heavy_refs(l, &ranges, &mut points, &mut released)?;
+                    released.extend(l.apply(&ranges, &points, &self.format));
                 }
             }
+            self.release_refs(&released);
             if count > 0 {
                 node.max_msn = first + count - 1;
             }
@@ -76,19 +79,27 @@ impl Tree {
     }
 }
 
-/// Routes a numbered message into the right child buffer(s) of an internal node.
-pub(super) fn route(n: &mut Internal, msn: Msn, m: Msg) {
+/// Routes a numbered message into the right child buffer(s) of an internal node; the blocks whose
+/// references it dropped go to `released`.
+pub(super) fn route(n: &mut Internal, msn: Msn, m: Msg, released: &mut Vec<u64>) {
     match m {
         Msg::Point { key, op } => {
             let c = child_index(&n.pivots, &key);
-            n.buffers[c].mutate(|b| b.add_point(key, msn, op));
+            released.extend(n.buffers[c].mutate(|b| b.add_point(key, msn, op)));
         }
-        Msg::Range { lo, hi } => route_range(n, msn, &lo, &hi),
+        Msg::Range { lo, hi } => route_range(n, msn, &lo, &hi, released),
     }
 }
 
-/// Adds a range delete to every child buffer whose range it intersects, clipped to that range.
-pub(super) fn route_range(n: &mut Internal, msn: Msn, lo: &[u8], hi: &[u8]) {
+/// Adds a range delete to every child buffer whose range it intersects, clipped to that range;
+/// the blocks whose references it dropped go to `released`.
+pub(super) fn route_range(
+    n: &mut Internal,
+    msn: Msn,
+    lo: &[u8],
+    hi: &[u8],
+    released: &mut Vec<u64>,
+) {
     let first = child_index(&n.pivots, lo);
     let last = n.pivots.partition_point(|p| p.as_slice() < hi);
     for c in first..=last.min(n.children.len() - 1) {
@@ -99,7 +110,7 @@ pub(super) fn route_range(n: &mut Internal, msn: Msn, lo: &[u8], hi: &[u8]) {
             _ => hi.to_vec(),
         };
         if l < h {
-            n.buffers[c].mutate(|b| b.add_range(msn, &l, &h));
+            released.extend(n.buffers[c].mutate(|b| b.add_range(msn, &l, &h)));
         }
     }
 }

@@ -4,7 +4,6 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::flush::deliver;
 use super::{Bounds, Need, Tree};
 use crate::cache::{CachedNode, WriteGuard};
 use crate::error::Result;
@@ -229,7 +228,7 @@ impl Tree {
                 .bytes_flushed
                 .fetch_add(sbuf.bytes() as u64, Ordering::Relaxed);
             let (sb, extra) = (pb.child(pn, s), pb.extra(pn, s));
-            deliver(sbuf, &mut sg, &sb, extra, &self.format);
+            self.deliver(sbuf, &mut sg, &sb, extra)?;
         }
         let (left_is_child, li) = if s > c { (true, c) } else { (false, s) };
         let halves = (pb.child(pn, li), pb.child(pn, li + 1));

@@ -5,7 +5,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use amaranth_device::{CrashPlan, FaultDevice, MemDevice};
-use amaranth_engine::{Batch, Engine, Op, Options, Report};
+use amaranth_engine::{Batch, Engine, Format, Op, Options, Report};
 use rand::Rng;
 
 use super::*;
@@ -26,15 +26,22 @@ pub struct Run {
 }
 
 pub fn workload(seed: u64, steps: usize) -> Run {
+    workload_in(seed, steps, small_format(), false)
+}
+
+/// A random workload on an image of `format`; with `blocks`, a fifth of the operations are puts
+/// of out-of-line blocks and a tenth upserts of block keys (`format` must allow 4 KiB values).
+pub fn workload_in(seed: u64, steps: usize, format: Format, blocks: bool) -> Run {
     let dev = Arc::new(FaultDevice::new(24 << 20));
     let options = Options {
-        cache_size: 128 << 10,
+        cache_size: (128 << 10).max(8 * format.node_size),
         ..small_options()
     };
-    let e = Engine::create(dev.clone(), small_format(), options.clone()).expect("create");
+    let max_value = if blocks { 4096 } else { 700 };
+    let e = Engine::create(dev.clone(), format, options.clone()).expect("create");
     dev.restart_recording();
     let mut m = Model::new();
-    let mut g = Gen::new(seed, 400, 700);
+    let mut g = Gen::new(seed, 400, max_value);
     let mut states = vec![hash_model(&m)];
     let mut syncs = Vec::new();
     for step in 0..steps {
@@ -53,6 +60,10 @@ pub fn workload(seed: u64, steps: usize) -> Run {
                 } else {
                     Op::MovePrefix { from: a, to: b }
                 }
+            } else if blocks && g.rng.gen_bool(0.2) {
+                g.blocks_op()
+            } else if blocks && g.rng.gen_bool(0.1) {
+                g.block_upsert()
             } else {
                 g.simple_op()
             };
@@ -83,8 +94,9 @@ pub fn workload(seed: u64, steps: usize) -> Run {
     }
 }
 
-/// Opens the image `img` a power cut left and reads and checks every node: the engine and what its
-/// check found. Panics, naming `what`, if either fails.
+/// Opens the image `img` a power cut left and reads and checks every node (the data table
+/// against the tree's references among the rest): the engine and what its check found. Panics,
+/// naming `what`, if either fails.
 pub fn recover(img: Vec<u8>, options: &Options, what: &str) -> (Engine, Report) {
     let e = Engine::open(Arc::new(MemDevice::from_bytes(img)), options.clone())
         .unwrap_or_else(|err| panic!("{what}: recovery failed: {err}"));
@@ -122,6 +134,29 @@ pub fn check_crash(run: &Run, pos: usize, plan: &CrashPlan, what: &str) -> usize
     });
     e.close().unwrap();
     k
+}
+
+/// Checks the crash states of `run` at every flush point and `random` points between, each with
+/// every write dropped, every write kept, and a random torn subset. Returns the states checked.
+pub fn check_crash_points(run: &Run, seed: u64, random: usize) -> usize {
+    let mut states = 0;
+    for (i, pos) in crash_points(run, seed, random).into_iter().enumerate() {
+        let plans = [
+            CrashPlan::DropAll,
+            CrashPlan::KeepAll,
+            CrashPlan::Random {
+                seed: seed + i as u64,
+                keep: 0.5,
+                tear: 0.5,
+            },
+        ];
+        for plan in plans {
+            let what = format!("seed {seed} crash at {pos} with {plan:?}");
+            check_crash(run, pos, &plan, &what);
+            states += 1;
+        }
+    }
+    states
 }
 
 pub fn crash_points(run: &Run, seed: u64, random: usize) -> Vec<usize> {

@@ -7,7 +7,7 @@ pub mod crashsim;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use amaranth_engine::{Engine, Format, Op, Options, Patch};
+use amaranth_engine::{BlockData, Engine, Format, Op, Options, Patch};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -16,6 +16,17 @@ pub type Model = BTreeMap<Vec<u8>, Vec<u8>>;
 /// The test format: tiny nodes so that splits, merges and flushes happen constantly.
 pub fn small_format() -> Format {
     Format::small_for_tests()
+}
+
+/// A small format whose values reach 4 KiB, so that out-of-line blocks (`put_blocks`) are allowed.
+pub fn blocks_format() -> Format {
+    Format {
+        node_size: 32 << 10,
+        partition_size: 8 << 10,
+        max_value_len: 4096,
+        log_size: Some(2 << 20),
+        ..Format::small_for_tests()
+    }
 }
 
 /// Options with a small cache and no background threads (deterministic), checking every node's
@@ -53,6 +64,12 @@ pub fn apply_model(m: &mut Model, op: &Op) {
                 for k in keys {
                     m.remove(&k);
                 }
+            }
+        }
+        Op::PutBlocks { keys, data } => {
+            let bytes = data.bytes().expect("blocks before they are written");
+            for (k, b) in keys.iter().zip(bytes.chunks_exact(4096)) {
+                m.insert(k.clone(), b.to_vec());
             }
         }
         Op::MovePrefix { from, to } | Op::CopyPrefix { from, to } => {
@@ -154,6 +171,77 @@ impl Gen {
                 Op::RangeDelete { lo: a, hi: b }
             }
         }
+    }
+}
+
+impl Gen {
+    /// A move or copy (half the time each) of one key family under another family's prefix
+    /// (`None` when the two are the same).
+    pub fn prefix_op(&mut self) -> Option<Op> {
+        let a = format!("k{:04}/", self.rng.gen_range(0..self.keys)).into_bytes();
+        let b = format!("k{:04}/", self.rng.gen_range(0..self.keys)).into_bytes();
+        if a == b {
+            return None;
+        }
+        Some(if self.rng.gen_bool(0.5) {
+            Op::MovePrefix { from: a, to: b }
+        } else {
+            Op::CopyPrefix { from: a, to: b }
+        })
+    }
+
+    /// The key of block `b` of key family `n` ("k0042/b07": under the family's prefix, so that
+    /// prefix moves and range deletes reach it).
+    pub fn block_key(n: u32, b: u32) -> Vec<u8> {
+        format!("k{n:04}/b{b:02}").into_bytes()
+    }
+
+    /// A put of 1 to 6 consecutive out-of-line blocks of one key family, each block's bytes
+    /// different.
+    pub fn blocks_op(&mut self) -> Op {
+        let n = self.rng.gen_range(0..self.keys);
+        let first = self.rng.gen_range(0..16u32);
+        let count = self.rng.gen_range(1..=6u32);
+        let keys: Vec<Vec<u8>> = (first..first + count)
+            .map(|b| Gen::block_key(n, b))
+            .collect();
+        let mut data = vec![0u8; keys.len() * 4096];
+        for block in data.chunks_exact_mut(4096) {
+            let (a, b): (u64, u64) = (self.rng.gen(), self.rng.gen());
+            for (i, x) in block.iter_mut().enumerate() {
+                *x = (a.rotate_left(i as u32 % 64) ^ b.wrapping_mul(i as u64 + 1)) as u8;
+            }
+        }
+        Op::PutBlocks {
+            keys,
+            data: BlockData::copy_from(&data),
+        }
+    }
+
+    /// An upsert of a block key: mostly a few bytes (kept as a patch on a reference), sometimes
+    /// a large write or a truncate (which a leaf turns into an inline value).
+    pub fn block_upsert(&mut self) -> Op {
+        let key = Gen::block_key(self.rng.gen_range(0..self.keys), self.rng.gen_range(0..16));
+        let patch = match self.rng.gen_range(0..10) {
+            0 => Patch::Truncate {
+                len: self.rng.gen_range(0..4096),
+            },
+            1 => {
+                let len = self.rng.gen_range(600..2000usize);
+                Patch::Write {
+                    offset: self.rng.gen_range(0..(4096 - len)) as u32,
+                    data: (0..len).map(|_| self.rng.gen()).collect(),
+                }
+            }
+            _ => {
+                let len = self.rng.gen_range(1..40usize);
+                Patch::Write {
+                    offset: self.rng.gen_range(0..(4096 - len)) as u32,
+                    data: (0..len).map(|_| self.rng.gen()).collect(),
+                }
+            }
+        };
+        Op::Upsert { key, patch }
     }
 }
 

@@ -1,0 +1,274 @@
+//! Reading values that are out-of-line blocks (docs/WRITEONCE.md): a point read resolves its
+//! reference with one 4 KiB device read; a scan collects the references it meets and reads them
+//! a batch at a time, one device request per run of consecutive blocks, before it hands the
+//! values to its caller in key order; [`Engine::scan_stored`] and [`Engine::read_blocks`] let a
+//! caller (the file system's reads) read the blocks straight into its own buffer.
+
+use std::ops::Bound;
+
+use amaranth_device::{AlignedBuf, BLOCK_SIZE};
+
+use super::range::normalize;
+use super::{Engine, Inner};
+use crate::apply::scan_tree;
+use crate::dataref::{DataRef, Stored, StoredBuf, Val};
+use crate::error::{Error, Result};
+
+/// The most references a scan reads in one batch (1 MiB of blocks). Batches start at one block and
+/// double, so that a caller who stops early wastes at most as much as it used.
+const SCAN_BATCH: usize = 256;
+
+/// A value as [`Engine::scan_stored`] finds it: the bytes, or a reference to an out-of-line block
+/// to read with [`Engine::read_blocks`].
+#[derive(Clone, Copy, Debug)]
+pub enum StoredValue<'a> {
+    /// The value's bytes.
+    Bytes(&'a [u8]),
+    /// A reference to an out-of-line block.
+    Block(&'a BlockRef),
+}
+
+/// A reference to an out-of-line 4 KiB block holding a value (with the patches applied to it
+/// since it was written).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockRef(pub(crate) DataRef);
+
+impl BlockRef {
+    /// The length of the value the block holds once its patches are applied (4 KiB unless a patch
+    /// truncated or extended it).
+    pub fn len(&self) -> usize {
+        self.0.value_len()
+    }
+
+    /// Whether the value is empty (a patch truncated it to nothing).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The device block holding the data.
+    pub fn block(&self) -> u64 {
+        self.0.block
+    }
+}
+
+/// One block to read with [`Engine::read_blocks`]: which bytes of its value go where.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockRead<'a> {
+    /// The reference, from [`Engine::scan_stored`].
+    pub block: &'a BlockRef,
+    /// The key it was found under (named if the block is damaged).
+    pub key: &'a [u8],
+    /// The first byte of the value wanted.
+    pub from: usize,
+    /// Where it goes in the destination.
+    pub at: usize,
+    /// How many bytes (`from + len` at most 4 KiB: bytes past the value's end read as zeros).
+    pub len: usize,
+}
+
+impl Engine {
+    /// Calls `f(key, value)` for every live entry of the range in key order until it returns
+    /// false, as [`Engine::scan`] does, but without reading out-of-line blocks: those come as
+    /// [`StoredValue::Block`] references, for [`Engine::read_blocks`].
+    pub fn scan_stored(
+        &self,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        mut f: impl FnMut(&[u8], StoredValue<'_>) -> bool,
+    ) -> Result<()> {
+        self.inner.scan_with(lo, hi, &mut |k, v| match v {
+            Stored::Bytes(b) => f(k, StoredValue::Bytes(b)),
+            Stored::Ref(r) => f(k, StoredValue::Block(&BlockRef(DataRef::decode_checked(r)))),
+        })
+    }
+
+    /// Reads the blocks `reads` name into `dest`: each block checked against its checksum (a
+    /// mismatch is a checksum error naming its key, and marks the image damaged), its patches
+    /// applied, and the wanted bytes of the value copied where asked (read straight there when a
+    /// whole block lands on a 4 KiB-aligned place). One device request per run of consecutive
+    /// blocks, in the order given.
+    pub fn read_blocks(&self, reads: &[BlockRead<'_>], dest: &mut [u8]) -> Result<()> {
+        for r in reads {
+            assert!(
+                r.from + r.len <= BLOCK_SIZE && r.at + r.len <= dest.len(),
+                "a block read outside its block or its destination"
+            );
+        }
+        let r = self.inner.tree.store.read_data(reads, dest, true);
+        self.inner.seen(r)
+    }
+}
+
+impl Engine {
+    /// Checks the data table against a recount of the references to out-of-line blocks the tree
+    /// holds (every node read; writers held off): equal counts for every block, every referenced
+    /// block allocated and apart from node images and tables. For tests; [`Engine::verify`]
+    /// checks the same among the rest.
+    #[doc(hidden)]
+    pub fn check_data_table(&self) -> Result<()> {
+        let tree = &self.inner.tree;
+        let _w = tree.writers.write();
+        let recount = tree.recount_refs()?;
+        crate::verify::check_data_table(tree, &recount)
+    }
+}
+
+impl Inner {
+    /// The value of `key`, an out-of-line block read and checked.
+    pub(super) fn get_value(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        match self.seen(self.tree.get(key))? {
+            None => Ok(None),
+            Some(Val::Bytes(b)) => Ok(Some(b)),
+            Some(Val::Ref(r)) => self.seen(self.tree.store.read_value(&r, key)).map(Some),
+        }
+    }
+
+    /// A scan of stored values (references not read), with read-ahead for sequential scans.
+    pub(super) fn scan_with(
+        &self,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        f: &mut dyn FnMut(&[u8], Stored<'_>) -> bool,
+    ) -> Result<()> {
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        let (lo, hi) = normalize(lo, hi);
+        let Some(lo) = lo else { return Ok(()) };
+        let tree = &self.tree;
+        let sequential = tree.note_scan(&lo, hi.as_deref());
+        self.seen(scan_tree(tree, &lo, hi.as_deref(), f))?;
+        if let (true, Some(h)) = (sequential, &hi) {
+            tree.read_ahead_from(h);
+        }
+        tree.make_room()
+    }
+
+    /// A scan handing resolved values to `f` (see [`Engine::scan`]).
+    pub(super) fn scan_values(
+        &self,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<()> {
+        let mut batch = Resolver::default();
+        let mut stopped = false;
+        let mut failed = None;
+        self.scan_with(lo, hi, &mut |k, v| {
+            if batch.is_empty() && !v.is_ref() {
+                return f(k, v.raw());
+            }
+            batch.push(k, v);
+            if batch.full() {
+                match batch.resolve(self, f) {
+                    Ok(go) => stopped = !go,
+                    Err(e) => failed = Some(e),
+                }
+                return !stopped && failed.is_none();
+            }
+            true
+        })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if !stopped {
+            batch.resolve(self, f)?;
+        }
+        Ok(())
+    }
+}
+
+/// Entries a resolving scan holds until their batch of references is read.
+#[derive(Default)]
+pub(super) struct Resolver {
+    entries: Vec<(Vec<u8>, StoredBuf)>,
+    refs: usize,
+    /// References read in the next batch.
+    want: usize,
+}
+
+impl Resolver {
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Keeps an entry (copied) until the batch is read.
+    pub(super) fn push(&mut self, k: &[u8], v: Stored<'_>) {
+        self.refs += usize::from(v.is_ref());
+        let v = match v {
+            Stored::Bytes(b) => StoredBuf::Bytes(b.to_vec()),
+            Stored::Ref(r) => StoredBuf::Ref(r.to_vec()),
+        };
+        self.entries.push((k.to_vec(), v));
+    }
+
+    /// Whether the batch holds as many references as it reads at once.
+    pub(super) fn full(&self) -> bool {
+        self.refs >= self.want.max(1)
+    }
+
+    /// References held.
+    pub(super) fn refs(&self) -> usize {
+        self.refs
+    }
+
+    /// Reads the batch's blocks and hands every entry to `f` in order; returns false if `f`
+    /// stopped. The next batch reads twice as many references, up to [`SCAN_BATCH`].
+    pub(super) fn resolve(
+        &mut self,
+        inner: &Inner,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<bool> {
+        let entries = std::mem::take(&mut self.entries);
+        let refs: Vec<(BlockRef, usize)> = entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, v))| match v {
+                StoredBuf::Ref(r) => Some((BlockRef(DataRef::decode_checked(r)), i)),
+                StoredBuf::Bytes(_) => None,
+            })
+            .collect();
+        let places: Vec<BlockRead<'_>> = refs
+            .iter()
+            .enumerate()
+            .map(|(j, (r, i))| BlockRead {
+                block: r,
+                key: &entries[*i].0,
+                from: 0,
+                at: j * BLOCK_SIZE,
+                len: BLOCK_SIZE,
+            })
+            .collect();
+        let mut raw = AlignedBuf::zeroed(places.len().max(1) * BLOCK_SIZE);
+        inner.seen(inner.tree.store.read_data(&places, &mut raw, false))?;
+        self.refs = 0;
+        self.want = (self.want * 2).clamp(1, SCAN_BATCH);
+        let mut j = 0;
+        for (k, v) in &entries {
+            let go = match v {
+                StoredBuf::Bytes(b) => f(k, b),
+                StoredBuf::Ref(_) => {
+                    let value = (refs[j].0)
+                        .0
+                        .resolve(&raw[j * BLOCK_SIZE..(j + 1) * BLOCK_SIZE]);
+                    j += 1;
+                    f(k, &value)
+                }
+            };
+            if !go {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The batch as owned values (blocks read), for an iterator.
+    pub(super) fn resolve_owned(&mut self, inner: &Inner) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out = Vec::with_capacity(self.entries.len());
+        self.resolve(inner, &mut |k, v| {
+            out.push((k.to_vec(), v.to_vec()));
+            true
+        })?;
+        Ok(out)
+    }
+}
