@@ -323,6 +323,9 @@ fn plan(args: MountArgs) -> CliResult<Plan> {
         // dirsync: every change is made durable, directory changes among them.
         sync: mount_opts.sync || mount_opts.dirsync,
         durable_fsync: !parsed.ordered_fsync,
+        out_of_line_min: parsed
+            .out_of_line_min
+            .unwrap_or(amaranth_fs::OUT_OF_LINE_MIN),
         ..FsOptions::default()
     };
     let name = rundir::mount_name(&mountpoint);

@@ -44,6 +44,9 @@ pub struct Parsed {
     pub transport: Option<String>,
     /// `fsync=ordered`: fsync is an ordering point that returns at once (docs/PATCHGROUPS.md).
     pub ordered_fsync: bool,
+    /// `out_of_line_min=N`: a write's run of whole blocks of at least N bytes goes out of line
+    /// (`0`: never; default 64 KiB, docs/WRITEONCE.md).
+    pub out_of_line_min: Option<usize>,
 }
 
 impl Parsed {
@@ -67,6 +70,7 @@ impl Parsed {
             foreground: false,
             transport: None,
             ordered_fsync: false,
+            out_of_line_min: None,
         }
     }
 
@@ -130,6 +134,10 @@ impl Parsed {
                 }
             }
             "read_ahead_kb" => m.read_ahead_kb = Some(number(key, val)?),
+            "out_of_line_min" => {
+                self.out_of_line_min =
+                    Some(parse_size(need(key, val)?).map_err(Failure::new)? as usize)
+            }
             // FUSE options the kernel shows in /proc/mounts (mount(8) passes them on a remount).
             "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fd" => {
                 return Ok(Some(opt))
@@ -231,6 +239,12 @@ mod tests {
         assert!(p.mount.read_only && p.mount.noatime && p.mount.lazytime && p.mount.sync);
         assert!(!p.ordered_fsync);
         assert!(parse(Origin::Cli, "fsync=ordered").unwrap().ordered_fsync);
+        assert_eq!(
+            parse(Origin::Cli, "out_of_line_min=256k")
+                .unwrap()
+                .out_of_line_min,
+            Some(256 << 10)
+        );
         assert!(
             !parse(Origin::Cli, "fsync=ordered,fsync=durable")
                 .unwrap()

@@ -61,6 +61,7 @@ mod placement;
 mod prefix;
 mod read;
 mod rebuild;
+mod refcheck;
 mod salvage;
 mod space;
 mod store;
@@ -79,6 +80,7 @@ pub use error::{Error, Result};
 pub use info::ImageInfo;
 pub use msg::Patch;
 pub use ops::{prefix_end, Batch, BlockData, Op};
+pub use refcheck::RefCheck;
 pub use salvage::{Damage, DamagedPart, SalvageReport};
 pub use space::SpaceUse;
 /// The superblock itself, for tests that read or forge images byte by byte; tools read an image

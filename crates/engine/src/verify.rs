@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use crate::datatable::RunMap;
 use crate::error::{Error, Result};
 use crate::node::{Body, NodeId, ROOT_ID};
+use crate::refcheck::{check_refs, RefCheck};
 use crate::tree::{Bounds, Tree};
 
 /// What a verification found.
@@ -36,6 +37,9 @@ pub struct Report {
     pub data_refs: u64,
     /// Distinct out-of-line blocks referenced.
     pub data_blocks: u64,
+    /// The data table against those references: leaks are reported here (a reference that may
+    /// lose its block makes the verification fail).
+    pub references: RefCheck,
 }
 
 impl Report {
@@ -214,7 +218,10 @@ pub fn verify(tree: &Tree) -> Result<Report> {
         tree.make_room()?;
     }
     report.data_blocks = refs.blocks();
-    check_data_table(tree, &refs)?;
+    report.references = check_refs(tree, &refs, false);
+    if report.references.is_dangerous() {
+        return Err(broken(report.references.describe()));
+    }
     let btt = tree.store.btt.lock();
     let mut leaked: Vec<NodeId> = btt
         .current
@@ -228,50 +235,4 @@ pub fn verify(tree: &Tree) -> Result<Report> {
     leaves.sort_by(|a, b| a.0.cmp(&b.0));
     report.leaf_extents = leaves.into_iter().map(|(_, e)| e).collect();
     Ok(report)
-}
-
-/// Checks the data table against a recount of the tree's references: the same count for every
-/// block, and every referenced block allocated and not part of a node image or a table.
-pub(crate) fn check_data_table(tree: &Tree, recount: &RunMap) -> Result<()> {
-    let data = tree.store.data.lock();
-    if data.refs != *recount {
-        let first = data
-            .refs
-            .iter()
-            .zip(recount.iter())
-            .find(|(a, b)| a != b)
-            .map(|(a, b)| format!("table {a:?}, tree {b:?}"))
-            .unwrap_or_else(|| format!("{} runs against {}", data.refs.runs(), recount.runs()));
-        return Err(broken(format!(
-            "the data table differs from the tree's references ({first}; runs as (first block, \
-             blocks, references))"
-        )));
-    }
-    let btt = tree.store.btt.lock();
-    let mut images: Vec<(u64, u64)> = btt
-        .current
-        .values()
-        .chain(btt.checkpointed.values())
-        .chain(btt.in_progress.iter().flat_map(|m| m.values()))
-        .chain(btt.checkpointed_table.iter())
-        .chain(data.checkpointed_table.iter())
-        .map(|e| (e.block, e.block + e.blocks))
-        .collect();
-    images.sort_unstable();
-    for (start, len, _) in recount.iter() {
-        if !btt.alloc.is_allocated(start, len) {
-            return Err(broken(format!(
-                "data blocks {start}..{} are referenced but free",
-                start + len
-            )));
-        }
-        let i = images.partition_point(|&(_, end)| end <= start);
-        if images.get(i).is_some_and(|&(s, _)| s < start + len) {
-            return Err(broken(format!(
-                "data blocks {start}..{} overlap a node image or a table",
-                start + len
-            )));
-        }
-    }
-    Ok(())
 }

@@ -5,11 +5,10 @@
 
 mod common;
 
-use std::ops::Bound;
 use std::sync::Arc;
 
 use amaranth_device::{CrashPlan, FaultDevice};
-use amaranth_engine::{Batch, Engine, Error, Options, StoredValue};
+use amaranth_engine::{Batch, Engine, Error, Options};
 use common::crashsim::*;
 use common::*;
 
@@ -57,21 +56,6 @@ fn blocks(file: &str, first: u32, n: u32, fill: u8) -> Batch {
     let mut b = Batch::new();
     b.put_blocks(keys, &data);
     b
-}
-
-/// The blocks the references under `prefix` name.
-fn blocks_of(e: &Engine, prefix: &str) -> Vec<u64> {
-    let lo = prefix.as_bytes().to_vec();
-    let hi = amaranth_engine::prefix_end(&lo, 256);
-    let mut out = Vec::new();
-    e.scan_stored(Bound::Included(&lo), Bound::Excluded(&hi), |_, v| {
-        if let StoredValue::Block(b) = v {
-            out.push(b.block());
-        }
-        true
-    })
-    .unwrap();
-    out
 }
 
 /// A record is appended only after its data write completed, but the device may keep the record
@@ -172,7 +156,7 @@ fn blocks_released_by_an_overwrite_are_not_reused_before_the_checkpoint() {
     let checkpoints = e.stats().checkpoints;
     put(&e, &mut m, blocks("big", 0, 64, 0xaa)).unwrap();
     states.push(hash_model(&m));
-    let old = blocks_of(&e, "big/");
+    let old = e.blocks_under_for_tests(b"big/");
     assert_eq!(old.len(), 64);
     let overlaps = |b: u64, n: u64| old.iter().any(|x| (b..b + n).contains(x));
     put(&e, &mut m, blocks("big", 0, 64, 0xee)).unwrap();
@@ -197,7 +181,7 @@ fn blocks_released_by_an_overwrite_are_not_reused_before_the_checkpoint() {
             checkpoints,
             "a checkpoint ran: nothing is held any more"
         );
-        let got = blocks_of(&e, &format!("more{i:04}/"));
+        let got = e.blocks_under_for_tests(format!("more{i:04}/").as_bytes());
         assert!(
             got.iter().all(|b| !old.contains(b)),
             "released blocks reused before the checkpoint: {got:?}"
@@ -229,7 +213,7 @@ fn blocks_released_by_an_overwrite_are_not_reused_before_the_checkpoint() {
         syncs.push((dev.trace_len(), states.len() - 1));
         let leaves = e.verify().unwrap().leaf_extents;
         reused |= leaves.iter().any(|&(b, n)| overlaps(b, n))
-            || blocks_of(&e, &format!("late{j:04}/"))
+            || e.blocks_under_for_tests(format!("late{j:04}/").as_bytes())
                 .iter()
                 .any(|b| old.contains(b));
         if reused {

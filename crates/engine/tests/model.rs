@@ -268,6 +268,11 @@ fn verified(e: &Engine, seed: u64, step: usize, what: &str) {
         "seed {seed} step {step}: leaked nodes after {what}: {:?}",
         report.leaked_nodes
     );
+    assert!(
+        report.references.is_clean(),
+        "seed {seed} step {step}: after {what}: {}",
+        report.references.describe()
+    );
 }
 
 fn seeds(n: u64) -> impl Iterator<Item = u64> {

@@ -39,6 +39,12 @@ pub enum Class {
     EngineCorruption,
     /// Engine nodes no tree references (space leak).
     LeakedNodes,
+    /// Out-of-line data blocks the engine's data table counts but no key references (space
+    /// leak; docs/WRITEONCE.md).
+    LeakedData,
+    /// Out-of-line data blocks referenced more often than the data table counts, referenced but
+    /// free, or inside node images: a write could overwrite data a file still names.
+    DataReferences,
     /// A file-system record (`s/format`, `s/next_ino`) is missing or wrong.
     BadSchema,
     /// The root directory is missing or not a directory.
@@ -84,6 +90,7 @@ impl Class {
     pub fn severity(self) -> Severity {
         match self {
             Class::LeakedNodes
+            | Class::LeakedData
             | Class::OrphanInode
             | Class::LinkCount
             | Class::DataWithoutInode

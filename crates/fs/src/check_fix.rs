@@ -202,7 +202,7 @@ impl<'c, 'e> Fixer<'c, 'e> {
             let _ = self
                 .c
                 .engine
-                .scan(Bound::Included(&p), Bound::Excluded(&hi), |k, _| {
+                .scan_stored(Bound::Included(&p), Bound::Excluded(&hi), |k, _| {
                     longest = longest.max(k.len());
                     true
                 });

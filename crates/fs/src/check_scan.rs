@@ -2,7 +2,9 @@
 //! homes, redirects, inode numbers claimed twice), parked names, data blocks and extended
 //! attributes, each noted against the file it belongs to (see `check.rs`).
 
-use amaranth_engine::Op;
+use std::ops::Bound;
+
+use amaranth_engine::{Op, StoredValue};
 
 use crate::check::{scan_tag, split_file_key, valid_path_key, Checker, Class, Info};
 use crate::check_fix::Found;
@@ -11,6 +13,9 @@ use crate::keys::{self, BLOCK};
 
 impl Checker<'_> {
     pub(crate) fn engine_pass(&mut self) -> bool {
+        if !self.references() {
+            return false;
+        }
         match self.engine.verify() {
             Ok(rep) => {
                 if !rep.leaked_nodes.is_empty() {
@@ -25,6 +30,40 @@ impl Checker<'_> {
                 false
             }
         }
+    }
+
+    /// The engine's data table against the references its tree holds (repaired in place when
+    /// repairing: counts lowered or raised, referenced free blocks claimed). Returns false when a
+    /// reference may lose its block and nothing repaired it: the check stops there.
+    fn references(&mut self) -> bool {
+        let found = if self.repair {
+            self.engine.repair_references()
+        } else {
+            self.engine.check_references()
+        };
+        let r = match found {
+            Ok(r) => r,
+            Err(e) => {
+                self.problem(Class::EngineCorruption, e.to_string());
+                return false;
+            }
+        };
+        if r.leaked > 0 {
+            let i = self.problem(
+                Class::LeakedData,
+                format!(
+                    "{} out-of-line data blocks counted but not referenced",
+                    r.leaked
+                ),
+            );
+            self.r.problems[i].repaired = self.repair;
+        }
+        if r.is_dangerous() {
+            let i = self.problem(Class::DataReferences, r.describe());
+            self.r.problems[i].repaired = self.repair && r.overlapping == 0;
+            return self.r.problems[i].repaired;
+        }
+        true
     }
 
     pub(crate) fn schema(&mut self) {
@@ -243,9 +282,19 @@ impl Checker<'_> {
 
     pub(crate) fn data_pass(&mut self) {
         let mut entries: Vec<(Vec<u8>, usize)> = Vec::new();
-        let scan = scan_tag(self.engine, keys::DATA, |k, v| {
-            entries.push((k.to_vec(), v.len()))
-        });
+        // Values as stored: an out-of-line block's length without reading it.
+        let scan = self.engine.scan_stored(
+            Bound::Included(&[keys::DATA][..]),
+            Bound::Excluded(&[keys::DATA + 1][..]),
+            |k, v| {
+                let len = match v {
+                    StoredValue::Bytes(b) => b.len(),
+                    StoredValue::Block(r) => r.len(),
+                };
+                entries.push((k.to_vec(), len));
+                true
+            },
+        );
         if let Err(e) = scan {
             self.problem(Class::EngineCorruption, e.to_string());
         }

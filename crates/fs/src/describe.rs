@@ -169,7 +169,7 @@ pub fn files_in_ranges(
     // Data or attributes whose inode is gone: the name and inode were in a damaged range.
     for tag in [DATA, XATTR] {
         let mut last: Vec<u8> = Vec::new();
-        engine.scan(
+        engine.scan_stored(
             Bound::Included(&[tag][..]),
             Bound::Excluded(&[tag + 1][..]),
             |k, _| {

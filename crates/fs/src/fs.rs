@@ -178,7 +178,14 @@ pub struct FsOptions {
     pub durable_fsync: bool,
     /// How patchgroup callers are identified (real processes through `/proc`, or declared).
     pub processes: ProcessModel,
+    /// A write's run of whole 4 KiB blocks at least this long (bytes) is stored out of line:
+    /// written once to its own place, the log and the tree holding 12-byte references
+    /// (docs/WRITEONCE.md). 0: every block stays in the tree.
+    pub out_of_line_min: usize,
 }
+
+/// The default [`FsOptions::out_of_line_min`]: 64 KiB (docs/WRITEONCE.md, Q1).
+pub const OUT_OF_LINE_MIN: usize = 64 << 10;
 
 impl Default for FsOptions {
     fn default() -> FsOptions {
@@ -190,6 +197,7 @@ impl Default for FsOptions {
             sync: false,
             durable_fsync: true,
             processes: ProcessModel::Linux,
+            out_of_line_min: OUT_OF_LINE_MIN,
         }
     }
 }

@@ -13,6 +13,7 @@ use super::{Engine, Inner};
 use crate::apply::scan_tree;
 use crate::dataref::{DataRef, Stored, StoredBuf, Val};
 use crate::error::{Error, Result};
+use crate::refcheck::{check_refs, RefCheck};
 
 /// The most references a scan reads in one batch (1 MiB of blocks). Batches start at one block and
 /// double, so that a caller who stops early wastes at most as much as it used.
@@ -101,15 +102,68 @@ impl Engine {
 
 impl Engine {
     /// Checks the data table against a recount of the references to out-of-line blocks the tree
-    /// holds (every node read; writers held off): equal counts for every block, every referenced
-    /// block allocated and apart from node images and tables. For tests; [`Engine::verify`]
-    /// checks the same among the rest.
+    /// holds (every node read; writers held off), and fails unless they agree exactly. For tests;
+    /// [`Engine::verify`] and [`Engine::check_references`] report the same.
     #[doc(hidden)]
     pub fn check_data_table(&self) -> Result<()> {
+        let r = self.check_references()?;
+        if !r.is_clean() {
+            return Err(Error::Corrupt(r.describe()));
+        }
+        Ok(())
+    }
+
+    /// The out-of-line blocks the keys under `prefix` reference, in key order (for tests).
+    #[doc(hidden)]
+    pub fn blocks_under_for_tests(&self, prefix: &[u8]) -> Vec<u64> {
+        let hi = crate::ops::prefix_end(prefix, self.format().max_key_len);
+        let mut out = Vec::new();
+        self.scan_stored(Bound::Included(prefix), Bound::Excluded(&hi), |_, v| {
+            if let StoredValue::Block(b) = v {
+                out.push(b.block());
+            }
+            true
+        })
+        .expect("scan");
+        out
+    }
+
+    /// Changes the data table's count of `block` by `delta` without changing the tree, as a bug
+    /// might: for tests of [`Engine::check_references`] and `fsck`. Writers are held off.
+    #[doc(hidden)]
+    pub fn adjust_data_refs_for_tests(&self, block: u64, delta: i32) {
+        let _w = self.inner.tree.writers.write();
+        let mut d = self.inner.tree.store.data.lock();
+        if delta > 0 {
+            for _ in 0..delta {
+                d.refs.add(block, 1);
+            }
+        }
+        for _ in delta..0 {
+            d.refs.release(block);
+        }
+    }
+
+    /// Compares the data table with the references to out-of-line blocks the tree holds (every
+    /// node read; writers held off): blocks leaked, referenced more often than counted, referenced
+    /// but free, or inside node images.
+    pub fn check_references(&self) -> Result<RefCheck> {
         let tree = &self.inner.tree;
         let _w = tree.writers.write();
-        let recount = tree.recount_refs()?;
-        crate::verify::check_data_table(tree, &recount)
+        let recount = self.inner.seen(tree.recount_refs())?;
+        Ok(check_refs(tree, &recount, false))
+    }
+
+    /// [`Engine::check_references`], bringing the table to the references found (`fsck
+    /// --repair`): leaked blocks are released (free after the next checkpoint), counts raised,
+    /// referenced free blocks claimed. Returns what was found; blocks inside node images are left
+    /// as they are (their references name no data of their own).
+    pub fn repair_references(&self) -> Result<RefCheck> {
+        self.inner.check_writable()?;
+        let tree = &self.inner.tree;
+        let _w = tree.writers.write();
+        let recount = self.inner.seen(tree.recount_refs())?;
+        Ok(check_refs(tree, &recount, true))
     }
 }
 

@@ -103,6 +103,11 @@ pub fn recover(img: Vec<u8>, options: &Options, what: &str) -> (Engine, Report) 
     let report = e
         .verify()
         .unwrap_or_else(|err| panic!("{what}: verify after recovery: {err}"));
+    assert!(
+        report.references.is_clean(),
+        "{what}: {}",
+        report.references.describe()
+    );
     (e, report)
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use amaranth_engine::{Batch, Op, Patch};
+use amaranth_engine::{Batch, BlockRead, BlockRef, Op, Patch, StoredValue};
 
 use super::{
     Fs, COPY_MAX, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, MAX_FILE_SIZE,
@@ -47,8 +47,8 @@ impl Fs {
         Ok(buf)
     }
 
-    /// [`Fs::read`] appending to `out` (a reply being built): the block values are copied once,
-    /// straight from the engine's partitions into `out`, and only holes are zero-filled. Returns
+    /// [`Fs::read`] appending to `out` (a reply being built): block values copied once, straight
+    /// from the engine's partitions (out-of-line blocks read from the device) into `out`. Returns
     /// the number of bytes appended; on error `out` is left as it was.
     pub fn read_into(&self, ino: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<usize> {
         let _ns = self.ns.read();
@@ -60,23 +60,16 @@ impl Fs {
     }
 
     /// [`Fs::read`] into `out` (up to its length; a transport's own reply buffer, so that nothing
-    /// is copied again): block values straight from the partitions, holes zero-filled. Returns the
-    /// number of bytes written at the start of `out`.
+    /// is copied again): block values straight from the partitions, out-of-line blocks read from
+    /// the device straight into `out` where it is aligned, holes zero-filled. Returns the number
+    /// of bytes written at the start of `out`.
     pub fn read_to_slice(&self, ino: u64, offset: u64, out: &mut [u8]) -> Result<usize> {
         let _ns = self.ns.read();
         let Some((fk, end, shared)) = self.read_span(ino, offset, out.len() as u64)? else {
             return Ok(0);
         };
         let n = (end - offset) as usize;
-        let out = &mut out[..n];
-        let mut filled = 0;
-        self.scan_bytes(&fk, offset, end, |at, bytes| {
-            assert!(at >= filled, "file blocks out of order");
-            out[filled..at].fill(0);
-            out[at..at + bytes.len()].copy_from_slice(bytes);
-            filled = at + bytes.len();
-        })?;
-        out[filled..].fill(0);
+        self.fill(&fk, offset, end, &mut out[..n])?;
         Ok(self.read_done(ino, &shared, offset, end))
     }
 
@@ -118,55 +111,73 @@ impl Fs {
     /// read as zeros); on error `out` is truncated back to its length at the call.
     fn read_bytes_into(&self, fk: &[u8], offset: u64, end: u64, out: &mut Vec<u8>) -> Result<()> {
         let base = out.len();
-        let want = (end - offset) as usize;
-        if want == 0 {
+        if end <= offset {
             return Ok(());
         }
-        out.reserve(want);
-        let r = self.scan_bytes(fk, offset, end, |at, bytes| {
-            let at = base + at;
-            assert!(at >= out.len(), "file blocks out of order");
-            out.resize(at, 0);
-            out.extend_from_slice(bytes);
-        });
-        if let Err(e) = r {
+        out.resize(base + (end - offset) as usize, 0);
+        let r = self.fill(fk, offset, end, &mut out[base..]);
+        if r.is_err() {
             out.truncate(base);
-            return Err(e);
         }
-        out.resize(base + want, 0);
-        Ok(())
+        r
     }
 
-    /// Calls `put(at, bytes)` for the stored bytes of `[offset, end)` of the file at `fk`, in
-    /// increasing order, `at` counted from `offset` (holes and missing tails are not visited).
-    fn scan_bytes(
-        &self,
-        fk: &[u8],
-        offset: u64,
-        end: u64,
-        mut put: impl FnMut(usize, &[u8]),
-    ) -> Result<()> {
+    /// Fills `out` (`end - offset` bytes) with the bytes `[offset, end)` of the file at `fk`:
+    /// values the tree holds copied from its partitions, out-of-line blocks read from the device
+    /// once the scan is done (one request per run of consecutive blocks, straight into `out`
+    /// where a whole block lands on an aligned place), holes and missing tails zero-filled.
+    fn fill(&self, fk: &[u8], offset: u64, end: u64, out: &mut [u8]) -> Result<()> {
+        assert_eq!(out.len() as u64, end - offset, "a read's buffer");
         if end <= offset {
             return Ok(());
         }
         let prefix_len = keys::data_prefix(fk).len();
         let lo = keys::data_key(fk, offset / BLOCK);
         let hi = keys::data_key(fk, (end - 1) / BLOCK + 1);
+        let mut filled = 0usize;
+        // (key, reference, first byte wanted, where it goes, length)
+        let mut blocks: Vec<(Vec<u8>, BlockRef, usize, usize, usize)> = Vec::new();
         self.engine
-            .scan(Bound::Included(&lo), Bound::Excluded(&hi), |k, v| {
-                if let Some(blk) = keys::block_of(k, prefix_len) {
-                    let start = blk * BLOCK;
-                    let (a, z) = (start.max(offset), (start + v.len() as u64).min(end));
-                    if a < z {
-                        put(
-                            (a - offset) as usize,
-                            &v[(a - start) as usize..(z - start) as usize],
-                        );
-                    }
+            .scan_stored(Bound::Included(&lo), Bound::Excluded(&hi), |k, v| {
+                let Some(blk) = keys::block_of(k, prefix_len) else {
+                    return true;
+                };
+                let start = blk * BLOCK;
+                let len = match v {
+                    StoredValue::Bytes(b) => b.len() as u64,
+                    StoredValue::Block(_) => BLOCK,
+                };
+                let (a, z) = (start.max(offset), (start + len).min(end));
+                if a >= z {
+                    return true;
                 }
+                let at = (a - offset) as usize;
+                assert!(at >= filled, "file blocks out of order");
+                out[filled..at].fill(0);
+                let from = (a - start) as usize;
+                let n = (z - a) as usize;
+                match v {
+                    StoredValue::Bytes(b) => out[at..at + n].copy_from_slice(&b[from..from + n]),
+                    StoredValue::Block(r) => blocks.push((k.to_vec(), r.clone(), from, at, n)),
+                }
+                filled = at + n;
                 true
-            })
-            .map_err(Into::into)
+            })?;
+        out[filled..].fill(0);
+        if !blocks.is_empty() {
+            let reads: Vec<BlockRead<'_>> = blocks
+                .iter()
+                .map(|(key, block, from, at, len)| BlockRead {
+                    block,
+                    key,
+                    from: *from,
+                    at: *at,
+                    len: *len,
+                })
+                .collect();
+            self.engine.read_blocks(&reads, out)?;
+        }
+        Ok(())
     }
 
     /// Writes `data` at `offset` (at the end for `O_APPEND` handles). `kill_suidgid`: the writer
@@ -255,7 +266,7 @@ impl Fs {
         data: &[u8],
         next: &Inode,
     ) -> Result<usize> {
-        write_ops(b, fk, offset, data);
+        write_ops(b, fk, offset, data, self.opts.out_of_line_min);
         let mut inode_op = Batch::new();
         inode_op.put(meta.to_vec(), next.encode());
         // The counter of reserved holes may go with it.
@@ -267,17 +278,39 @@ impl Fs {
         if b.log_bytes() <= room {
             return Ok(data.len());
         }
-        // The ops are one per block, in order: keep the longest prefix that fits.
+        // The ops are in block order (one per block, or one for a run of whole blocks stored out
+        // of line): keep the longest prefix that fits, cutting a run of blocks where it stops.
         let mut used = Batch::new().log_bytes();
         let mut written = 0usize;
         let mut keep = 0;
+        let mut cut: Option<Op> = None;
         for op in b.ops() {
-            used += op.log_bytes();
-            if used > room {
+            if used + op.log_bytes() > room {
+                if let Op::PutBlocks { keys, data } = op {
+                    // A run's record holds its keys: as many as fit.
+                    let head = op.log_bytes() - keys.iter().map(|k| k.len()).sum::<usize>();
+                    let per_key = (head - 16) / keys.len();
+                    let mut n = 0;
+                    let mut bytes = used + 16;
+                    while n < keys.len() && bytes + keys[n].len() + per_key <= room {
+                        bytes += keys[n].len() + per_key;
+                        n += 1;
+                    }
+                    if n > 0 {
+                        let bytes = &data.bytes().expect("blocks not written yet")[..n * 4096];
+                        cut = Some(Op::PutBlocks {
+                            keys: keys[..n].to_vec(),
+                            data: amaranth_engine::BlockData::copy_from(bytes),
+                        });
+                        written += bytes.len();
+                    }
+                }
                 break;
             }
+            used += op.log_bytes();
             written += match op {
                 Op::Put { value, .. } => value.len(),
+                Op::PutBlocks { data, .. } => data.len(),
                 Op::Upsert {
                     patch: Patch::Write { data, .. },
                     ..
@@ -286,10 +319,13 @@ impl Fs {
             };
             keep += 1;
         }
-        if keep == 0 {
+        if keep == 0 && cut.is_none() {
             return Err(Errno::EFBIG);
         }
         b.keep_first(keep);
+        if let Some(op) = cut {
+            b.push(op);
+        }
         Ok(written)
     }
 
@@ -382,7 +418,7 @@ impl Fs {
         if whence == libc::SEEK_DATA {
             let mut first = None;
             self.engine
-                .scan(Bound::Included(&lo), Bound::Excluded(&hi), |k, _| {
+                .scan_stored(Bound::Included(&lo), Bound::Excluded(&hi), |k, _| {
                     first = keys::block_of(k, prefix_len);
                     false
                 })?;
@@ -394,7 +430,7 @@ impl Fs {
             let mut expect = offset / BLOCK;
             let mut hole = None;
             self.engine
-                .scan(
+                .scan_stored(
                     Bound::Included(&lo),
                     Bound::Excluded(&hi),
                     |k, _| match keys::block_of(k, prefix_len) {
@@ -477,7 +513,13 @@ impl Fs {
         }
         if done < len {
             let bytes = self.read_bytes(&src, off_in + done, off_in + len)?;
-            write_ops(&mut b, &dst, off_out + done, &bytes);
+            write_ops(
+                &mut b,
+                &dst,
+                off_out + done,
+                &bytes,
+                self.opts.out_of_line_min,
+            );
             let filled =
                 space::account_write(&self.engine, &dst, &mut by_write, off_out + done, end)?;
             reserved_change -= filled as i64;
@@ -544,24 +586,69 @@ impl Fs {
         );
         let lo = keys::data_key(src, b_in);
         let hi = keys::data_key(src, b_in + count);
+        // Runs of consecutive whole blocks go out of line as a write's would; the rest is put.
+        let min = self.opts.out_of_line_min;
+        let mut run: Vec<u8> = Vec::new();
+        let mut run_at = 0u64;
+        let flush = |b: &mut Batch, run: &mut Vec<u8>, at: u64| {
+            let n = (run.len() / BLOCK as usize) as u64;
+            if min > 0 && run.len() >= min {
+                let keys = (at..at + n).map(|k| keys::data_key(dst, k)).collect();
+                b.put_blocks(keys, run);
+            } else {
+                for (i, v) in run.chunks_exact(BLOCK as usize).enumerate() {
+                    b.put(keys::data_key(dst, at + i as u64), v.to_vec());
+                }
+            }
+            run.clear();
+        };
         self.engine
             .scan(Bound::Included(&lo), Bound::Excluded(&hi), |k, v| {
                 if let Some(blk) = keys::block_of(k, prefix_len) {
-                    b.put(keys::data_key(dst, blk - b_in + b_out), v.to_vec());
-                    put.push(blk - b_in + b_out);
+                    let to = blk - b_in + b_out;
+                    let follows = run_at + (run.len() / BLOCK as usize) as u64 == to;
+                    if !run.is_empty() && (!follows || v.len() != BLOCK as usize) {
+                        flush(b, &mut run, run_at);
+                    }
+                    if v.len() == BLOCK as usize {
+                        if run.is_empty() {
+                            run_at = to;
+                        }
+                        run.extend_from_slice(v);
+                    } else {
+                        b.put(keys::data_key(dst, to), v.to_vec());
+                    }
+                    put.push(to);
                 }
                 true
             })?;
+        if !run.is_empty() {
+            flush(b, &mut run, run_at);
+        }
         Ok(put)
     }
 }
 
-/// Operations writing `data` at `offset`: whole blocks as puts, partial blocks as upserts (no read).
-pub fn write_ops(b: &mut Batch, fk: &[u8], offset: u64, data: &[u8]) {
+/// Operations writing `data` at `offset`: whole blocks as puts, partial blocks as upserts (no
+/// read). The whole blocks go out of line, written once (docs/WRITEONCE.md), as one
+/// [`Op::PutBlocks`], when they are at least `out_of_line_min` bytes (0: never).
+pub fn write_ops(b: &mut Batch, fk: &[u8], offset: u64, data: &[u8], out_of_line_min: usize) {
+    let (first_full, end_full) = (offset.div_ceil(BLOCK), (offset + data.len() as u64) / BLOCK);
+    let run = (out_of_line_min > 0
+        && end_full > first_full
+        && ((end_full - first_full) * BLOCK) as usize >= out_of_line_min)
+        .then_some((first_full, end_full));
     let mut pos = 0usize;
     while pos < data.len() {
         let abs = offset + pos as u64;
         let blk = abs / BLOCK;
+        if let Some((a, z)) = run.filter(|&(a, _)| a == blk && abs.is_multiple_of(BLOCK)) {
+            let end = (z * BLOCK - offset) as usize;
+            let keys = (a..z).map(|k| keys::data_key(fk, k)).collect();
+            b.put_blocks(keys, &data[pos..end]);
+            pos = end;
+            continue;
+        }
         let in_blk = (abs % BLOCK) as usize;
         let n = (BLOCK as usize - in_blk).min(data.len() - pos);
         let key = keys::data_key(fk, blk);

@@ -87,7 +87,7 @@ impl Fs {
     fn longest_key_in(&self, lo: &[u8], hi: &[u8]) -> Result<usize> {
         let mut longest = 0;
         self.engine
-            .scan(Bound::Included(lo), Bound::Excluded(hi), |k, _| {
+            .scan_stored(Bound::Included(lo), Bound::Excluded(hi), |k, _| {
                 longest = longest.max(k.len());
                 true
             })?;
