@@ -49,6 +49,10 @@ pub fn engine_json(s: &Stats) -> Value {
         "node_reads": s.node_reads,
         "node_bytes_read": s.node_bytes_read,
         "write_amplification": s.write_amplification,
+        "data_writes": s.data_writes,
+        "data_bytes_written": s.data_bytes_written,
+        "data_reads": s.data_reads,
+        "data_bytes_read": s.data_bytes_read,
         "log": {
             "bytes_written": s.log.bytes_written,
             "chunks_written": s.log.chunks_written,
@@ -73,6 +77,7 @@ pub fn engine_json(s: &Stats) -> Value {
             "used_bytes": s.space.used(),
             "dirty_next_bytes": s.space.dirty_next,
             "dirty_current_bytes": s.space.dirty_current,
+            "out_of_line_bytes": s.space.data,
         },
         "free_extents": s.free_extents,
         "device_size": s.device_bytes,
@@ -262,6 +267,13 @@ fn print_live(v: &Value) {
         human(g("user_bytes_written")),
         human(g("device_bytes_written")),
         v["write_amplification"].as_f64().unwrap_or(0.0)
+    );
+    say!(
+        "out-of-line:     {} written in {} extents, {} read in {} requests",
+        human(g("data_bytes_written")),
+        g("data_writes"),
+        human(g("data_bytes_read")),
+        g("data_reads")
     );
     say!(
         "checkpoints:     {} ({:.2} s), generation {}, {} syncs",

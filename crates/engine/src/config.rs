@@ -176,6 +176,10 @@ pub struct Options {
     /// Leaves read ahead of a sequential scan (one that starts where a recent one ended), by
     /// background threads; at most a quarter of `cache_size` in nodes. 0 turns read-ahead off.
     pub read_ahead: usize,
+    /// Threads writing out-of-line data ([`crate::Batch::put_blocks`]) while the batch's record
+    /// is logged and applied (docs/WRITEONCE.md: every flush waits for the writes before it). 0:
+    /// the writer writes its data itself and waits for it.
+    pub data_writers: usize,
 }
 
 impl Default for Options {
@@ -192,6 +196,7 @@ impl Default for Options {
             salvage: false,
             atomic_group_timeout: Duration::from_secs(10),
             read_ahead: 4,
+            data_writers: 2,
         }
     }
 }

@@ -5,8 +5,11 @@
 
 use std::sync::atomic::Ordering;
 
+use std::sync::Arc;
+
 use amaranth_device::{AlignedBuf, BLOCK_SIZE};
 
+use crate::blockdata::PooledBuf;
 use crate::dataref::DataRef;
 use crate::engine::BlockRead;
 use crate::error::{Error, Result};
@@ -34,50 +37,47 @@ fn resolve_window(r: &DataRef, window: &mut [u8]) {
 }
 
 impl Store {
-    /// Writes `data` (whole blocks) to a freshly allocated extent, placed after the previous data
-    /// extent when that space is free, and waits for the write to complete. The extent counts as
-    /// being written until [`Store::settle_data`].
-    pub(crate) fn write_data(&self, data: &[u8]) -> Result<Extent> {
+    /// Writes `len` bytes of `buf` (whole blocks) to a freshly allocated extent, placed after the
+    /// previous data extent when that space is free: handed to the data writers
+    /// (`datawriter.rs`), or written here when none runs. The extent counts as being written until
+    /// [`Store::settle_data`].
+    pub(crate) fn write_data(&self, buf: Arc<PooledBuf>, len: usize) -> Result<Extent> {
         assert!(
-            !data.is_empty() && data.len().is_multiple_of(BLOCK_SIZE),
+            len > 0 && len.is_multiple_of(BLOCK_SIZE),
             "out-of-line data is whole blocks"
         );
-        let blocks = (data.len() / BLOCK_SIZE) as u64;
+        let blocks = (len / BLOCK_SIZE) as u64;
         let ext = {
             let mut d = self.data.lock();
             let mut b = self.btt.lock();
             let e = b
                 .alloc
                 .alloc_next(blocks, d.cursor, blocks.max(DATA_RUN_WANT))
-                .ok_or_else(|| {
-                    Error::NoSpace(format!("no free extent of {} bytes for data", data.len()))
-                })?;
+                .ok_or_else(|| Error::NoSpace(format!("no free extent of {len} bytes for data")))?;
             d.cursor = Some(e.block + e.blocks);
             d.writing += e.blocks;
             e
         };
-        let r = if (data.as_ptr() as usize).is_multiple_of(BLOCK_SIZE) {
-            self.dev.write_at(ext.offset(), data)
-        } else {
-            self.dev
-                .write_at(ext.offset(), &AlignedBuf::from_slice(data))
-        };
-        if let Err(e) = r {
+        if let Err(err) = self.writer.write(&*self.dev, ext, buf, len) {
             self.settle_data(ext, false);
-            let err = Error::io("writing data blocks", e);
             self.write_failure.lock().get_or_insert_with(|| err.clone());
             return Err(err);
         }
         self.counters.data_writes.fetch_add(1, Ordering::Relaxed);
         self.counters
             .data_bytes_written
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
+            .fetch_add(len as u64, Ordering::Relaxed);
         Ok(ext)
     }
 
     /// Ends the write of the data extent `ext`: its blocks get their first reference (the record
-    /// naming them was logged), or go back to the free space (it was not).
+    /// naming them was logged), or go back to the free space once a write in flight over them is
+    /// done (it was not).
     pub(crate) fn settle_data(&self, ext: Extent, referenced: bool) {
+        if !referenced {
+            // A failed write is as good as done: the blocks hold nothing anyone names.
+            let _ = self.writer.wait_range(ext.block, ext.blocks);
+        }
         let mut d = self.data.lock();
         assert!(d.writing >= ext.blocks, "more data settled than written");
         d.writing -= ext.blocks;
@@ -140,6 +140,9 @@ impl Store {
     }
 
     fn read_data_span(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let block = offset / BLOCK_SIZE as u64;
+        self.writer
+            .wait_range(block, (buf.len() / BLOCK_SIZE) as u64)?;
         self.dev
             .read_at(offset, buf)
             .map_err(|e| Error::io("reading data blocks", e))?;

@@ -30,6 +30,7 @@
 #![deny(missing_docs)]
 
 mod apply;
+mod blockdata;
 mod buffer;
 mod bufpool;
 mod cache;
@@ -40,6 +41,7 @@ mod copies;
 mod dataio;
 mod dataref;
 mod datatable;
+mod datawriter;
 mod engine;
 mod error;
 #[cfg(test)]

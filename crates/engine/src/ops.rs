@@ -1,105 +1,14 @@
 //! Operations, batches, their validation and their encoding in log records.
 
-use std::sync::Arc;
+use amaranth_device::BLOCK_SIZE;
 
-use amaranth_device::{AlignedBuf, BLOCK_SIZE};
-
+pub use crate::blockdata::BlockData;
 use crate::codec::{Dec, Enc};
 use crate::config::Format;
 use crate::dataref::DataRef;
 use crate::error::{Error, Result};
 use crate::msg::{Patch, PointOp};
 use crate::tree::Msg;
-
-/// The data of a [`Op::PutBlocks`]: whole 4 KiB blocks, one per key. Built from bytes
-/// ([`BlockData::copy_from`]); once the engine has written them out of line, or when a log record
-/// is read back, it holds where they went and their checksums instead.
-#[derive(Clone)]
-pub struct BlockData(BlockState);
-
-#[derive(Clone)]
-enum BlockState {
-    /// The bytes, in a buffer aligned for the device.
-    Bytes(Arc<AlignedBuf>, usize),
-    /// Written at consecutive blocks from `start`, with each block's crc32c.
-    Placed { start: u64, crcs: Vec<u32> },
-}
-
-impl BlockData {
-    /// Copies `bytes` (a whole number of 4 KiB blocks) into a buffer the device can write as it is.
-    pub fn copy_from(bytes: &[u8]) -> BlockData {
-        BlockData(BlockState::Bytes(
-            Arc::new(AlignedBuf::from_slice(bytes)),
-            bytes.len(),
-        ))
-    }
-
-    /// The bytes, before the engine writes them (`None` once placed).
-    pub fn bytes(&self) -> Option<&[u8]> {
-        match &self.0 {
-            BlockState::Bytes(b, len) => Some(&b[..*len]),
-            BlockState::Placed { .. } => None,
-        }
-    }
-
-    /// Bytes of data (4 KiB per block).
-    pub fn len(&self) -> usize {
-        match &self.0 {
-            BlockState::Bytes(_, len) => *len,
-            BlockState::Placed { crcs, .. } => crcs.len() * BLOCK_SIZE,
-        }
-    }
-
-    /// Whether there is no block.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Where the blocks went: the first block and each block's crc32c (`None` before).
-    pub(crate) fn placed(&self) -> Option<(u64, &[u32])> {
-        match &self.0 {
-            BlockState::Placed { start, crcs } => Some((*start, crcs)),
-            BlockState::Bytes(..) => None,
-        }
-    }
-
-    /// Records that the blocks were written from block `start` on.
-    pub(crate) fn place(&mut self, start: u64) {
-        let crcs = self
-            .bytes()
-            .expect("placed once")
-            .chunks_exact(BLOCK_SIZE)
-            .map(crate::codec::crc)
-            .collect();
-        self.0 = BlockState::Placed { start, crcs };
-    }
-}
-
-impl PartialEq for BlockData {
-    fn eq(&self, other: &BlockData) -> bool {
-        match (&self.0, &other.0) {
-            (BlockState::Bytes(..), BlockState::Bytes(..)) => self.bytes() == other.bytes(),
-            (
-                BlockState::Placed { start: a, crcs: x },
-                BlockState::Placed { start: b, crcs: y },
-            ) => a == b && x == y,
-            _ => false,
-        }
-    }
-}
-
-impl Eq for BlockData {}
-
-impl std::fmt::Debug for BlockData {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            BlockState::Bytes(_, len) => write!(f, "BlockData({} blocks)", len / BLOCK_SIZE),
-            BlockState::Placed { start, crcs } => {
-                write!(f, "BlockData({} blocks at {start})", crcs.len())
-            }
-        }
-    }
-}
 
 /// One operation of a batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -672,7 +581,7 @@ pub fn decode_record(payload: &[u8], f: &Format) -> Result<(u64, Vec<Op>)> {
                 }
                 Op::PutBlocks {
                     keys,
-                    data: BlockData(BlockState::Placed { start, crcs }),
+                    data: BlockData::placed_at(start, crcs),
                 }
             }
             t => return Err(d.corrupt(format!("unknown operation tag {t}"))),

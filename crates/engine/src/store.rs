@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 
 use crate::codec::{crc, crc_with_hole, Dec, Enc};
 use crate::datatable::DataTable;
+use crate::datawriter::DataWriter;
 use crate::error::{Error, Result};
 use crate::node::NodeId;
 use crate::superblock::Extent;
@@ -568,6 +569,8 @@ pub struct Store {
     pub btt: Mutex<Btt>,
     /// The data table (`datatable.rs`). Lock order: `data` before `btt`.
     pub data: Mutex<DataTable>,
+    /// The writers of out-of-line data (`datawriter.rs`).
+    pub writer: Arc<DataWriter>,
     /// Counters.
     pub counters: StoreCounters,
     /// The first failed write of a node image or table. Writes happen on read paths too (the
@@ -617,6 +620,7 @@ impl Store {
             dev,
             btt: Mutex::new(btt),
             data: Mutex::new(data),
+            writer: Arc::new(DataWriter::default()),
             counters: StoreCounters::default(),
             write_failure: Mutex::new(None),
             image_pool: Mutex::new(Vec::new()),
@@ -713,8 +717,10 @@ impl Store {
         self.btt.lock().current.get(&id).copied()
     }
 
-    /// Flushes the device.
+    /// Flushes the device, once the out-of-line data writes submitted before are complete (the
+    /// flush must not make a table or a record durable before the data they name).
     pub fn flush(&self, what: &str) -> Result<()> {
+        self.writer.barrier()?;
         self.dev
             .flush()
             .map_err(|e| Error::io(format!("flushing the device ({what})"), e))

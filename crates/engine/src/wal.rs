@@ -84,9 +84,14 @@ pub struct LogStats {
     pub durable_lsn: Lsn,
 }
 
+/// What a durable flush of the log waits for first (see [`Log::set_flush_barrier`]).
+type FlushBarrier = Box<dyn Fn() -> Result<()> + Send + Sync>;
+
 /// The redo log.
 pub struct Log {
     dev: Arc<dyn BlockDevice>,
+    /// Waited for before every device flush: the writes of out-of-line data the records name.
+    flush_barrier: std::sync::OnceLock<FlushBarrier>,
     region_start: u64,
     region_len: u64,
     checkpoint_fraction: f64,
@@ -125,6 +130,7 @@ impl Log {
         );
         Log {
             dev,
+            flush_barrier: std::sync::OnceLock::new(),
             region_start,
             region_len,
             checkpoint_fraction,
@@ -148,6 +154,16 @@ impl Log {
             }),
             cond: Condvar::new(),
         }
+    }
+
+    /// Has every device flush of the log first call `barrier` (the engine waits there for the
+    /// writes of the out-of-line data its records name, so that no flush makes a record durable
+    /// before its data). Set once.
+    pub fn set_flush_barrier(&self, barrier: FlushBarrier) {
+        assert!(
+            self.flush_barrier.set(barrier).is_ok(),
+            "the log's flush barrier is set once"
+        );
     }
 
     /// The largest record the log accepts.
@@ -333,6 +349,11 @@ impl Log {
                     .dev
                     .write_at(phys, buf)
                     .map_err(|e| Error::io("writing the redo log", e));
+            }
+            if result.is_ok() && durable {
+                if let Some(barrier) = self.flush_barrier.get() {
+                    result = barrier();
+                }
             }
             if result.is_ok() && durable {
                 result = self

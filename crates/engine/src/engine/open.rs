@@ -156,6 +156,8 @@ impl Engine {
         opened_after_crash: bool,
         recovered_records: u64,
     ) -> Engine {
+        let store = tree.store.clone();
+        log.set_flush_barrier(Box::new(move || store.writer.barrier()));
         Engine {
             inner: Arc::new(Inner {
                 dev,

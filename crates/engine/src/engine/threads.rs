@@ -18,6 +18,12 @@ const TRIM_INTERVAL: Duration = Duration::from_secs(1);
 
 impl Engine {
     pub(super) fn start_threads(&self) {
+        if !self.inner.tree.is_read_only() {
+            let store = &self.inner.tree.store;
+            store
+                .writer
+                .start(self.inner.dev.clone(), self.inner.options.data_writers);
+        }
         self.start_read_ahead();
         if !self.inner.options.background_threads || self.inner.tree.is_read_only() {
             return;
@@ -62,6 +68,7 @@ impl Engine {
 
     pub(super) fn stop_threads(&self) {
         self.inner.tree.readahead.stop();
+        self.inner.tree.store.writer.stop();
         self.inner.stop.store(true, Ordering::Release);
         {
             let _w = self.inner.wake_state.lock();

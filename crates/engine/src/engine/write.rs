@@ -132,8 +132,8 @@ impl Inner {
             let Op::PutBlocks { data, .. } = op else {
                 continue;
             };
-            let bytes = data.bytes().expect("blocks from a caller are bytes");
-            match store.write_data(bytes) {
+            let (buf, len) = data.shared().expect("blocks from a caller are bytes");
+            match store.write_data(buf, len) {
                 Ok(ext) => {
                     data.place(ext.block);
                     written.push(ext);
