@@ -19,6 +19,10 @@ from .util import CMDLOG, PROGRESS, fmt_secs, parse_size, run
 
 REPO = Path(__file__).resolve().parent.parent
 ALL_FS = ["amaranth", "ext4", "xfs", "btrfs"]
+# Also accepted by --fs: a second Amaranth build (`--amaranth-base-bin`), run beside the first for a
+# before/after comparison in one run.
+BASE_FS = "amaranth-base"
+KNOWN_FS = ALL_FS + [BASE_FS]
 
 
 def parse_args(argv):
@@ -42,6 +46,8 @@ def parse_args(argv):
     ap.add_argument("--image-size", help="image file size per FS (default 16G, quick 3G)")
     ap.add_argument("--amaranth-bin", type=Path, default=REPO / "target/release/amaranth",
                     help="amaranth binary (default: %(default)s)")
+    ap.add_argument("--amaranth-base-bin", type=Path, default=None,
+                    help=f"a second Amaranth binary (e.g. main's), run as file system {BASE_FS!r} beside the first")
     ap.add_argument("--amaranth-commit", metavar="COMMIT",
                     help="git commit the --amaranth-bin was built from, for the report (default: the repository's "
                          "HEAD if the binary is its target/release/amaranth, else unknown)")
@@ -174,8 +180,11 @@ def main(argv=None) -> int:
     names = benchmarks.expand(args.bench)
     fs_list = [f.strip() for f in args.fs.split(",") if f.strip()]
     for f in fs_list:
-        if f not in ALL_FS:
-            print(f"unknown file system {f!r}; known: {', '.join(ALL_FS)}", file=sys.stderr)
+        if f not in KNOWN_FS:
+            print(f"unknown file system {f!r}; known: {', '.join(KNOWN_FS)}", file=sys.stderr)
+            return 2
+        if f == BASE_FS and not args.amaranth_base_bin:
+            print(f"--fs {BASE_FS} needs --amaranth-base-bin", file=sys.stderr)
             return 2
     params = replace(params, amaranth_cache_size=params.cache_size())  # the value used, in run.json too
     args.amaranth_cache_size = params.amaranth_cache_size
@@ -183,6 +192,7 @@ def main(argv=None) -> int:
         print(f"amaranth_compression={params.amaranth_compression!r}: choose none, lz4 or zstd", file=sys.stderr)
         return 2
     args.amaranth_compression = params.amaranth_compression
+    args.amaranth_mount_options = params.amaranth_mount_options
     args.workdir = args.workdir.resolve()
     out = (args.out or REPO / "bench" / "results" / time.strftime("%Y%m%d-%H%M%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)

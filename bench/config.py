@@ -16,6 +16,7 @@ SHARED: dict[str, Param] = {
     "mem_limit": Param(2 * G, quick=256 * M, size=True),  # cgroup v1 memory limit for the workload (and the Amaranth daemon)
     "amaranth_cache_size": Param(0, size=True),  # 0 = half of mem_limit
     "amaranth_compression": Param(""),  # `amaranth mkfs --compression`: none, lz4, zstd; '' = mkfs's default
+    "amaranth_mount_options": Param(""),  # `amaranth mount -o` (e.g. out_of_line_min=16k); '' = none
     "repeat": Param(3, quick=1),
     "timeout": Param(3600, quick=600),  # per command, seconds
     "hdd_seek_ms": Param(8.0),

@@ -152,7 +152,8 @@ class Amaranth(Driver):
     name = "amaranth"
     kernel = False
 
-    def __init__(self, binary: Path, cache_size: int, pid_dir: Path, compression: str = ""):
+    def __init__(self, binary: Path, cache_size: int, pid_dir: Path, compression: str = "",
+                 mount_options: str = ""):
         self.bin = binary
         self.cache_size = cache_size
         self.compression = compression  # `mkfs --compression`; '' = the mkfs default
@@ -162,6 +163,7 @@ class Amaranth(Driver):
         self.daemon_cpu_s = 0.0
         self._log_file_opt: bool | None = None
         self.extra_mount_args: list[str] = []  # e.g. ["-o", "fsync=ordered"] (imapmove)
+        self.mount_options = ["-o", mount_options] if mount_options else []  # every mount
 
     def check(self) -> None:
         if not self.bin.exists():
@@ -201,7 +203,8 @@ class Amaranth(Driver):
         self.pid_file.unlink(missing_ok=True)
         extra = ["--log-file", str(log.with_suffix(".daemon.log"))] if self._supports_log_file() else []
         run([str(self.bin), "mount", loop.dev, str(mnt), "--cache-size", str(self.cache_size),
-             "--pid-file", str(self.pid_file)] + extra + self.extra_mount_args, cgroups=cgroups, timeout=300,
+             "--pid-file", str(self.pid_file)] + extra + self.mount_options + self.extra_mount_args,
+            cgroups=cgroups, timeout=300,
             stdout=log, stderr=log)
         if not is_mounted(mnt):
             raise RuntimeError(f"`amaranth mount` returned 0 but {mnt} is not a mount point")
@@ -333,7 +336,10 @@ def make_driver(name: str, args) -> Driver:
         return Xfs()
     if name == "btrfs":
         return Btrfs()
-    if name == "amaranth":
-        return Amaranth(Path(args.amaranth_bin), args.amaranth_cache_size, args.workdir,
-                        getattr(args, "amaranth_compression", ""))
+    if name in ("amaranth", "amaranth-base"):
+        binary = args.amaranth_bin if name == "amaranth" else args.amaranth_base_bin
+        d = Amaranth(Path(binary), args.amaranth_cache_size, args.workdir,
+                     getattr(args, "amaranth_compression", ""), getattr(args, "amaranth_mount_options", ""))
+        d.name = name
+        return d
     raise ValueError(f"unknown file system {name!r}")

@@ -11,7 +11,8 @@ from .results import Row, load
 from .stats import fmt_mean_ci, fmt_num, mean_ci, ratio
 from .util import fmt_size
 
-FS_COLORS = {"amaranth": "#c0392b", "ext4": "#2c3e50", "xfs": "#2980b9", "btrfs": "#27ae60"}
+FS_COLORS = {"amaranth": "#c0392b", "amaranth-base": "#e59866", "ext4": "#2c3e50", "xfs": "#2980b9",
+             "btrfs": "#27ae60"}
 BASELINE = "ext4"
 
 

@@ -118,7 +118,11 @@ impl DataWriter {
         buf: Arc<PooledBuf>,
         len: usize,
     ) -> Result<()> {
-        if self.workers.lock().is_empty() {
+        // Held until the job is queued: a stop drains the workers only after it, and they take
+        // every queued job before they exit.
+        let workers = self.workers.lock();
+        if workers.is_empty() {
+            drop(workers);
             return dev
                 .write_at(ext.offset(), &buf[..len])
                 .map_err(|e| Error::io("writing data blocks", e));
@@ -135,6 +139,8 @@ impl DataWriter {
         st.pending.insert(seq, ext);
         st.bytes += len as u64;
         st.queue.push_back(Job { seq, ext, buf, len });
+        drop(st);
+        drop(workers);
         self.shared.cond.notify_all();
         Ok(())
     }
