@@ -83,9 +83,7 @@ pub(crate) fn apply_ops(
     // Prefix operations read the tree: nothing else may write meanwhile, so that replaying the record
     // reads exactly what was read now.
     let _w = tree.writers.write();
-    prefix::check_keys(&ops, tree.format.max_key_len, &mut |p| {
-        longest_key_under(tree, p)
-    })?;
+    check_key_lengths(tree, &ops)?;
     let r = expand(tree, &ops, &mut before);
     match r {
         Ok(()) => Ok(lsn),
@@ -171,6 +169,27 @@ fn fatal(e: Error) -> Error {
         other => Error::Corrupt(format!(
             "a logged batch could not be applied in full: {other}"
         )),
+    }
+}
+
+/// Checks the keys a batch's prefix operations would produce against the key limit
+/// ([`prefix::check_keys`]): first against the key-length bounds of the tree (O(height) per
+/// source), and only if those do not show that every key fits, against the tree's keys (a scan of
+/// each source). So the outcome is the exact one, and a replay, whose tree has other bounds, comes
+/// to the same (docs/SURGERY.md §2.6).
+pub(crate) fn check_key_lengths(tree: &Tree, ops: &[Op]) -> Result<()> {
+    let max = tree.format.max_key_len;
+    let by_bounds = prefix::check_keys(ops, max, &mut |p| {
+        let end = ops::prefix_end(p, max);
+        let bound = tree.longest_bound(p, &end)?;
+        // Every key under `p` is at least as long as `p`: a shorter bound says there is none.
+        Ok((bound >= p.len()).then_some(bound))
+    });
+    match by_bounds {
+        Err(Error::KeyTooLong { .. }) => {
+            prefix::check_keys(ops, max, &mut |p| longest_key_under(tree, p))
+        }
+        r => r,
     }
 }
 

@@ -55,6 +55,11 @@ impl Buffer {
         self.max_msn
     }
 
+    /// Length of the longest key with point messages (0 when there is none).
+    pub fn longest_point_key(&self) -> usize {
+        self.points.keys().map(Vec::len).max().unwrap_or(0)
+    }
+
     /// Number of keys with point messages, and number of range deletes.
     pub fn counts(&self) -> (usize, usize) {
         (self.points.len(), self.ranges.len())

@@ -225,6 +225,22 @@ impl Engine {
         self.inner.tree.wait_read_ahead();
     }
 
+    /// An upper bound on the length of every key in `[lo, hi)` (`lo < hi`), in O(height): from
+    /// the key-length bounds the tree keeps per child (docs/SURGERY.md §2.6). Never below the
+    /// longest key; above it when longer keys were deleted or the range shares a subtree with
+    /// longer ones. For a caller that scans only when the bound says a limit may be passed.
+    pub fn longest_key_bound(&self, lo: &[u8], hi: &[u8]) -> Result<usize> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        if lo >= hi {
+            return Ok(0);
+        }
+        let r = self.inner.seen(self.inner.tree.longest_bound(lo, hi));
+        let _ = self.inner.tree.make_room();
+        r
+    }
+
     /// Iterates over the range in increasing key order (owned copies; see [`Engine::scan`]).
     pub fn range(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> RangeIter<'_> {
         RangeIter::new(self, lo, hi, true)

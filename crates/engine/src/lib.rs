@@ -50,6 +50,8 @@ mod lift_tests;
 mod load;
 #[cfg(test)]
 mod load_found_tests;
+#[cfg(test)]
+mod longest_tests;
 mod msg;
 mod node;
 mod ops;

@@ -3,6 +3,7 @@
 //! - `tree/bounds.rs`: a node's key bounds during a descent and the lift of its keys;
 //! - `tree/load.rs`: loading nodes, their partitions and buffers on demand;
 //! - `tree/inject.rs`: message injection at the root and routing into child buffers;
+//! - `tree/longest.rs`: the key-length bound of a key range, from the slots' bounds;
 //! - `tree/flush.rs`: flushes of the heaviest child and passes over a key range (`drain_from`);
 //! - `tree/split_merge.rs`: splits and merges (the root's shape and each child's after a flush).
 //!
@@ -42,6 +43,7 @@ mod bounds;
 mod flush;
 mod inject;
 mod load;
+mod longest;
 mod readahead;
 mod split_merge;
 

@@ -49,8 +49,9 @@ impl Report {
     }
 }
 
-/// A node still to visit: (id, bounds, expected height, oldest message its parent buffers for it).
-type Pending = (NodeId, Bounds, Option<u32>, u64);
+/// A node still to visit: (id, bounds, expected height, oldest message its parent buffers for
+/// it, the longest its stored keys may be by its ancestors' key-length bounds).
+type Pending = (NodeId, Bounds, Option<u32>, u64, usize);
 
 fn broken(msg: String) -> Error {
     Error::Corrupt(msg)
@@ -62,8 +63,8 @@ pub fn verify(tree: &Tree) -> Result<Report> {
     let mut report = Report::default();
     let mut seen: HashSet<NodeId> = HashSet::new();
     let mut leaves: Vec<(Vec<u8>, (u64, u64))> = Vec::new();
-    let mut stack: Vec<Pending> = vec![(ROOT_ID, Bounds::root(), None, u64::MAX)];
-    while let Some((id, bounds, height, msn_bound)) = stack.pop() {
+    let mut stack: Vec<Pending> = vec![(ROOT_ID, Bounds::root(), None, u64::MAX, usize::MAX)];
+    while let Some((id, bounds, height, msn_bound, longest)) = stack.pop() {
         if !seen.insert(id) {
             return Err(broken(format!("node {id} is reachable twice")));
         }
@@ -112,6 +113,13 @@ pub fn verify(tree: &Tree) -> Result<Report> {
                         if !in_bounds(k) {
                             return Err(broken(format!(
                                 "leaf {id}: key outside the range its parent gives it"
+                            )));
+                        }
+                        if k.len() > longest {
+                            return Err(broken(format!(
+                                "leaf {id}: a key of {} bytes where the key-length bounds \
+                                 above it say at most {longest}",
+                                k.len()
                             )));
                         }
                         if i > 0 && k < l.pivots[i - 1].as_slice()
@@ -167,6 +175,13 @@ pub fn verify(tree: &Tree) -> Result<Report> {
                                 "node {id}: buffer {i} holds a key outside its child's range"
                             )));
                         }
+                        if k.len() > longest {
+                            return Err(broken(format!(
+                                "node {id}: buffer {i} holds a key of {} bytes where the \
+                                 key-length bounds above it say at most {longest}",
+                                k.len()
+                            )));
+                        }
                         if km.max_msn() > g.max_msn {
                             return Err(broken(format!(
                                 "node {id}: buffered message newer than the node"
@@ -185,11 +200,17 @@ pub fn verify(tree: &Tree) -> Result<Report> {
                         report.buffered_ranges += 1;
                     }
                     report.buffered_bytes += b.bytes() as u64;
+                    // The child's keys in its own form: this bound and the slot's, less the
+                    // bytes it strips.
+                    let below = longest
+                        .min(slot.longest as usize)
+                        .saturating_sub(bounds.extra(n, i));
                     stack.push((
                         n.children[i],
                         bounds.child(n, i),
                         Some(g.height - 1),
                         oldest,
+                        below,
                     ));
                 }
             }

@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::ops::Bound;
 use std::sync::Arc;
 
 use amaranth_device::MemDevice;
@@ -80,7 +81,8 @@ fn run(seed: u64, steps: usize) {
                     String::from_utf8_lossy(&k)
                 );
             }
-            900..=969 => check_range(&e, &m, &mut g, seed, step),
+            900..=959 => check_range(&e, &m, &mut g, seed, step),
+            960..=969 => check_longest_bound(&e, &m, &mut g, seed, step),
             970..=979 => {
                 e.checkpoint()
                     .unwrap_or_else(|err| panic!("seed {seed} step {step}: checkpoint: {err}"));
@@ -126,6 +128,32 @@ fn run(seed: u64, steps: usize) {
     assert!(
         dump(&e) == m,
         "seed {seed}: contents differ after the last reopen"
+    );
+}
+
+/// The key-length bound of a random key family (or of everything) against the model: never
+/// below its longest key, and never above the longest key the generator makes (the bounds are
+/// maintained from the keys written, not left unknown).
+fn check_longest_bound(e: &Engine, m: &Model, g: &mut Gen, seed: u64, step: usize) {
+    let (lo, hi) = if g.rng.gen_bool(0.2) {
+        (b"".to_vec(), vec![0xff])
+    } else {
+        let k = g.key();
+        let p = k[..g.rng.gen_range(1..=k.len())].to_vec();
+        let end = amaranth_engine::prefix_end(&p, 256);
+        (p, end)
+    };
+    let bound = e
+        .longest_key_bound(&lo, &hi)
+        .unwrap_or_else(|err| panic!("seed {seed} step {step}: bound: {err}"));
+    let exact = m
+        .range::<[u8], _>((Bound::Included(&lo[..]), Bound::Excluded(&hi[..])))
+        .map(|(k, _)| k.len())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        exact <= bound && bound <= GEN_KEY_MAX,
+        "seed {seed} step {step}: key-length bound {bound} of {lo:?}..{hi:?}, longest key {exact}"
     );
 }
 

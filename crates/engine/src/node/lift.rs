@@ -3,7 +3,7 @@
 //! (their stored keys get the lost bytes back). Every stored key of the node changes the same
 //! way: entries, partition pivots, child pivots and buffered messages.
 
-use super::{Body, BufSlot, Internal, Leaf, Node, PartSlot};
+use super::{Body, BufSlot, Internal, Leaf, Node, PartSlot, LONGEST_UNKNOWN};
 use crate::partition::PartitionBuilder;
 
 /// `key` without its first `drop.len()` bytes (which must be `drop`) and with `add` in front.
@@ -78,7 +78,13 @@ impl Internal {
         for slot in &mut self.buffers {
             let old = slot.data().expect("a re-lifted node is fully resident");
             let b = (*old).clone().rekeyed(|k| rekey(k, drop, add));
-            *slot = BufSlot::resident(b);
+            // The child's keys lose or regain the same bytes in this node's form (an unknown
+            // bound stays unknown).
+            let longest = match slot.longest {
+                LONGEST_UNKNOWN => LONGEST_UNKNOWN as usize,
+                l => (l as usize).saturating_sub(drop.len()) + add.len(),
+            };
+            *slot = BufSlot::resident(b).with_longest(longest);
         }
     }
 }

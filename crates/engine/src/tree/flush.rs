@@ -220,6 +220,8 @@ impl Tree {
             unreachable!("flush from a leaf")
         };
         let buf = pn.buffers[c].take();
+        // The messages join the child's subtree: its key-length bound covers them.
+        pn.buffers[c].raise_longest(buf.longest_point_key());
         let (cb, extra) = (pb.child(pn, c), pb.extra(pn, c));
         self.counters.flushes.fetch_add(1, Ordering::Relaxed);
         self.counters

@@ -8,7 +8,7 @@ use super::flush::deliver;
 use super::{Bounds, Need, Tree};
 use crate::cache::{CachedNode, WriteGuard};
 use crate::error::Result;
-use crate::node::{Body, BufSlot, Internal, Leaf, Node, NodeId};
+use crate::node::{longest_field, Body, BufSlot, Internal, Leaf, Node, NodeId};
 
 impl Tree {
     /// Loads and pins a sibling of child `c` (the one a merge of `c` would use), fully resident.
@@ -155,11 +155,13 @@ impl Tree {
         let root = Bounds::root();
         let pivots = relift_pieces(&root, first, rest);
         let first = std::mem::replace(first, Node::empty_leaf());
+        let slot = |n: &Node| BufSlot::empty().with_longest(slot_bound(&root, n));
+        let mut buffers = vec![slot(&first)];
         let mut children = vec![self.new_node(first)];
         for (_, node) in rest.drain(..) {
+            buffers.push(slot(&node));
             children.push(self.new_node(node));
         }
-        let buffers = children.iter().map(|_| BufSlot::empty()).collect();
         Internal {
             pivots,
             children,
@@ -223,6 +225,7 @@ impl Tree {
             unreachable!()
         };
         let sbuf = pn.buffers[s].take();
+        pn.buffers[s].raise_longest(sbuf.longest_point_key());
         if !sbuf.is_empty() {
             self.counters.flushes.fetch_add(1, Ordering::Relaxed);
             self.counters
@@ -235,7 +238,9 @@ impl Tree {
         let halves = (pb.child(pn, li), pb.child(pn, li + 1));
         let mut pivot = pn.pivots.remove(li);
         pn.children.remove(li + 1);
-        pn.buffers.remove(li + 1);
+        let gone = pn.buffers.remove(li + 1);
+        // The merged child holds the keys of both.
+        pn.buffers[li].longest = pn.buffers[li].longest.max(gone.longest);
         // The merged node's prefix is the common part of the halves' (never longer): both are
         // un-lifted to it, and the pivot between them goes down in its form.
         let merged = pb.child(pn, li);
@@ -355,11 +360,17 @@ impl Tree {
             unreachable!()
         };
         let head = pb.tail_of(&whole);
+        // Each piece holds a part of the child's keys: the child's bound holds for it, and its
+        // own keys may give a tighter one.
+        let longest = pn.buffers[c].longest as usize;
+        pn.buffers[c].longest = longest_field(longest.min(slot_bound(pb, cg)));
         for (k, (low, node)) in pieces.into_iter().enumerate() {
+            let bound = longest.min(slot_bound(pb, &node));
             let id = self.new_node(node);
             pn.pivots.insert(c + k, [head, low.as_slice()].concat());
             pn.children.insert(c + 1 + k, id);
-            pn.buffers.insert(c + 1 + k, BufSlot::empty());
+            pn.buffers
+                .insert(c + 1 + k, BufSlot::empty().with_longest(bound));
         }
         for k in 0..=lows.len() {
             assert_eq!(
@@ -371,6 +382,17 @@ impl Tree {
         self.end_modify(ccn, cg);
         true
     }
+}
+
+/// The key-length bound of a child slot for `child`, a fully resident node under a parent with
+/// bounds `parent`, from its keys: their length in the parent's form (with the bytes the child's
+/// prefix strips beyond the parent's).
+pub(super) fn slot_bound(parent: &Bounds, child: &Node) -> usize {
+    assert!(
+        child.prefix.starts_with(parent.prefix()),
+        "a child whose prefix is not inside its parent's"
+    );
+    child.prefix.len() - parent.prefix().len() + child.longest_stored()
 }
 
 /// Re-lifts the pieces of a split node with bounds `whole` (the first piece in `first`, the

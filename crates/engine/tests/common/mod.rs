@@ -75,6 +75,9 @@ pub fn apply_model(m: &mut Model, op: &Op) {
     }
 }
 
+/// The longest key [`Gen::key`] makes.
+pub const GEN_KEY_MAX: usize = 44;
+
 /// Generates random operations over a bounded key space.
 pub struct Gen {
     pub rng: SmallRng,
@@ -98,7 +101,7 @@ impl Gen {
         match self.rng.gen_range(0..4) {
             0 => {}
             1 => k.extend_from_slice(b"/x"),
-            2 => k.extend_from_slice(&vec![b'y'; self.rng.gen_range(1..40)]),
+            2 => k.extend_from_slice(&vec![b'y'; self.rng.gen_range(1..GEN_KEY_MAX - 4)]),
             _ => {
                 k.push(b'/');
                 k.push(self.rng.gen_range(b'a'..=b'e'));
