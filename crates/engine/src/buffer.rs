@@ -270,6 +270,42 @@ impl Buffer {
         out
     }
 
+    /// Cuts the buffer at `k`: messages for keys below `k` stay, the others go to the returned
+    /// buffer; a range delete across `k` is cut in two with its number. Both keep the max MSN
+    /// (slicing a child's slot, docs/SURGERY.md §3.2: each half stays newer than its child).
+    pub fn split_off(&mut self, k: &[u8]) -> Buffer {
+        let mut right = Buffer {
+            max_msn: self.max_msn,
+            points: self.points.split_off(k),
+            ranges: self.ranges.split_off(k),
+            ..Buffer::default()
+        };
+        let across = self
+            .ranges
+            .last_key_value()
+            .filter(|(_, r)| r.hi.as_slice() > k)
+            .map(|(lo, _)| lo.clone());
+        if let Some(lo) = across {
+            let r = self.ranges.get_mut(&lo).expect("range just seen");
+            let tail = RangeDel {
+                msn: r.msn,
+                lo: k.to_vec(),
+                hi: std::mem::replace(&mut r.hi, k.to_vec()),
+            };
+            right.ranges.insert(tail.lo.clone(), tail);
+        }
+        for b in [&mut *self, &mut right] {
+            b.bytes = b
+                .points
+                .iter()
+                .map(|(k, km)| k.len() + 4 + km.size())
+                .sum::<usize>()
+                + b.ranges.values().map(RangeDel::size).sum::<usize>();
+            b.range_keys = b.ranges.keys().map(Vec::len).sum();
+        }
+        right
+    }
+
     /// The same messages with every key (point keys, range bounds) passed through `f`, which must
     /// keep their order (re-lifting a node whose prefix changes). The max MSN is kept.
     pub fn rekeyed(self, f: impl Fn(&[u8]) -> Vec<u8>) -> Buffer {

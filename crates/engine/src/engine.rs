@@ -297,6 +297,38 @@ impl Engine {
         Ok(n)
     }
 
+    /// Heals up to `max` of the fringes that range operations left under-full (docs/SURGERY.md
+    /// §3.2, step 7): what the background cleaner does between other work. Returns how many it
+    /// healed (0 when none waits).
+    pub fn heal_fringes(&self, max: usize) -> Result<usize> {
+        self.inner.check_writable()?;
+        let n = {
+            let _w = self.inner.tree.writers.read();
+            self.inner.seen(self.inner.tree.heal_step(max))?
+        };
+        self.inner.seen(self.inner.tree.make_room())?;
+        Ok(n)
+    }
+
+    /// Slices `[lo, hi)` (`lo < hi`) into whole child slots of one node (docs/SURGERY.md §3.2,
+    /// steps 1–2) and queues its fringe for healing, changing no key: for tests of slicing.
+    /// Returns the height of the node and how many of its slots the range took.
+    #[doc(hidden)]
+    pub fn slice_for_tests(&self, lo: &[u8], hi: &[u8]) -> Result<(u32, usize)> {
+        self.inner.check_writable()?;
+        let tree = &self.inner.tree;
+        let r = {
+            let _w = tree.writers.write();
+            tree.slice(lo, hi, 1)
+                .map(|s| (s.node.read().height, s.slots.1 - s.slots.0))
+        };
+        tree.queue_heal(lo);
+        tree.queue_heal(hi);
+        let r = self.inner.seen(r)?;
+        self.inner.seen(tree.make_room())?;
+        Ok(r)
+    }
+
     /// Unallocated and total bytes of the data area (the allocator's view: data in dirty nodes
     /// is not counted; [`Engine::space_use`] counts it).
     pub fn space(&self) -> (u64, u64) {

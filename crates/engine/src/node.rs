@@ -19,6 +19,7 @@ use crate::error::Result;
 use crate::msg::{KeyMsgs, Msn};
 use crate::partition::Partition;
 
+mod cut;
 mod layout;
 mod leaf_apply;
 mod lift;

@@ -5,13 +5,16 @@
 //! - `tree/inject.rs`: message injection at the root and routing into child buffers;
 //! - `tree/longest.rs`: the key-length bound of a key range, from the slots' bounds;
 //! - `tree/flush.rs`: flushes of the heaviest child and passes over a key range (`drain_from`);
-//! - `tree/split_merge.rs`: splits and merges (the root's shape and each child's after a flush).
+//! - `tree/split_merge.rs`: splits and merges (the root's shape and each child's after a flush);
+//! - `tree/slice.rs`: slicing a key range into whole child slots of one node (docs/SURGERY.md);
+//! - `tree/heal.rs`: merging the under-full fringe slicing leaves behind.
 //!
 //! Where tree surgery goes: operations that cut and graft whole subtrees (the range-rename and
 //! range-clone of BetrFS v0.4, which move or share every key under a prefix by editing the pivots
 //! and child pointers along the range's two boundary paths instead of moving messages) belong in
 //! a module of their own beside these, `tree/surgery.rs`, built on the modification protocol
-//! below ([`Tree::begin_modify`], [`Tree::end_modify`]) and the helpers of `split_merge.rs`.
+//! below ([`Tree::begin_modify`], [`Tree::end_modify`]), slicing and the helpers of
+//! `split_merge.rs`.
 //! Write-back and checkpoint images of nodes are in `writeback.rs`, reads in `read.rs`.
 //!
 //! Concurrency rules (see docs/DESIGN.md):
@@ -25,6 +28,7 @@
 //! - No latch is held during a node write; a written image is installed only if the node did not
 //!   change meanwhile (version check).
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -41,10 +45,12 @@ use crate::superblock::Extent;
 
 mod bounds;
 mod flush;
+mod heal;
 mod inject;
 mod load;
 mod longest;
 mod readahead;
+mod slice;
 mod split_merge;
 
 pub use readahead::ReadAhead;
@@ -143,6 +149,8 @@ pub struct Tree {
     read_only: AtomicBool,
     /// Read-ahead for sequential scans (`tree/readahead.rs`).
     pub readahead: ReadAhead,
+    /// Keys some node was cut at, whose under-full fringe waits to be healed (`tree/heal.rs`).
+    heal: Mutex<BTreeSet<Vec<u8>>>,
 }
 
 impl Tree {
@@ -167,6 +175,7 @@ impl Tree {
             check_invariants: cfg!(debug_assertions),
             read_only: AtomicBool::new(false),
             readahead: ReadAhead::default(),
+            heal: Mutex::new(BTreeSet::new()),
         }
     }
 

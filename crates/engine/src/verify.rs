@@ -19,6 +19,9 @@ pub struct Report {
     pub leaf_entries: u64,
     /// Bytes of entries stored in leaves.
     pub leaf_bytes: u64,
+    /// Leaves holding less than a quarter of a node (a leaf that small merges with a sibling
+    /// when the two fit in three quarters), not counting a root leaf.
+    pub small_leaves: u64,
     /// Keys with pending point messages in buffers.
     pub buffered_keys: u64,
     /// Pending range deletes in buffers.
@@ -93,6 +96,9 @@ pub fn verify(tree: &Tree) -> Result<Report> {
         match &g.body {
             Body::Leaf(l) => {
                 report.leaves += 1;
+                if height.is_some() && l.bytes() < tree.format.node_size / 4 {
+                    report.small_leaves += 1;
+                }
                 if let Some(e) = tree.store.location(id) {
                     leaves.push((bounds.full_lo(), (e.block, e.blocks)));
                 }

@@ -2,7 +2,7 @@
 //! that flushes, splits, merges, evictions and checkpoints happen all the time.
 //!
 //! Every run prints its seed; replay one with `AMARANTH_SEED=<seed> cargo test -p amaranth-engine
-//! --test model replay -- --nocapture`.
+//! --test model replay -- --nocapture` (add `AMARANTH_SURGERY=1` for a seed of the surgery mix).
 
 mod common;
 
@@ -14,8 +14,9 @@ use amaranth_engine::{Batch, Compression, Engine, Op, Options};
 use common::*;
 use rand::Rng;
 
-/// Runs one random sequence; panics with the seed and step on the first difference.
-fn run(seed: u64, steps: usize) {
+/// Runs one random sequence; panics with the seed and step on the first difference. With
+/// `surgery`, the mix also slices ranges and heals (docs/SURGERY.md).
+fn run(seed: u64, steps: usize, surgery: bool) {
     let dev = Arc::new(MemDevice::new(48 << 20));
     // Vary the format with the seed: compression codec and key space (hence tree depth).
     let mut format = small_format();
@@ -67,6 +68,17 @@ fn run(seed: u64, steps: usize) {
                     e.write(&batch).unwrap_or_else(|err| {
                         panic!("seed {seed} step {step}: prefix op failed: {err}")
                     });
+                }
+            }
+            690..=699 if surgery => {
+                // Slice a range into whole subtrees (changes nothing a read sees), and now and
+                // then heal the fringes slicing left.
+                let (lo, hi) = g.range();
+                e.slice_for_tests(&lo, &hi)
+                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: slice: {err}"));
+                if g.rng.gen_bool(0.3) {
+                    e.heal_fringes(g.rng.gen_range(1..8))
+                        .unwrap_or_else(|err| panic!("seed {seed} step {step}: heal: {err}"));
                 }
             }
             690..=899 => {
@@ -185,7 +197,20 @@ fn random_sequences_match_the_model() {
         .unwrap_or(1000);
     for seed in seeds(n) {
         eprintln!("model seed {seed}");
-        run(seed, 2500);
+        run(seed, 2500, false);
+    }
+}
+
+/// The same with slices and heals in the mix (fewer runs: each slice descends and cuts two paths).
+#[test]
+fn random_sequences_with_surgery_match_the_model() {
+    let n: u64 = std::env::var("AMARANTH_SURGERY_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
+    for seed in seeds(n) {
+        eprintln!("surgery model seed {seed}");
+        run(seed, 2500, true);
     }
 }
 
@@ -199,7 +224,8 @@ fn replay() {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(2500);
-        run(seed, steps);
+        let surgery = std::env::var("AMARANTH_SURGERY").is_ok();
+        run(seed, steps, surgery);
     }
 }
 

@@ -36,6 +36,17 @@ impl Node {
     }
 }
 
+impl Node {
+    /// Takes `prefix` (the prefix of the bounds the node is reached under) as its own: a node
+    /// in a subtree moved under other pivots keeps its old prefix hint until it is next changed.
+    /// Stored keys do not change (they are relative to the prefix, whatever it is).
+    pub(crate) fn adopt_prefix(&mut self, prefix: &[u8]) {
+        if self.prefix != prefix {
+            self.prefix = prefix.to_vec();
+        }
+    }
+}
+
 impl Body {
     /// [`Node::relift`] for a node's body.
     pub(crate) fn relift(&mut self, drop: &[u8], add: &[u8]) {

@@ -120,6 +120,44 @@ impl Gen {
         (0..len).map(|i| b.wrapping_add(i as u8)).collect()
     }
 
+    /// A non-empty key range: a key family (`k0042/`…), all keys from one prefix of a key on,
+    /// a span between two keys, or a range holding no key at all.
+    pub fn range(&mut self) -> (Vec<u8>, Vec<u8>) {
+        let k = self.key();
+        match self.rng.gen_range(0..4) {
+            0 => {
+                let p = k[..5].iter().chain(b"/").copied().collect::<Vec<u8>>();
+                let end = amaranth_engine::prefix_end(&p, 256);
+                (p, end)
+            }
+            1 => {
+                let p = k[..self.rng.gen_range(1..=k.len())].to_vec();
+                let end = amaranth_engine::prefix_end(&p, 256);
+                (p, end)
+            }
+            2 => {
+                let other = self.key();
+                match k.cmp(&other) {
+                    std::cmp::Ordering::Less => (k, other),
+                    std::cmp::Ordering::Greater => (other, k),
+                    std::cmp::Ordering::Equal => {
+                        let mut hi = k.clone();
+                        hi.push(0);
+                        (k, hi)
+                    }
+                }
+            }
+            _ => {
+                // Between "k0042/x" and "k0042/y" or so: nothing is ever written there.
+                let mut lo = k[..5].to_vec();
+                lo.extend_from_slice(b"/q");
+                let mut hi = lo.clone();
+                hi.push(0xff);
+                (lo, hi)
+            }
+        }
+    }
+
     pub fn simple_op(&mut self) -> Op {
         match self.rng.gen_range(0..100) {
             0..=44 => Op::Put {
