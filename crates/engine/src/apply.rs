@@ -84,6 +84,10 @@ pub(crate) fn apply_ops(
     // reads exactly what was read now.
     let _w = tree.writers.write();
     check_key_lengths(tree, &ops)?;
+    prefix::check_destinations(&ops, tree.format.max_key_len, &mut |p| {
+        // Any key under `p` counts, as long as a key under it is.
+        Ok(has_key_under(tree, p)?.then_some(p.len()))
+    })?;
     let r = expand(tree, &ops, &mut before);
     match r {
         Ok(()) => Ok(lsn),
@@ -106,6 +110,19 @@ fn expand(tree: &Tree, ops: &[Op], before: &mut dyn FnMut(u64) -> Result<()>) ->
         let (from, to, keep) = match op {
             Op::MovePrefix { from, to } => (from, to, false),
             Op::CopyPrefix { from, to } => (from, to, true),
+            Op::RangeMove { from, to, copy_max } => {
+                if !simple.is_empty() {
+                    inject(std::mem::take(&mut simple), before)?;
+                }
+                // The choice depends on the source's contents only, so a replay makes the same
+                // one, with the same message numbers (docs/SURGERY.md §3.1).
+                if holds_more_than(tree, from, *copy_max as usize)? {
+                    tree.range_move(from, to, before)?;
+                    go_on_without_space(tree.make_room())?;
+                    continue;
+                }
+                (from, to, false)
+            }
             other => {
                 simple.extend(other.to_msg());
                 continue;
@@ -191,6 +208,28 @@ pub(crate) fn check_key_lengths(tree: &Tree, ops: &[Op]) -> Result<()> {
         }
         r => r,
     }
+}
+
+/// Whether the tree holds a live key under `prefix`.
+fn has_key_under(tree: &Tree, prefix: &[u8]) -> Result<bool> {
+    let end = ops::prefix_end(prefix, tree.format.max_key_len);
+    let mut found = false;
+    scan_tree(tree, prefix, Some(&end), &mut |_, _| {
+        found = true;
+        false
+    })?;
+    Ok(found)
+}
+
+/// Whether the keys and values under `prefix` take more than `max` bytes (read until they do).
+fn holds_more_than(tree: &Tree, prefix: &[u8], max: usize) -> Result<bool> {
+    let end = ops::prefix_end(prefix, tree.format.max_key_len);
+    let mut bytes = 0usize;
+    scan_tree(tree, prefix, Some(&end), &mut |k, v| {
+        bytes += k.len() + v.len();
+        bytes <= max
+    })?;
+    Ok(bytes > max)
 }
 
 /// The longest key under `prefix` in the tree (`None` if there is none).

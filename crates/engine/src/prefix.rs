@@ -14,8 +14,10 @@
 //! matter, so the tree is asked for the longest key under a prefix: one scan per source.
 //!
 //! Moves that do not lengthen keys need no scan: the keys they produce are no longer than keys
-//! that are already within the limit. Range-rename by tree surgery can reuse this check unchanged:
-//! it produces the same keys.
+//! that are already within the limit. A range move ([`Op::RangeMove`]) produces the keys a prefix
+//! move does and is checked the same way; its destination must moreover hold no key when it is
+//! applied ([`check_destinations`]), which the same bookkeeping answers with the tree asked
+//! whether a range holds a key at all.
 
 use std::collections::HashMap;
 
@@ -25,17 +27,21 @@ use crate::ops::{prefix_end, Op};
 /// The longest key under a prefix in the tree as it is (`None`: no key).
 pub(crate) type LongestInTree<'a> = dyn FnMut(&[u8]) -> Result<Option<usize>> + 'a;
 
+/// What the moving operations of a batch do: (source, destination, whether the source empties).
+fn moving(op: &Op) -> Option<(&[u8], &[u8], bool)> {
+    match op {
+        Op::MovePrefix { from, to } | Op::RangeMove { from, to, .. } => Some((from, to, true)),
+        Op::CopyPrefix { from, to } => Some((from, to, false)),
+        _ => None,
+    }
+}
+
 /// Checks that every key the prefix operations of `ops`, applied in order, would produce is at most
 /// `max_key` bytes long. [`Error::KeyTooLong`] (the longest such key) otherwise.
 pub(crate) fn check_keys(ops: &[Op], max_key: usize, tree: &mut LongestInTree<'_>) -> Result<()> {
-    let mut c = Check {
-        ops,
-        max_key,
-        tree,
-        memo: HashMap::new(),
-    };
+    let mut c = Check::new(ops, max_key, tree);
     for (i, op) in ops.iter().enumerate() {
-        let (Op::MovePrefix { from, to } | Op::CopyPrefix { from, to }) = op else {
+        let Some((from, to, _)) = moving(op) else {
             continue;
         };
         if to.len() <= from.len() {
@@ -48,6 +54,30 @@ pub(crate) fn check_keys(ops: &[Op], max_key: usize, tree: &mut LongestInTree<'_
                     len: produced,
                     max: max_key,
                 });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks that the destination of every range move of `ops` holds no key when the move is
+/// applied: the tree's keys under it (`tree(p)`: `Some` when the tree holds a key under `p`),
+/// plus what earlier operations of the batch put or moved there, minus ranges they emptied. A key
+/// deleted one at a time earlier in the batch still counts: the check may refuse a batch whose
+/// destination would be empty, never accept one whose destination is not. Otherwise
+/// [`Error::InvalidArgument`], before anything is logged.
+pub(crate) fn check_destinations(
+    ops: &[Op],
+    max_key: usize,
+    tree: &mut LongestInTree<'_>,
+) -> Result<()> {
+    let mut c = Check::new(ops, max_key, tree);
+    for (i, op) in ops.iter().enumerate() {
+        if let Op::RangeMove { to, .. } = op {
+            if c.longest_under(to, i)?.is_some() {
+                return Err(Error::InvalidArgument(
+                    "range move into a non-empty range".into(),
+                ));
             }
         }
     }
@@ -70,7 +100,16 @@ struct Check<'a, 'b> {
     memo: HashMap<(Vec<u8>, usize), Option<usize>>,
 }
 
-impl Check<'_, '_> {
+impl<'a, 'b> Check<'a, 'b> {
+    fn new(ops: &'a [Op], max_key: usize, tree: &'a mut LongestInTree<'b>) -> Check<'a, 'b> {
+        Check {
+            ops,
+            max_key,
+            tree,
+            memo: HashMap::new(),
+        }
+    }
+
     /// The longest key under `p` just before `ops[t]` is applied (`None`: no key).
     fn longest_under(&mut self, p: &[u8], t: usize) -> Result<Option<usize>> {
         if let Some(&known) = self.memo.get(&(p.to_vec(), t)) {
@@ -98,12 +137,13 @@ impl Check<'_, '_> {
                         return Ok(best);
                     }
                 }
-                Op::MovePrefix { from, to } | Op::CopyPrefix { from, to } => {
+                Op::MovePrefix { .. } | Op::CopyPrefix { .. } | Op::RangeMove { .. } => {
+                    let (from, to, empties) = moving(&ops[j]).expect("a moving operation");
                     // The keys it wrote under `p` came from its source's keys under this prefix.
                     let source = if to.starts_with(p) {
-                        Some(from.clone())
+                        Some(from.to_vec())
                     } else if p.starts_with(to) {
-                        Some([from.as_slice(), &p[to.len()..]].concat())
+                        Some([from, &p[to.len()..]].concat())
                     } else {
                         None
                     };
@@ -113,7 +153,7 @@ impl Check<'_, '_> {
                         }
                     }
                     // A move empties its source range (never overlapping its destination).
-                    if matches!(ops[j], Op::MovePrefix { .. }) && p.starts_with(from) {
+                    if empties && p.starts_with(from) {
                         return Ok(best);
                     }
                 }

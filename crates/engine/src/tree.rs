@@ -7,14 +7,12 @@
 //! - `tree/flush.rs`: flushes of the heaviest child and passes over a key range (`drain_from`);
 //! - `tree/split_merge.rs`: splits and merges (the root's shape and each child's after a flush);
 //! - `tree/slice.rs`: slicing a key range into whole child slots of one node (docs/SURGERY.md);
-//! - `tree/heal.rs`: merging the under-full fringe slicing leaves behind.
+//! - `tree/heal.rs`: merging the under-full fringe slicing leaves behind;
+//! - `tree/surgery.rs`: tree surgery, operations that cut and graft whole subtrees (the range
+//!   move, which moves every key under a prefix by swinging the subtrees that hold them to the
+//!   other prefix's place), built on the modification protocol below ([`Tree::begin_modify`],
+//!   [`Tree::end_modify`]), slicing and the helpers of `split_merge.rs`.
 //!
-//! Where tree surgery goes: operations that cut and graft whole subtrees (the range-rename and
-//! range-clone of BetrFS v0.4, which move or share every key under a prefix by editing the pivots
-//! and child pointers along the range's two boundary paths instead of moving messages) belong in
-//! a module of their own beside these, `tree/surgery.rs`, built on the modification protocol
-//! below ([`Tree::begin_modify`], [`Tree::end_modify`]), slicing and the helpers of
-//! `split_merge.rs`.
 //! Write-back and checkpoint images of nodes are in `writeback.rs`, reads in `read.rs`.
 //!
 //! Concurrency rules (see docs/DESIGN.md):
@@ -52,6 +50,7 @@ mod longest;
 mod readahead;
 mod slice;
 mod split_merge;
+mod surgery;
 
 pub use readahead::ReadAhead;
 
@@ -109,6 +108,10 @@ pub struct TreeCounters {
     pub internal_splits: AtomicU64,
     /// Node merges.
     pub merges: AtomicU64,
+    /// Range moves done by surgery.
+    pub range_moves: AtomicU64,
+    /// Nodes of dead destination subtrees released by range moves.
+    pub range_move_released: AtomicU64,
     /// Messages injected at the root.
     pub messages: AtomicU64,
     /// Bytes of user data in injected messages.
@@ -220,6 +223,13 @@ impl Tree {
         if self.check_invariants {
             node.check_invariants(cn.id);
         }
+        // A dirty node is written whole: every sub-block must be in memory (a modifier that
+        // loaded only a skeleton must not get here).
+        assert!(
+            node.fully_resident(),
+            "node {} changed while not wholly in memory",
+            cn.id
+        );
         {
             let mut m = cn.meta.lock();
             assert!(!m.deleted, "modifying deleted node {}", cn.id);

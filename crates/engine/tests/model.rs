@@ -2,7 +2,8 @@
 //! that flushes, splits, merges, evictions and checkpoints happen all the time.
 //!
 //! Every run prints its seed; replay one with `AMARANTH_SEED=<seed> cargo test -p amaranth-engine
-//! --test model replay -- --nocapture` (add `AMARANTH_SURGERY=1` for a seed of the surgery mix).
+//! --test model replay -- --nocapture` (add `AMARANTH_SURGERY=1` for a seed of the surgery mix, and `AMARANTH_NODE_SIZE=8192` for one of
+//! the surgery fuzzer).
 
 mod common;
 
@@ -10,19 +11,30 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use amaranth_device::MemDevice;
-use amaranth_engine::{Batch, Compression, Engine, Op, Options};
+use amaranth_engine::{Batch, Compression, Engine, Error, Op, Options};
 use common::*;
 use rand::Rng;
 
 /// Runs one random sequence; panics with the seed and step on the first difference. With
 /// `surgery`, the mix also slices ranges and heals (docs/SURGERY.md).
 fn run(seed: u64, steps: usize, surgery: bool) {
+    run_with(seed, steps, surgery, small_format().node_size);
+}
+
+/// [`run`] with nodes of `node_size` bytes.
+fn run_with(seed: u64, steps: usize, surgery: bool, node_size: usize) {
     let dev = Arc::new(MemDevice::new(48 << 20));
     // Vary the format with the seed: compression codec and key space (hence tree depth).
     let mut format = small_format();
+    format.node_size = node_size;
     format.compression =
         [Compression::None, Compression::Lz4, Compression::Zstd][(seed % 3) as usize];
-    let keys = [300, 1500, 4000][(seed / 3 % 3) as usize];
+    // Fewer, larger key families with surgery: ranges then span leaves and levels.
+    let keys = if surgery {
+        [40, 120, 300]
+    } else {
+        [300, 1500, 4000]
+    }[(seed / 3 % 3) as usize];
     let options = Options {
         cache_size: 128 << 10,
         ..small_options()
@@ -33,6 +45,92 @@ fn run(seed: u64, steps: usize, surgery: bool) {
     for step in 0..steps {
         let r = g.rng.gen_range(0..1000);
         match r {
+            620..=649 if surgery => {
+                // A large key family (tens to hundreds of keys under one move prefix), so that
+                // ranges span leaves and levels; or a whole family deleted, leaving its pivots.
+                let mut p = g.move_prefix();
+                let mut batch = Batch::new();
+                if g.rng.gen_bool(0.15) {
+                    batch.range_delete(p.clone(), amaranth_engine::prefix_end(&p, 256));
+                } else {
+                    p.extend_from_slice(b"f");
+                    let base = g.rng.gen_range(0..10_000u32);
+                    for i in 0..g.rng.gen_range(10..400u32) {
+                        let k = [p.as_slice(), format!("{:05}", base + i * 7).as_bytes()].concat();
+                        let v = vec![(i % 251) as u8; g.rng.gen_range(0..200)];
+                        batch.put(k, v);
+                    }
+                }
+                for op in batch.ops() {
+                    apply_model(&mut m, op);
+                }
+                e.write(&batch)
+                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: family: {err}"));
+            }
+            650..=689 if surgery => {
+                // A range move: into an empty destination (emptied first in the batch now and
+                // then), or refused whole when the destination holds a key.
+                let Some(mv) = g.range_move() else { continue };
+                let Op::RangeMove { from, to, copy_max } = &mv else {
+                    unreachable!()
+                };
+                let mut batch = Batch::new();
+                if g.rng.gen_bool(0.3) {
+                    batch.range_delete(to.clone(), amaranth_engine::prefix_end(to, 256));
+                }
+                if g.rng.gen_bool(0.2) {
+                    // Another operation first, not touching the destination but as a whole
+                    // (the destination check counts a key deleted one by one as still there).
+                    let op = g.simple_op();
+                    let end = amaranth_engine::prefix_end(to, 256);
+                    let touches = match &op {
+                        Op::RangeDelete { lo, hi } => {
+                            lo < &end && hi > to && !(lo <= to && hi >= &end)
+                        }
+                        Op::Put { key, .. } | Op::Delete { key } | Op::Upsert { key, .. } => {
+                            key.starts_with(to)
+                        }
+                        _ => false,
+                    };
+                    if !touches {
+                        batch.push(op);
+                    }
+                }
+                batch.push(mv.clone());
+                let mut after = m.clone();
+                for op in &batch.ops()[..batch.len() - 1] {
+                    apply_model(&mut after, op);
+                }
+                let occupied = after.keys().any(|k| k.starts_with(to));
+                let bytes: usize = after
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(from))
+                    .map(|(k, v)| k.len() + v.len())
+                    .sum();
+                let surgeries = e.stats().range_moves;
+                match e.write(&batch) {
+                    Ok(_) => {
+                        assert!(
+                            !occupied,
+                            "seed {seed} step {step}: moved into {to:?}, not empty"
+                        );
+                        assert_eq!(
+                            e.stats().range_moves - surgeries,
+                            u64::from(bytes > *copy_max as usize),
+                            "seed {seed} step {step}: {bytes} bytes, copy_max {copy_max}"
+                        );
+                        apply_model(&mut after, &mv);
+                        m = after;
+                    }
+                    Err(Error::InvalidArgument(msg)) => {
+                        assert!(
+                            occupied && msg.contains("non-empty"),
+                            "seed {seed} step {step}: refused: {msg}"
+                        );
+                    }
+                    Err(err) => panic!("seed {seed} step {step}: range move failed: {err}"),
+                }
+            }
             0..=599 => {
                 let op = g.simple_op();
                 apply_model(&mut m, &op);
@@ -214,6 +312,28 @@ fn random_sequences_with_surgery_match_the_model() {
     }
 }
 
+/// The surgery fuzzer (docs/SURGERY.md §6.4): the surgery mix with 8 KiB nodes, seed after seed
+/// for `AMARANTH_FUZZ_SECONDS` (default 600) from `AMARANTH_SEED_BASE`; `make fuzz-surgery`.
+#[test]
+#[ignore]
+fn surgery_fuzz() {
+    let secs: u64 = std::env::var("AMARANTH_FUZZ_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(600);
+    let start = std::time::Instant::now();
+    let mut runs = 0;
+    for seed in seeds(u64::MAX) {
+        if start.elapsed().as_secs() >= secs {
+            break;
+        }
+        eprintln!("surgery fuzz seed {seed}");
+        run_with(seed, 2500, true, 8 << 10);
+        runs += 1;
+    }
+    eprintln!("{runs} sequences");
+}
+
 #[test]
 fn replay() {
     if let Some(seed) = std::env::var("AMARANTH_SEED")
@@ -225,7 +345,11 @@ fn replay() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(2500);
         let surgery = std::env::var("AMARANTH_SURGERY").is_ok();
-        run(seed, steps, surgery);
+        let node_size = std::env::var("AMARANTH_NODE_SIZE")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(small_format().node_size);
+        run_with(seed, steps, surgery, node_size);
     }
 }
 

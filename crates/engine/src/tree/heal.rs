@@ -64,7 +64,7 @@ impl Tree {
     /// Walks down to `k` (or, with `below`, to the keys just below it); at each level, flushes
     /// the child on the path and splits it if over its size, or merges it with a sibling if the
     /// two fit in one node (whatever their fill: the pieces slicing cut are put back together).
-    fn heal_path(&self, k: &[u8], below: bool) -> Result<()> {
+    pub(super) fn heal_path(&self, k: &[u8], below: bool) -> Result<()> {
         let f = &self.format;
         let root = self.pin_whole(ROOT_ID)?;
         let mut g = root.write();

@@ -25,7 +25,6 @@ use crate::node::{child_index, longest_field, Body, BufSlot, Internal, Leaf, Nod
 /// its child slots `slots.0..slots.1`.
 pub(crate) struct Sliced {
     pub node: Arc<CachedNode>,
-    #[allow(dead_code)] // read by the range move (increment 4)
     pub bounds: Bounds,
     pub slots: (usize, usize),
 }

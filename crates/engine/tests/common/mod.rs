@@ -55,13 +55,15 @@ pub fn apply_model(m: &mut Model, op: &Op) {
                 }
             }
         }
-        Op::MovePrefix { from, to } | Op::CopyPrefix { from, to } => {
+        Op::MovePrefix { from, to }
+        | Op::CopyPrefix { from, to }
+        | Op::RangeMove { from, to, .. } => {
             let moved: Vec<(Vec<u8>, Vec<u8>)> = m
                 .iter()
                 .filter(|(k, _)| k.starts_with(from))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
-            if matches!(op, Op::MovePrefix { .. }) {
+            if !matches!(op, Op::CopyPrefix { .. }) {
                 for (k, _) in &moved {
                     m.remove(k);
                 }
@@ -156,6 +158,33 @@ impl Gen {
                 (lo, hi)
             }
         }
+    }
+
+    /// A prefix a range move takes keys from or to: a key family (`k0042/`) or a range nested
+    /// in one (`k0042/c/`, which holds keys only once a family was moved there).
+    pub fn move_prefix(&mut self) -> Vec<u8> {
+        let n = self.rng.gen_range(0..self.keys);
+        let mut p = format!("k{n:04}/").into_bytes();
+        if self.rng.gen_bool(0.3) {
+            p.push(self.rng.gen_range(b'a'..=b'e'));
+            p.push(b'/');
+        }
+        p
+    }
+
+    /// A range move between two prefixes of [`Gen::move_prefix`] (`None` when one holds the
+    /// other), copying ranges of at most 0 bytes (surgery always) or a few thousand.
+    pub fn range_move(&mut self) -> Option<Op> {
+        let (from, to) = (self.move_prefix(), self.move_prefix());
+        if from.starts_with(&to) || to.starts_with(&from) {
+            return None;
+        }
+        let copy_max = if self.rng.gen_bool(0.5) {
+            0
+        } else {
+            self.rng.gen_range(0..4000)
+        };
+        Some(Op::RangeMove { from, to, copy_max })
     }
 
     pub fn simple_op(&mut self) -> Op {
