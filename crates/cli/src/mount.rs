@@ -323,6 +323,9 @@ fn plan(args: MountArgs) -> CliResult<Plan> {
         // dirsync: every change is made durable, directory changes among them.
         sync: mount_opts.sync || mount_opts.dirsync,
         durable_fsync: !parsed.ordered_fsync,
+        rename_copy_max: parsed
+            .rename_copy_max
+            .unwrap_or(amaranth_fs::RENAME_COPY_MAX),
         ..FsOptions::default()
     };
     let name = rundir::mount_name(&mountpoint);

@@ -44,6 +44,9 @@ pub struct Parsed {
     pub transport: Option<String>,
     /// `fsync=ordered`: fsync is an ordering point that returns at once (docs/PATCHGROUPS.md).
     pub ordered_fsync: bool,
+    /// `rename_copy_max=BYTES`: renames copy ranges up to this size, move larger ones by tree
+    /// surgery (`FsOptions::rename_copy_max`; for measuring the crossover).
+    pub rename_copy_max: Option<u32>,
 }
 
 impl Parsed {
@@ -67,6 +70,7 @@ impl Parsed {
             foreground: false,
             transport: None,
             ordered_fsync: false,
+            rename_copy_max: None,
         }
     }
 
@@ -130,6 +134,10 @@ impl Parsed {
                 }
             }
             "read_ahead_kb" => m.read_ahead_kb = Some(number(key, val)?),
+            "rename_copy_max" => {
+                let v = parse_size(need(key, val)?).map_err(Failure::new)?;
+                self.rename_copy_max = Some(v.min(u32::MAX as u64) as u32);
+            }
             // FUSE options the kernel shows in /proc/mounts (mount(8) passes them on a remount).
             "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fd" => {
                 return Ok(Some(opt))
@@ -237,6 +245,13 @@ mod tests {
                 .ordered_fsync
         );
         assert!(parse(Origin::Cli, "fsync=sometimes").is_err());
+        assert_eq!(
+            parse(Origin::Cli, "rename_copy_max=64K")
+                .unwrap()
+                .rename_copy_max,
+            Some(64 << 10)
+        );
+        assert_eq!(parse(Origin::Cli, "rw").unwrap().rename_copy_max, None);
         let p = parse(Origin::Cli, "noatime,strictatime").unwrap();
         assert!(!p.mount.noatime && p.mount.strictatime);
         let p = parse(Origin::Cli, "strictatime,relatime,dirsync").unwrap();

@@ -9,6 +9,7 @@
 
 use std::sync::atomic::Ordering;
 
+use crate::destination;
 use crate::error::{Error, Result};
 use crate::msg::PointOp;
 use crate::ops::{self, GroupMark, Op};
@@ -84,9 +85,8 @@ pub(crate) fn apply_ops(
     // reads exactly what was read now.
     let _w = tree.writers.write();
     check_key_lengths(tree, &ops)?;
-    prefix::check_destinations(&ops, tree.format.max_key_len, &mut |p| {
-        // Any key under `p` counts, as long as a key under it is.
-        Ok(has_key_under(tree, p)?.then_some(p.len()))
+    destination::check_destinations(&ops, tree.format.max_key_len, &mut |lo, hi| {
+        has_key_in(tree, lo, hi)
     })?;
     let r = expand(tree, &ops, &mut before);
     match r {
@@ -210,11 +210,10 @@ pub(crate) fn check_key_lengths(tree: &Tree, ops: &[Op]) -> Result<()> {
     }
 }
 
-/// Whether the tree holds a live key under `prefix`.
-fn has_key_under(tree: &Tree, prefix: &[u8]) -> Result<bool> {
-    let end = ops::prefix_end(prefix, tree.format.max_key_len);
+/// Whether the tree holds a live key in `[lo, hi)`.
+fn has_key_in(tree: &Tree, lo: &[u8], hi: &[u8]) -> Result<bool> {
     let mut found = false;
-    scan_tree(tree, prefix, Some(&end), &mut |_, _| {
+    scan_tree(tree, lo, Some(hi), &mut |_, _| {
         found = true;
         false
     })?;

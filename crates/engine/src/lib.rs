@@ -37,6 +37,7 @@ mod codec;
 mod compress;
 mod config;
 mod copies;
+mod destination;
 mod engine;
 mod error;
 #[cfg(test)]

@@ -15,9 +15,7 @@
 //!
 //! Moves that do not lengthen keys need no scan: the keys they produce are no longer than keys
 //! that are already within the limit. A range move ([`Op::RangeMove`]) produces the keys a prefix
-//! move does and is checked the same way; its destination must moreover hold no key when it is
-//! applied ([`check_destinations`]), which the same bookkeeping answers with the tree asked
-//! whether a range holds a key at all.
+//! move does and is checked the same way (its empty destination is checked in `destination.rs`).
 
 use std::collections::HashMap;
 
@@ -28,7 +26,7 @@ use crate::ops::{prefix_end, Op};
 pub(crate) type LongestInTree<'a> = dyn FnMut(&[u8]) -> Result<Option<usize>> + 'a;
 
 /// What the moving operations of a batch do: (source, destination, whether the source empties).
-fn moving(op: &Op) -> Option<(&[u8], &[u8], bool)> {
+pub(crate) fn moving(op: &Op) -> Option<(&[u8], &[u8], bool)> {
     match op {
         Op::MovePrefix { from, to } | Op::RangeMove { from, to, .. } => Some((from, to, true)),
         Op::CopyPrefix { from, to } => Some((from, to, false)),
@@ -54,30 +52,6 @@ pub(crate) fn check_keys(ops: &[Op], max_key: usize, tree: &mut LongestInTree<'_
                     len: produced,
                     max: max_key,
                 });
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Checks that the destination of every range move of `ops` holds no key when the move is
-/// applied: the tree's keys under it (`tree(p)`: `Some` when the tree holds a key under `p`),
-/// plus what earlier operations of the batch put or moved there, minus ranges they emptied. A key
-/// deleted one at a time earlier in the batch still counts: the check may refuse a batch whose
-/// destination would be empty, never accept one whose destination is not. Otherwise
-/// [`Error::InvalidArgument`], before anything is logged.
-pub(crate) fn check_destinations(
-    ops: &[Op],
-    max_key: usize,
-    tree: &mut LongestInTree<'_>,
-) -> Result<()> {
-    let mut c = Check::new(ops, max_key, tree);
-    for (i, op) in ops.iter().enumerate() {
-        if let Op::RangeMove { to, .. } = op {
-            if c.longest_under(to, i)?.is_some() {
-                return Err(Error::InvalidArgument(
-                    "range move into a non-empty range".into(),
-                ));
             }
         }
     }

@@ -178,7 +178,16 @@ pub struct FsOptions {
     pub durable_fsync: bool,
     /// How patchgroup callers are identified (real processes through `/proc`, or declared).
     pub processes: ProcessModel,
+    /// A rename copies a range of keys (a file's data, a directory's subtree, extended
+    /// attributes) holding at most this many bytes, and moves a larger one by tree surgery, at a
+    /// cost that does not depend on its size ([`amaranth_engine::Op::RangeMove`]). The default
+    /// is the measured crossover ([`RENAME_COPY_MAX`]).
+    pub rename_copy_max: u32,
 }
+
+/// The default [`FsOptions::rename_copy_max`]: below it, copying a renamed range costs less than
+/// cutting it out of the tree (docs/SURGERY.md §5.6).
+pub const RENAME_COPY_MAX: u32 = 4 << 20;
 
 impl Default for FsOptions {
     fn default() -> FsOptions {
@@ -190,6 +199,7 @@ impl Default for FsOptions {
             sync: false,
             durable_fsync: true,
             processes: ProcessModel::Linux,
+            rename_copy_max: RENAME_COPY_MAX,
         }
     }
 }

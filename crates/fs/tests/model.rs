@@ -9,7 +9,8 @@ use std::sync::Arc;
 use amaranth_device::MemDevice;
 use amaranth_engine::{Engine, Format, Options};
 use amaranth_fs::{
-    check, Ctx, Errno, Fs, FsOptions, Kind, SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO,
+    check, Ctx, Errno, Fs, FsOptions, Kind, SetAttr, RENAME_COPY_MAX, RENAME_EXCHANGE,
+    RENAME_NOREPLACE, ROOT_INO,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -121,20 +122,27 @@ fn format() -> Format {
     }
 }
 
+/// The options of a run: renames by tree surgery (every range moved) for even seeds, by the
+/// default crossover (the small ranges of this test copied) for odd ones.
+fn fs_options(seed: u64) -> FsOptions {
+    FsOptions {
+        reserve_bytes: 0,
+        relatime: false,
+        rename_copy_max: if seed.is_multiple_of(2) {
+            0
+        } else {
+            RENAME_COPY_MAX
+        },
+        ..FsOptions::default()
+    }
+}
+
 impl Harness {
     fn new(seed: u64) -> Harness {
         let dev = Arc::new(MemDevice::new(64 << 20));
         let engine = Engine::create(dev.clone(), format(), engine_options()).unwrap();
         Fs::mkfs(&engine, 0, 0).unwrap();
-        let fs = Fs::new(
-            Arc::new(engine),
-            FsOptions {
-                reserve_bytes: 0,
-                relatime: false,
-                ..FsOptions::default()
-            },
-        )
-        .unwrap();
+        let fs = Fs::new(Arc::new(engine), fs_options(seed)).unwrap();
         Harness { dev, fs, seed }
     }
 
@@ -157,15 +165,7 @@ impl Harness {
             self.seed,
             rep.problems
         );
-        self.fs = Fs::new(
-            Arc::new(engine),
-            FsOptions {
-                reserve_bytes: 0,
-                relatime: false,
-                ..FsOptions::default()
-            },
-        )
-        .unwrap();
+        self.fs = Fs::new(Arc::new(engine), fs_options(self.seed)).unwrap();
     }
 
     /// Looks a path up like the kernel would (counting lookups, then forgetting them).

@@ -276,8 +276,8 @@ impl Fs {
     /// Operations moving a file's data and xattrs from its path to its home.
     pub(super) fn home_ops(&self, b: &mut Batch, path: &[u8], ino: u64) {
         let home = keys::home_key(ino);
-        b.move_prefix(keys::data_prefix(path), keys::data_prefix(&home));
-        b.move_prefix(keys::xattr_prefix(path), keys::xattr_prefix(&home));
+        self.move_range(b, keys::data_prefix(path), keys::data_prefix(&home));
+        self.move_range(b, keys::xattr_prefix(path), keys::xattr_prefix(&home));
     }
 
     /// Updates the table after a name of `found` was removed.
