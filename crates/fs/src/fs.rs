@@ -187,7 +187,7 @@ pub struct FsOptions {
 
 /// The default [`FsOptions::rename_copy_max`]: below it, copying a renamed range costs less than
 /// cutting it out of the tree (docs/SURGERY.md §5.6).
-pub const RENAME_COPY_MAX: u32 = 4 << 20;
+pub const RENAME_COPY_MAX: u32 = 128 << 10;
 
 impl Default for FsOptions {
     fn default() -> FsOptions {
