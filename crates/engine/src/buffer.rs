@@ -27,6 +27,8 @@ pub struct Buffer {
     /// Bytes of the `ranges` map's keys (each a copy of its range's `lo`), counted in `mem`.
     range_keys: usize,
     max_msn: Msn,
+    /// Length of the longest point key added (never lowered: an upper bound on those held).
+    longest: usize,
 }
 
 impl Buffer {
@@ -55,9 +57,10 @@ impl Buffer {
         self.max_msn
     }
 
-    /// Length of the longest key with point messages (0 when there is none).
+    /// An upper bound on the length of the keys with point messages: the longest ever added
+    /// (0 when none was; kept up as messages arrive, not recomputed).
     pub fn longest_point_key(&self) -> usize {
-        self.points.keys().map(Vec::len).max().unwrap_or(0)
+        self.longest
     }
 
     /// Number of keys with point messages, and number of range deletes.
@@ -74,6 +77,7 @@ impl Buffer {
             self.max_msn
         );
         self.max_msn = msn;
+        self.longest = self.longest.max(key.len());
         // One search of the map (the entry), not a lookup and then an insert.
         match self.points.entry(key) {
             Entry::Occupied(mut o) => {
@@ -94,6 +98,7 @@ impl Buffer {
     pub fn add_key_msgs(&mut self, key: Vec<u8>, km: KeyMsgs) {
         let max = km.max_msn();
         assert!(km.min_msn() > 0 && max >= km.min_msn(), "bad message MSNs");
+        self.longest = self.longest.max(key.len());
         match self.points.entry(key) {
             Entry::Occupied(mut o) => {
                 let old = o.get_mut();
@@ -276,6 +281,7 @@ impl Buffer {
     pub fn split_off(&mut self, k: &[u8]) -> Buffer {
         let mut right = Buffer {
             max_msn: self.max_msn,
+            longest: self.longest,
             points: self.points.split_off(k),
             ranges: self.ranges.split_off(k),
             ..Buffer::default()
@@ -322,6 +328,7 @@ impl Buffer {
             let k = f(&k);
             assert!(b.points.last_key_value().is_none_or(|(p, _)| *p < k));
             b.bytes += k.len() + 4 + km.size();
+            b.longest = b.longest.max(k.len());
             b.points.insert(k, km);
         }
         b
@@ -392,6 +399,7 @@ impl Buffer {
                 return Err(d.corrupt("message newer than its buffer"));
             }
             b.bytes += k.len() + 4 + km.size();
+            b.longest = b.longest.max(k.len());
             points.push((k, km));
         }
         b.points = points.into_iter().collect();

@@ -15,11 +15,11 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::split_merge::{relift_pieces, slot_bound};
+use super::split_merge::relift_pieces;
 use super::{Bounds, Tree};
 use crate::cache::{CachedNode, WriteGuard};
 use crate::error::Result;
-use crate::node::{child_index, longest_field, Body, BufSlot, Internal, Leaf, Node, ROOT_ID};
+use crate::node::{child_index, Body, BufSlot, Internal, Leaf, Node, ROOT_ID};
 
 /// Where a key range lies in the tree once sliced: node `node` (with bounds `bounds`) holds it as
 /// its child slots `slots.0..slots.1`.
@@ -210,10 +210,10 @@ impl Tree {
             unreachable!()
         };
         let pk = [pb.tail_of(&whole), whole.lift(k)].concat();
-        let longest = pn.buffers[c].longest as usize;
+        // Both pieces keep the child's bound (see `split_child`).
         let upper = pn.buffers[c].mutate(|buf| buf.split_off(&pk));
-        pn.buffers[c].longest = longest_field(longest.min(slot_bound(pb, cg)));
-        let slot = BufSlot::resident(upper).with_longest(longest.min(slot_bound(pb, &right)));
+        let mut slot = BufSlot::resident(upper);
+        slot.longest = pn.buffers[c].longest;
         pn.pivots.insert(c, pk);
         pn.children.insert(c + 1, self.new_node(right));
         pn.buffers.insert(c + 1, slot);

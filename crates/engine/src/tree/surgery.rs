@@ -77,14 +77,9 @@ impl Rekey<'_> {
     }
 
     /// A slot with its buffer's keys and its bound rewritten.
-    fn slot(&self, slot: BufSlot) -> BufSlot {
+    fn slot(&self, mut slot: BufSlot) -> BufSlot {
         let longest = self.bound(slot.longest);
-        let buf = slot
-            .data()
-            .expect("a moved slot's buffer is resident")
-            .as_ref()
-            .clone()
-            .rekeyed(|k| self.key(k));
+        let buf = slot.take().rekeyed(|k| self.key(k));
         let mut out = BufSlot::resident(buf);
         out.longest = longest;
         out
