@@ -364,12 +364,10 @@ pub fn parse_header(
     if !lifted && longest != 0 {
         return Err(d.corrupt("layout 1 with a lifted prefix length"));
     }
-    // The node's own key-length bound (written exact, read by nothing but this check).
-    if lifted && longest != LONGEST_UNKNOWN && longest as usize > format.max_key_len + 1 {
-        return Err(d.corrupt(format!(
-            "a key-length bound of {longest} above the maximum key"
-        )));
-    }
+    // The node's own key-length bound: exact for its own keys, but its children's bounds are
+    // upper bounds that may pass the key limit (a moved subtree's bound is lengthened with its
+    // keys, docs/SURGERY.md §2.6): any value is valid, and nothing reads it.
+    let _ = longest;
     let is_leaf = match kind {
         KIND_LEAF => true,
         KIND_INTERNAL => false,

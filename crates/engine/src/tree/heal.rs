@@ -115,7 +115,15 @@ impl Tree {
             let Some((c, cid)) = path(&g) else {
                 return Ok(());
             };
-            let ccn = self.pin_whole(cid)?;
+            // An internal child is read whole (the walk goes on into it and may change it); a
+            // leaf only when it is changed: a 4 MiB leaf read for nothing cost a rename waiting
+            // on the heal a cold read.
+            let leaf_child = g.height == 1;
+            let ccn = if leaf_child {
+                self.pin(cid)?
+            } else {
+                self.pin_whole(cid)?
+            };
             let Body::Internal(n) = &g.body else {
                 unreachable!()
             };
@@ -147,6 +155,11 @@ impl Tree {
                 pins.extend(self.pin_sibling(&g, c)?);
             }
             if pending || over || fits {
+                let ccn = if leaf_child {
+                    self.pin_whole(cid)?
+                } else {
+                    ccn
+                };
                 let mut cg = ccn.write();
                 if !cg.fully_resident() {
                     return Ok(());

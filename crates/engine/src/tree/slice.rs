@@ -48,7 +48,7 @@ impl Tree {
     /// exactly `[lo, hi)`, or is at `min_height`. Every buffer on the way down is flushed into the
     /// child the descent enters (only buffers, never a restructuring). A root leaf first gets a
     /// level above it (the root keeps its id). Needs `writers` exclusive and `min_height` at most
-    /// the root's height (1 for a root leaf).
+    /// the root's height (1 for a root leaf). The node is pinned, not necessarily whole.
     pub(crate) fn slicing_node(
         &self,
         lo: &[u8],
@@ -82,7 +82,14 @@ impl Tree {
                 }
                 (c0, n.children[c0], n.buffers[c0].is_empty())
             };
-            let ccn = self.pin_whole(cid)?;
+            // A node is read whole only to be changed: a child receiving the path's messages (and
+            // its parent); one passed through on the way down needs only its skeleton.
+            let ccn = if empty {
+                self.pin(cid)?
+            } else {
+                cn = self.pin_whole(cn.id)?;
+                self.pin_whole(cid)?
+            };
             {
                 let mut pg = cn.write();
                 if !empty {
@@ -148,6 +155,8 @@ impl Tree {
         if ccn.read().height > 0 {
             self.make_boundary(&ccn, &cb, k)?;
         }
+        // The node may have been reached through its skeleton: it is changed now.
+        let cn = &self.pin_whole(cn.id)?;
         let mut pg = cn.write();
         let mut cg = ccn.write();
         self.split_child_at(cn, &mut pg, b, c, &ccn, &mut cg, k)?;
@@ -233,6 +242,8 @@ impl Tree {
         let (node, bounds) = self.slicing_node(lo, hi, min_height)?;
         self.make_boundary(&node, &bounds, lo)?;
         self.make_boundary(&node, &bounds, hi)?;
+        // Wholly in memory: the range's slot buffers are read (and moved) with it.
+        let node = self.pin_whole(node.id)?;
         let slots = {
             let g = node.read();
             let Body::Internal(n) = &g.body else {

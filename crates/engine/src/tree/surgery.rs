@@ -110,7 +110,8 @@ impl Tree {
         // 1–2: the source, sliced into a run of whole subtrees of height `h`.
         let src = self.slice(&slo, &shi, 1)?;
         let h = src.node.read().height - 1;
-        let moved = run_bound(&src, p, q);
+        // No moved key passes the limit (checked before the record), nor need its bound.
+        let moved = run_bound(&src, p, q).min(max);
         // 3: the destination, sliced at the same height or above; the path down to it learns
         // the moved keys' lengths.
         let (xd, xb) = self.slicing_node_raising(&dlo, &dhi, h + 1, moved)?;
@@ -128,6 +129,8 @@ impl Tree {
         let dead = self.subtree_nodes(&dead_roots, xd.read().height - 1)?;
         // The run again: slicing the destination may have cut the node that holds it.
         let run = self.find_sliced(&slo, &shi, h + 1)?;
+        // The destination node is changed by the swing: wholly in memory before the record.
+        let xd = self.pin_whole(xd.id)?;
         // 4: the record.
         self.take_msn(before)?;
         // 5: the swing, then the dead subtrees go.
