@@ -297,6 +297,14 @@ impl Engine {
         Ok(n)
     }
 
+    /// Makes leaf splits prefer to cut just after one of `bytes` (the separators of the caller's
+    /// key structure: path components, the end of a file's key), between a quarter and three
+    /// quarters of the leaf, so that later range operations find their boundaries at pivots
+    /// (docs/SURGERY.md §3.5). Where a node splits changes no key; the setting is not stored.
+    pub fn set_split_boundaries(&self, bytes: &[u8]) {
+        *self.inner.tree.split_boundaries.write() = bytes.to_vec();
+    }
+
     /// Heals up to `max` of the fringes that range operations left under-full (docs/SURGERY.md
     /// §3.2, step 7): what the background cleaner does between other work. Returns how many it
     /// healed (0 when none waits).

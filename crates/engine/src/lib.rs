@@ -58,6 +58,8 @@ mod node;
 mod ops;
 mod partition;
 mod placement;
+#[cfg(test)]
+mod prefer_tests;
 mod prefix;
 mod read;
 mod rebuild;

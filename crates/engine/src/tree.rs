@@ -154,6 +154,9 @@ pub struct Tree {
     pub readahead: ReadAhead,
     /// Keys some node was cut at, whose under-full fringe waits to be healed (`tree/heal.rs`).
     heal: Mutex<BTreeSet<Vec<u8>>>,
+    /// The bytes that end a unit of the caller's key structure, where leaf splits prefer to cut
+    /// (docs/SURGERY.md §3.5); empty: plain splits.
+    pub split_boundaries: RwLock<Vec<u8>>,
 }
 
 impl Tree {
@@ -179,6 +182,7 @@ impl Tree {
             read_only: AtomicBool::new(false),
             readahead: ReadAhead::default(),
             heal: Mutex::new(BTreeSet::new()),
+            split_boundaries: RwLock::new(Vec::new()),
         }
     }
 

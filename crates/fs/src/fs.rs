@@ -320,6 +320,9 @@ impl Fs {
     /// Opens the file system stored in `engine`, removing files that were unlinked while in use
     /// when the previous session ended.
     pub fn new(engine: Arc<Engine>, opts: FsOptions) -> Result<Fs> {
+        // Leaves split at path-component and file boundaries where they can: a renamed directory
+        // or file then often starts and ends at pivots already (docs/SURGERY.md §3.5).
+        engine.set_split_boundaries(&[keys::SEP, keys::END]);
         let version = engine.get(&keys::system_key("format"))?;
         let schema = handles::schema_of(version.clone());
         match version.as_deref() {

@@ -67,7 +67,7 @@ impl Tree {
                 let Body::Leaf(l) = &mut rg.body else {
                     unreachable!()
                 };
-                let pieces = l.split(f);
+                let pieces = l.split_preferring(f, &self.split_boundaries.read());
                 let first = std::mem::replace(l, Leaf::empty());
                 // The root's prefix is empty: so are the pieces', until re-lifted.
                 let leaf = |body| Node {
@@ -316,7 +316,7 @@ impl Tree {
         let mut pieces: Vec<(Vec<u8>, Node)> = match &mut cg.body {
             Body::Leaf(l) if l.bytes() > f.node_size => {
                 let p: Vec<_> = l
-                    .split(f)
+                    .split_preferring(f, &self.split_boundaries.read())
                     .into_iter()
                     .map(|(k, leaf)| {
                         (
