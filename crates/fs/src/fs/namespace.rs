@@ -52,26 +52,59 @@ impl Fs {
     // ----- creating names --------------------------------------------------------------------
 
     /// Creates a node of `kind` (file, fifo, socket, device, directory, symlink).
+    ///
+    /// Under the namespace lock shared, so that makes in different directories (and reads and
+    /// writes anywhere) run in parallel: the directory's attribute lock, held from the check that
+    /// the name is free until the table knows the new name, orders the changes to one directory.
+    /// Nothing else puts a name at the new path meanwhile (every other change of a name holds the
+    /// namespace lock exclusively), except a file parked at that path by an earlier unlink: its
+    /// eviction moves another inode's data, so such a make starts over with the lock exclusive.
     fn make(&self, parent: u64, name: &[u8], new: NewNode<'_>, ctx: Ctx) -> Result<Inode> {
         check_name(name)?;
+        {
+            let _ns = self.ns.read();
+            if let Some(made) = self.make_locked(parent, name, &new, ctx, false)? {
+                return Ok(made);
+            }
+        }
         let _ns = self.ns.write();
+        let made = self.make_locked(parent, name, &new, ctx, true)?;
+        Ok(made.expect("a make under the exclusive lock evicts what it must"))
+    }
+
+    /// [`Fs::make`] under the namespace lock, `exclusive` or shared; `None` (and nothing changed)
+    /// when the lock is shared and a file is parked at the new path.
+    fn make_locked(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new: &NewNode<'_>,
+        ctx: Ctx,
+        exclusive: bool,
+    ) -> Result<Option<Inode>> {
         let (dkey, dir_shared) = self.dir(parent)?;
         let key = keys::child_key(&dkey, name);
         self.check_key_len(&key)?;
+        let mut dir = dir_shared.lock();
         if self.find(parent, &dkey, name)?.is_some() {
             return Err(Errno::EEXIST);
         }
         self.check_space(0)?;
-        let mut dir = dir_shared.lock();
         let mut b = Batch::new();
-        let evicted = self.evict_parked_ops(&mut b, &key, false);
+        let evicted = if exclusive {
+            self.evict_parked_ops(&mut b, &key, false)
+        } else if self.is_parked_at(&key) {
+            return Ok(None);
+        } else {
+            Vec::new()
+        };
         let ino = self.alloc_ino(&mut b);
         let NewNode {
             kind,
             mode,
             rdev,
             target,
-        } = new;
+        } = *new;
         let mut perm = (mode & 0o7777) as u16;
         let mut gid = ctx.gid;
         if dir.perm & libc::S_ISGID as u16 != 0 {
@@ -98,11 +131,11 @@ impl Fs {
         self.commit(&mut b)?;
         self.note_evicted(&evicted);
         *dir = next_dir;
-        drop(dir);
         self.table
             .lock()
             .remember(parent, name, inode.clone(), true);
-        Ok(inode)
+        drop(dir);
+        Ok(Some(inode))
     }
 
     /// Creates a special file or a regular file without opening it.

@@ -28,8 +28,11 @@
 //! parked path if it has one (`remove_orphans`); `fsck` knows parked data's owner.
 //!
 //! Locking: parking, eviction and the orphan deletions run under the namespace lock (parking and
-//! eviction exclusive, FORGET's deletion shared: no name changes meanwhile, so no eviction). The
-//! parked map's lock is innermost, like the table's, and never held with it.
+//! eviction exclusive, FORGET's deletion shared: no eviction meanwhile). A make, which holds it
+//! shared, never evicts: it checks under its directory's lock that nothing is parked at its path
+//! (only an unlink or rename in that directory, both exclusive, can park a file there) and starts
+//! over exclusively if something is. The parked map's lock is innermost, like the table's, and
+//! never held with it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
@@ -105,6 +108,12 @@ impl Fs {
             return None;
         }
         self.parked.lock().by_ino.get(&ino).cloned()
+    }
+
+    /// Whether a file is parked at exactly `path`.
+    pub(super) fn is_parked_at(&self, path: &[u8]) -> bool {
+        self.parked_count.load(Ordering::Relaxed) != 0
+            && self.parked.lock().by_path.contains_key(path)
     }
 
     /// Whether the kernel holds `ino` (its lookup count is not zero).
