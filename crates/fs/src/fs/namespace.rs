@@ -131,9 +131,11 @@ impl Fs {
         self.commit(&mut b)?;
         self.note_evicted(&evicted);
         *dir = next_dir;
-        self.table
-            .lock()
-            .remember(parent, name, inode.clone(), true);
+        let mut t = self.table.lock();
+        t.remember(parent, name, inode.clone(), true);
+        // A new inode has no extended attributes (nothing is left at a new name's keys).
+        t.set_no_xattrs(ino, true);
+        drop(t);
         drop(dir);
         Ok(Some(inode))
     }
