@@ -735,6 +735,41 @@ mod tests {
         out
     }
 
+    /// A chunk encoded into a reused buffer (the log thread keeps the last chunk's) is the same
+    /// bytes as one in a fresh buffer: the padding after its records is zeroed, not left over.
+    #[test]
+    fn a_chunk_in_a_reused_buffer_is_the_same_bytes() {
+        let log = Log::new(
+            Arc::new(FaultDevice::new(4096 + REGION)),
+            4096,
+            REGION,
+            0.5,
+            LogPosition {
+                epoch: 2,
+                voff: 0,
+                next_lsn: 5,
+            },
+        );
+        log.append(&[7u8; 1000]).unwrap();
+        let records = log.state.lock().buf.clone();
+        let fresh = encode_chunk(2, 8192, 5, 1, 3, &records);
+        let mut used = AlignedBuf::zeroed(3 * BLOCK_SIZE);
+        used.fill(0xa5);
+        let head = ChunkHead {
+            epoch: 2,
+            voff: 8192,
+            first: 5,
+            n: 1,
+            durable: 3,
+        };
+        let len = encode_chunk_into(&mut used, &head, &records);
+        assert_eq!(len, fresh.len());
+        assert!(
+            used[..len] == fresh[..],
+            "reused buffer encodes other bytes"
+        );
+    }
+
     #[test]
     fn append_flush_recover_and_wrap() {
         let dev = Arc::new(FaultDevice::new(4096 + REGION));
