@@ -499,21 +499,29 @@ impl Node {
     /// compression it is an upper bound: a sub-block is stored compressed only when smaller).
     /// Needs no resident sub-block: sizes are known from the skeleton.
     pub fn image_len(&self) -> usize {
-        let (pivots, desc_len, raw_lens): (&[Vec<u8>], usize, Vec<usize>) = match &self.body {
-            Body::Leaf(l) => (&l.pivots, 21, l.parts.iter().map(|p| p.bytes).collect()),
-            Body::Internal(n) => (
+        // Computed after every change (cache accounting): no allocation.
+        fn sum(
+            pivots: &[Vec<u8>],
+            desc_len: usize,
+            raw_lens: impl Iterator<Item = usize>,
+        ) -> (usize, usize) {
+            let (mut n, mut body) = (0, 0);
+            for r in raw_lens {
+                n += 1;
+                body += round_up(r.max(1));
+            }
+            // The prefix hint, pivots, descriptors.
+            (2 + pivot_bytes(pivots) + n * desc_len, body)
+        }
+        let (index_len, body) = match &self.body {
+            Body::Leaf(l) => sum(&l.pivots, 21, l.parts.iter().map(|p| p.bytes)),
+            Body::Internal(n) => sum(
                 &n.pivots,
                 8 + 2 + 21,
-                n.buffers
-                    .iter()
-                    .map(|b| b.bytes() + BUFFER_HEADER)
-                    .collect(),
+                n.buffers.iter().map(|b| b.bytes() + BUFFER_HEADER),
             ),
         };
-        // The prefix hint, pivots, descriptors.
-        let index_len = 2 + self.prefix.len() + pivot_bytes(pivots) + raw_lens.len() * desc_len;
-        round_up(HEADER_LEN + index_len)
-            + raw_lens.iter().map(|&r| round_up(r.max(1))).sum::<usize>()
+        round_up(HEADER_LEN + index_len + self.prefix.len()) + body
     }
 
     /// The exact length of the longest key this node holds, in its stored form, with its

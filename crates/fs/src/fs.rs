@@ -11,8 +11,12 @@
 //! back from its home) and `upgrade.rs` (schema upgrades).
 //!
 //! Locking: `ns` (the namespace lock) is taken shared by operations that do not change names
-//! (read, write, setattr, xattrs) and exclusive by those that do (create, unlink, rename, link...),
-//! so a path's key cannot change under an operation that uses it. An inode's attribute lock is held
+//! (read, write, setattr, xattrs), by those that only add one (create, mknod, mkdir, symlink:
+//! these hold their directory's attribute lock from the check that the name is free until the
+//! table knows it, see `Fs::make`) and by the common removals (the unlink of a file the kernel
+//! holds with one name, the rmdir of a directory the table holds: they also hold the removed
+//! inode's lock), and exclusive by the other name changes (rename, link, the other unlinks and
+//! rmdirs), so a path's key cannot change under an operation that uses it. An inode's attribute lock is held
 //! from reading its attributes until the batch that changes them is submitted, so changes to one
 //! inode reach the log in the order they were made; its key is read under that lock too, because
 //! the last release of an unlinked file deletes it under the shared namespace lock, holding the
@@ -205,6 +209,7 @@ impl Default for FsOptions {
 }
 
 /// What to create.
+#[derive(Clone, Copy)]
 struct NewNode<'a> {
     kind: Kind,
     mode: u32,
