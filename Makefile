@@ -6,7 +6,7 @@ MOUNTPOINT ?= /mnt/amaranth
 SIZE ?= 8G
 BENCH_ARGS ?=
 
-.PHONY: run test deps build lint unit fuse-tests bench bench-quick aging engine-bench soak crash-soak crash-mount imap-crash clean
+.PHONY: run test deps build lint unit fuse-tests bench bench-quick aging engine-bench soak crash-soak crash-mount imap-crash fuzz-surgery clean
 
 deps:
 	scripts/install-deps.sh
@@ -57,6 +57,12 @@ engine-bench:
 ## Long model-based soak of the engine (SOAK_SECONDS, default 600).
 soak:
 	AMARANTH_SOAK_SECONDS=$${SOAK_SECONDS:-600} $(CARGO) test --release -p amaranth-engine --test soak -- --ignored --nocapture
+
+## Range moves and slices against the model with 8 KiB nodes for SECONDS (default 600), from SEED
+## (default 0x5eed); prints every seed (replay: AMARANTH_SEED=… AMARANTH_SURGERY=1
+## AMARANTH_NODE_SIZE=8192 cargo test --release -p amaranth-engine --test model replay).
+fuzz-surgery:
+	AMARANTH_FUZZ_SECONDS=$(or $(SECONDS),600) AMARANTH_SEED_BASE=$(or $(SEED),24301) $(CARGO) test --release -p amaranth-engine --test model surgery_fuzz -- --ignored --nocapture
 
 ## Power cuts through the file system for CRASH_SOAK_SECONDS (default 600); prints the states checked.
 crash-soak:

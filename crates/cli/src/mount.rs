@@ -326,6 +326,9 @@ fn plan(args: MountArgs) -> CliResult<Plan> {
         out_of_line_min: parsed
             .out_of_line_min
             .unwrap_or(amaranth_fs::OUT_OF_LINE_MIN),
+        rename_copy_max: parsed
+            .rename_copy_max
+            .unwrap_or(amaranth_fs::RENAME_COPY_MAX),
         ..FsOptions::default()
     };
     let name = rundir::mount_name(&mountpoint);

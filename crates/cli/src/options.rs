@@ -47,6 +47,9 @@ pub struct Parsed {
     /// `out_of_line_min=N`: a write's run of whole blocks of at least N bytes goes out of line
     /// (`0`: never; default 64 KiB, docs/WRITEONCE.md).
     pub out_of_line_min: Option<usize>,
+    /// `rename_copy_max=BYTES`: renames copy ranges up to this size, move larger ones by tree
+    /// surgery (`FsOptions::rename_copy_max`; for measuring the crossover).
+    pub rename_copy_max: Option<u32>,
 }
 
 impl Parsed {
@@ -71,6 +74,7 @@ impl Parsed {
             transport: None,
             ordered_fsync: false,
             out_of_line_min: None,
+            rename_copy_max: None,
         }
     }
 
@@ -137,6 +141,10 @@ impl Parsed {
             "out_of_line_min" => {
                 self.out_of_line_min =
                     Some(parse_size(need(key, val)?).map_err(Failure::new)? as usize)
+            }
+            "rename_copy_max" => {
+                let v = parse_size(need(key, val)?).map_err(Failure::new)?;
+                self.rename_copy_max = Some(v.min(u32::MAX as u64) as u32);
             }
             // FUSE options the kernel shows in /proc/mounts (mount(8) passes them on a remount).
             "user_id" | "group_id" | "rootmode" | "max_read" | "blksize" | "fd" => {
@@ -251,6 +259,13 @@ mod tests {
                 .ordered_fsync
         );
         assert!(parse(Origin::Cli, "fsync=sometimes").is_err());
+        assert_eq!(
+            parse(Origin::Cli, "rename_copy_max=64K")
+                .unwrap()
+                .rename_copy_max,
+            Some(64 << 10)
+        );
+        assert_eq!(parse(Origin::Cli, "rw").unwrap().rename_copy_max, None);
         let p = parse(Origin::Cli, "noatime,strictatime").unwrap();
         assert!(!p.mount.noatime && p.mount.strictatime);
         let p = parse(Origin::Cli, "strictatime,relatime,dirsync").unwrap();

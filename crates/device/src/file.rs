@@ -157,10 +157,22 @@ fn lock(file: &File, access: Access, path: &Path) -> io::Result<()> {
         Access::ReadWrite => libc::LOCK_EX,
         Access::ReadOnly => libc::LOCK_SH,
     } | libc::LOCK_NB;
-    // SAFETY: flock on a valid fd.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), op) };
-    if rc != 0 {
+    // A lock belongs to the open file description, and a child forked by another thread of this
+    // process shares the descriptions it inherits until it execs (closing them, as they are
+    // close-on-exec). So a description this process has just closed can stay locked for that
+    // moment: a busy lock is tried again for a short while before it counts as another holder.
+    let deadline = std::time::Instant::now() + LOCK_PATIENCE;
+    loop {
+        // SAFETY: flock on a valid fd.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), op) };
+        if rc == 0 {
+            return Ok(());
+        }
         let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            continue;
+        }
         if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
             return Err(io::Error::new(
                 io::ErrorKind::ResourceBusy,
@@ -172,8 +184,11 @@ fn lock(file: &File, access: Access, path: &Path) -> io::Result<()> {
         }
         return Err(err);
     }
-    Ok(())
 }
+
+/// How long a busy image lock is retried (see `lock`): far longer than a fork-to-exec window,
+/// short enough that a second mount of a mounted image fails at once to a person.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn block_device_len(file: &File) -> io::Result<u64> {
     const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;

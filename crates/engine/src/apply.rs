@@ -10,6 +10,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::dataref::{DataRef, Stored};
+use crate::destination;
 use crate::error::{Error, Result};
 use crate::msg::PointOp;
 use crate::ops::{self, GroupMark, Op};
@@ -129,8 +130,9 @@ fn apply_placed(
     // Prefix operations read the tree: nothing else may write meanwhile, so that replaying the record
     // reads exactly what was read now.
     let _w = tree.writers.write();
-    prefix::check_keys(&ops, tree.format.max_key_len, &mut |p| {
-        longest_key_under(tree, p)
+    check_key_lengths(tree, &ops)?;
+    destination::check_destinations(&ops, tree.format.max_key_len, &mut |lo, hi| {
+        has_key_in(tree, lo, hi)
     })?;
     let r = expand(tree, &ops, &mut before);
     match r {
@@ -154,6 +156,19 @@ fn expand(tree: &Tree, ops: &[Op], before: &mut dyn FnMut(u64) -> Result<()>) ->
         let (from, to, keep) = match op {
             Op::MovePrefix { from, to } => (from, to, false),
             Op::CopyPrefix { from, to } => (from, to, true),
+            Op::RangeMove { from, to, copy_max } => {
+                if !simple.is_empty() {
+                    inject(std::mem::take(&mut simple), before)?;
+                }
+                // The choice depends on the source's contents only, so a replay makes the same
+                // one, with the same message numbers (docs/SURGERY.md §3.1).
+                if holds_more_than(tree, from, *copy_max as usize)? {
+                    tree.range_move(from, to, before)?;
+                    go_on_without_space(tree.make_room())?;
+                    continue;
+                }
+                (from, to, false)
+            }
             other => {
                 other.clone().into_msgs(&mut simple);
                 continue;
@@ -232,6 +247,49 @@ fn fatal(e: Error) -> Error {
             "a logged batch could not be applied in full: {other}"
         )),
     }
+}
+
+/// Checks the keys a batch's prefix operations would produce against the key limit
+/// ([`prefix::check_keys`]): first against the key-length bounds of the tree (O(height) per
+/// source), and only if those do not show that every key fits, against the tree's keys (a scan of
+/// each source). So the outcome is the exact one, and a replay, whose tree has other bounds, comes
+/// to the same (docs/SURGERY.md §2.6).
+pub(crate) fn check_key_lengths(tree: &Tree, ops: &[Op]) -> Result<()> {
+    let max = tree.format.max_key_len;
+    let by_bounds = prefix::check_keys(ops, max, &mut |p| {
+        let end = ops::prefix_end(p, max);
+        let bound = tree.longest_bound(p, &end)?;
+        // Every key under `p` is at least as long as `p`: a shorter bound says there is none.
+        Ok((bound >= p.len()).then_some(bound))
+    });
+    match by_bounds {
+        Err(Error::KeyTooLong { .. }) => {
+            prefix::check_keys(ops, max, &mut |p| longest_key_under(tree, p))
+        }
+        r => r,
+    }
+}
+
+/// Whether the tree holds a live key in `[lo, hi)`.
+fn has_key_in(tree: &Tree, lo: &[u8], hi: &[u8]) -> Result<bool> {
+    let mut found = false;
+    scan_tree(tree, lo, Some(hi), &mut |_, _| {
+        found = true;
+        false
+    })?;
+    Ok(found)
+}
+
+/// Whether the keys and stored values under `prefix` take more than `max` bytes (an out-of-line
+/// block counts as its reference; read until they do).
+fn holds_more_than(tree: &Tree, prefix: &[u8], max: usize) -> Result<bool> {
+    let end = ops::prefix_end(prefix, tree.format.max_key_len);
+    let mut bytes = 0usize;
+    scan_tree(tree, prefix, Some(&end), &mut |k, v| {
+        bytes += k.len() + v.raw().len();
+        bytes <= max
+    })?;
+    Ok(bytes > max)
 }
 
 /// The longest key under `prefix` in the tree (`None` if there is none).

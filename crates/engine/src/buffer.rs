@@ -27,6 +27,8 @@ pub struct Buffer {
     /// Bytes of the `ranges` map's keys (each a copy of its range's `lo`), counted in `mem`.
     range_keys: usize,
     max_msn: Msn,
+    /// Length of the longest point key added (never lowered: an upper bound on those held).
+    longest: usize,
 }
 
 impl Buffer {
@@ -55,6 +57,12 @@ impl Buffer {
         self.max_msn
     }
 
+    /// An upper bound on the length of the keys with point messages: the longest ever added
+    /// (0 when none was; kept up as messages arrive, not recomputed).
+    pub fn longest_point_key(&self) -> usize {
+        self.longest
+    }
+
     /// Number of keys with point messages, and number of range deletes.
     pub fn counts(&self) -> (usize, usize) {
         (self.points.len(), self.ranges.len())
@@ -71,6 +79,7 @@ impl Buffer {
             self.max_msn
         );
         self.max_msn = msn;
+        self.longest = self.longest.max(key.len());
         // One search of the map (the entry), not a lookup and then an insert.
         match self.points.entry(key) {
             Entry::Occupied(mut o) => {
@@ -95,6 +104,7 @@ impl Buffer {
     pub fn add_key_msgs(&mut self, key: Vec<u8>, km: KeyMsgs) -> Option<u64> {
         let max = km.max_msn();
         assert!(km.min_msn() > 0 && max >= km.min_msn(), "bad message MSNs");
+        self.longest = self.longest.max(key.len());
         let dropped = match self.points.entry(key) {
             Entry::Occupied(mut o) => {
                 let old = o.get_mut();
@@ -284,6 +294,43 @@ impl Buffer {
         out
     }
 
+    /// Cuts the buffer at `k`: messages for keys below `k` stay, the others go to the returned
+    /// buffer; a range delete across `k` is cut in two with its number. Both keep the max MSN
+    /// (slicing a child's slot, docs/SURGERY.md §3.2: each half stays newer than its child).
+    pub fn split_off(&mut self, k: &[u8]) -> Buffer {
+        let mut right = Buffer {
+            max_msn: self.max_msn,
+            longest: self.longest,
+            points: self.points.split_off(k),
+            ranges: self.ranges.split_off(k),
+            ..Buffer::default()
+        };
+        let across = self
+            .ranges
+            .last_key_value()
+            .filter(|(_, r)| r.hi.as_slice() > k)
+            .map(|(lo, _)| lo.clone());
+        if let Some(lo) = across {
+            let r = self.ranges.get_mut(&lo).expect("range just seen");
+            let tail = RangeDel {
+                msn: r.msn,
+                lo: k.to_vec(),
+                hi: std::mem::replace(&mut r.hi, k.to_vec()),
+            };
+            right.ranges.insert(tail.lo.clone(), tail);
+        }
+        for b in [&mut *self, &mut right] {
+            b.bytes = b
+                .points
+                .iter()
+                .map(|(k, km)| k.len() + 4 + km.size())
+                .sum::<usize>()
+                + b.ranges.values().map(RangeDel::size).sum::<usize>();
+            b.range_keys = b.ranges.keys().map(Vec::len).sum();
+        }
+        right
+    }
+
     /// The same messages with every key (point keys, range bounds) passed through `f`, which must
     /// keep their order (re-lifting a node whose prefix changes). The max MSN is kept.
     pub fn rekeyed(self, f: impl Fn(&[u8]) -> Vec<u8>) -> Buffer {
@@ -300,6 +347,7 @@ impl Buffer {
             let k = f(&k);
             assert!(b.points.last_key_value().is_none_or(|(p, _)| *p < k));
             b.bytes += k.len() + 4 + km.size();
+            b.longest = b.longest.max(k.len());
             b.points.insert(k, km);
         }
         b
@@ -370,6 +418,7 @@ impl Buffer {
                 return Err(d.corrupt("message newer than its buffer"));
             }
             b.bytes += k.len() + 4 + km.size();
+            b.longest = b.longest.max(k.len());
             points.push((k, km));
         }
         b.points = points.into_iter().collect();

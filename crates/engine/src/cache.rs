@@ -14,6 +14,21 @@ use parking_lot::{Condvar, Mutex, RawRwLock, RwLock};
 
 use crate::node::{Node, NodeId};
 
+/// Nodes' worth of headroom below the bound before eviction starts: what the accounted usage can
+/// grow by between two calls of `make_room`, since none of it waits for eviction.
+/// - One flush step: up to four nodes (the child loaded whole, the delivered messages rebuilt into
+///   partitions before the old ones go, the nodes a split makes): measured 14 MiB above the point
+///   with 4 MiB nodes.
+/// - Node images being written, counted while they are in memory: the checkpoint's current one
+///   and the one eviction is writing back, each up to two nodes (a root may hold twice a node's
+///   bytes before it must flush; a 9.7 MiB write-back image was recorded).
+///
+/// With four nodes of headroom the accounted peak passed the bound by 0.7 MiB in one CI run of
+/// `memory_bound::memory_held_outside_shrinks_the_nodes_budget` (48 MiB budget), and instrumented
+/// runs found the largest excursions above the point (13-17 MiB) while the checkpoint or an
+/// eviction was writing an image beside a flush step.
+pub const HEADROOM_NODES: usize = 8;
+
 /// Blocks of the image a node would be written as.
 fn image_blocks(node: &Node) -> u64 {
     node.image_len().div_ceil(amaranth_device::BLOCK_SIZE) as u64
@@ -196,17 +211,11 @@ impl Cache {
         self.budget - self.external().min(self.external_allowance())
     }
 
-    /// Usage above which eviction starts: the nodes' budget less the headroom for one operation.
-    /// A flush step grows the cache by up to four nodes before it can evict again (the child
-    /// loaded whole, the delivered messages rebuilt into partitions before the old ones go, the
-    /// nodes a split makes): measured 14 MiB above this point with 4 MiB nodes, so three nodes of
-    /// headroom let the accounted peak pass the bound. The headroom is four nodes whatever the
-    /// budget, up to half of it: a quarter of a small budget (12 MiB of 48 MiB) was less than one
-    /// step's growth, and the peak passed the bound by 3-4 MiB in one run of three
-    /// (`memory_bound::memory_held_outside_shrinks_the_nodes_budget`).
+    /// Usage above which eviction starts: the nodes' budget less the headroom for what can grow
+    /// between two calls of `make_room` ([`HEADROOM_NODES`] nodes, up to half the nodes' budget).
     pub fn eviction_point(&self) -> usize {
         let nodes = self.node_budget();
-        nodes - (nodes / 2).min(4 * self.node_size)
+        nodes - (nodes / 2).min(HEADROOM_NODES * self.node_size)
     }
 
     /// Marks `cn` as just used (it goes last in the eviction order).

@@ -215,6 +215,22 @@ impl Engine {
         self.inner.tree.wait_read_ahead();
     }
 
+    /// An upper bound on the length of every key in `[lo, hi)` (`lo < hi`), in O(height): from
+    /// the key-length bounds the tree keeps per child (docs/SURGERY.md §2.6). Never below the
+    /// longest key; above it when longer keys were deleted or the range shares a subtree with
+    /// longer ones. For a caller that scans only when the bound says a limit may be passed.
+    pub fn longest_key_bound(&self, lo: &[u8], hi: &[u8]) -> Result<usize> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        if lo >= hi {
+            return Ok(0);
+        }
+        let r = self.inner.seen(self.inner.tree.longest_bound(lo, hi));
+        let _ = self.inner.tree.make_room();
+        r
+    }
+
     /// Iterates over the range in increasing key order (owned copies; see [`Engine::scan`]).
     pub fn range(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> RangeIter<'_> {
         RangeIter::new(self, lo, hi, true)
@@ -269,6 +285,46 @@ impl Engine {
             n += 1;
         }
         Ok(n)
+    }
+
+    /// Makes leaf splits prefer to cut just after one of `bytes` (the separators of the caller's
+    /// key structure: path components, the end of a file's key), between a quarter and three
+    /// quarters of the leaf, so that later range operations find their boundaries at pivots
+    /// (docs/SURGERY.md §3.5). Where a node splits changes no key; the setting is not stored.
+    pub fn set_split_boundaries(&self, bytes: &[u8]) {
+        *self.inner.tree.split_boundaries.write() = bytes.to_vec();
+    }
+
+    /// Heals up to `max` of the fringes that range operations left under-full (docs/SURGERY.md
+    /// §3.2, step 7): what the background cleaner does between other work. Returns how many it
+    /// healed (0 when none waits).
+    pub fn heal_fringes(&self, max: usize) -> Result<usize> {
+        self.inner.check_writable()?;
+        let n = {
+            let _w = self.inner.tree.writers.read();
+            self.inner.seen(self.inner.tree.heal_step(max))?
+        };
+        self.inner.seen(self.inner.tree.make_room())?;
+        Ok(n)
+    }
+
+    /// Slices `[lo, hi)` (`lo < hi`) into whole child slots of one node (docs/SURGERY.md §3.2,
+    /// steps 1–2) and queues its fringe for healing, changing no key: for tests of slicing.
+    /// Returns the height of the node and how many of its slots the range took.
+    #[doc(hidden)]
+    pub fn slice_for_tests(&self, lo: &[u8], hi: &[u8]) -> Result<(u32, usize)> {
+        self.inner.check_writable()?;
+        let tree = &self.inner.tree;
+        let r = {
+            let _w = tree.writers.write();
+            tree.slice(lo, hi, 1)
+                .map(|s| (s.node.read().height, s.slots.1 - s.slots.0))
+        };
+        tree.queue_heal(lo);
+        tree.queue_heal(hi);
+        let r = self.inner.seen(r)?;
+        self.inner.seen(tree.make_room())?;
+        Ok(r)
     }
 
     /// Unallocated and total bytes of the data area (the allocator's view: data in dirty nodes

@@ -42,6 +42,7 @@ mod dataio;
 mod dataref;
 mod datatable;
 mod datawriter;
+mod destination;
 mod engine;
 mod error;
 #[cfg(test)]
@@ -55,11 +56,15 @@ mod lift_tests;
 mod load;
 #[cfg(test)]
 mod load_found_tests;
+#[cfg(test)]
+mod longest_tests;
 mod msg;
 mod node;
 mod ops;
 mod partition;
 mod placement;
+#[cfg(test)]
+mod prefer_tests;
 mod prefix;
 mod read;
 mod rebuild;

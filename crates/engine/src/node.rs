@@ -19,6 +19,7 @@ use crate::error::Result;
 use crate::msg::{KeyMsgs, Msn};
 use crate::partition::Partition;
 
+mod cut;
 mod layout;
 mod leaf_apply;
 mod lift;
@@ -96,15 +97,31 @@ pub struct BufState {
     pub loc: Option<SubLoc>,
 }
 
-/// The message buffer an internal node holds for one child. Like a leaf partition it can be read
-/// from disk on its own (a point query needs one buffer per level, not the whole node) and dropped
-/// from memory while the node's skeleton stays.
+/// The message buffer an internal node holds for one child, and the bound on the length of that
+/// child's keys. Like a leaf partition the buffer can be read from disk on its own (a point query
+/// needs one buffer per level, not the whole node) and dropped from memory while the node's
+/// skeleton stays.
 #[derive(Debug)]
 pub struct BufSlot {
     /// Residency and location, changed under the node's read latch (loads, partial eviction).
     pub state: Mutex<BufState>,
     /// Serialized size of the messages (known even when not resident).
     bytes: usize,
+    /// An upper bound on the length, in this node's stored form, of every key the child's
+    /// subtree holds (leaf entries and point messages of the child and everything below it; not
+    /// this slot's own buffer, and not range-delete bounds): docs/SURGERY.md §2.6. Raised when
+    /// the slot's buffer is flushed into the child, copied to the pieces of a split, the larger
+    /// of the two in a merge; deletions leave it high. [`LONGEST_UNKNOWN`] when nothing better
+    /// is known.
+    pub longest: u16,
+}
+
+/// The loosest key-length bound (a slot read from an image that did not record one).
+pub const LONGEST_UNKNOWN: u16 = u16::MAX;
+
+/// A key-length bound clamped into its stored field.
+pub fn longest_field(len: usize) -> u16 {
+    len.min(LONGEST_UNKNOWN as usize) as u16
 }
 
 /// Encoding overhead of a buffer sub-block beyond [`Buffer::bytes`] (max MSN and two counts).
@@ -120,7 +137,19 @@ impl BufSlot {
                 raw: None,
                 loc: None,
             }),
+            longest: LONGEST_UNKNOWN,
         }
+    }
+
+    /// This slot with the child's key-length bound set to `longest` (see [`BufSlot::longest`]).
+    pub fn with_longest(mut self, longest: usize) -> BufSlot {
+        self.longest = longest_field(longest);
+        self
+    }
+
+    /// Raises the child's key-length bound to cover keys of `len` bytes (in this node's form).
+    pub fn raise_longest(&mut self, len: usize) {
+        self.longest = self.longest.max(longest_field(len));
     }
 
     /// An empty resident buffer.
@@ -470,21 +499,55 @@ impl Node {
     /// compression it is an upper bound: a sub-block is stored compressed only when smaller).
     /// Needs no resident sub-block: sizes are known from the skeleton.
     pub fn image_len(&self) -> usize {
-        let (pivots, desc_len, raw_lens): (&[Vec<u8>], usize, Vec<usize>) = match &self.body {
-            Body::Leaf(l) => (&l.pivots, 21, l.parts.iter().map(|p| p.bytes).collect()),
-            Body::Internal(n) => (
+        // Computed after every change (cache accounting): no allocation.
+        fn sum(
+            pivots: &[Vec<u8>],
+            desc_len: usize,
+            raw_lens: impl Iterator<Item = usize>,
+        ) -> (usize, usize) {
+            let (mut n, mut body) = (0, 0);
+            for r in raw_lens {
+                n += 1;
+                body += round_up(r.max(1));
+            }
+            // The prefix hint, pivots, descriptors.
+            (2 + pivot_bytes(pivots) + n * desc_len, body)
+        }
+        let (index_len, body) = match &self.body {
+            Body::Leaf(l) => sum(&l.pivots, 21, l.parts.iter().map(|p| p.bytes)),
+            Body::Internal(n) => sum(
                 &n.pivots,
                 8 + 2 + 21,
-                n.buffers
-                    .iter()
-                    .map(|b| b.bytes() + BUFFER_HEADER)
-                    .collect(),
+                n.buffers.iter().map(|b| b.bytes() + BUFFER_HEADER),
             ),
         };
-        // The prefix hint, pivots, descriptors.
-        let index_len = 2 + self.prefix.len() + pivot_bytes(pivots) + raw_lens.len() * desc_len;
-        round_up(HEADER_LEN + index_len)
-            + raw_lens.iter().map(|&r| round_up(r.max(1))).sum::<usize>()
+        round_up(HEADER_LEN + index_len + self.prefix.len()) + body
+    }
+
+    /// The exact length of the longest key this node holds, in its stored form, with its
+    /// children's bounds for what lies below them: leaf entries, or point messages and child
+    /// bounds (docs/SURGERY.md §2.6). Needs the node fully resident.
+    pub fn longest_stored(&self) -> usize {
+        match &self.body {
+            Body::Leaf(l) => l
+                .resident_parts()
+                .iter()
+                .map(|p| (0..p.len()).map(|i| p.key(i).len()).max().unwrap_or(0))
+                .max()
+                .unwrap_or(0),
+            Body::Internal(n) => n
+                .buffers
+                .iter()
+                .map(|b| {
+                    let msgs = b
+                        .data()
+                        .expect("a node whose bound is computed is fully resident")
+                        .longest_point_key();
+                    msgs.max(b.longest as usize)
+                })
+                .max()
+                .unwrap_or(0),
+        }
     }
 
     /// The leaf, if this is one.

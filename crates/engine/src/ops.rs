@@ -63,12 +63,30 @@ pub enum Op {
         /// The blocks.
         data: BlockData,
     },
+    /// Move every key that starts with `from` to the same key with `to` in place of the prefix,
+    /// into a range that must hold no key (the batch is refused otherwise): by tree surgery, at
+    /// a cost proportional to the tree's height, when the keys and values under `from` take more
+    /// than `copy_max` bytes; by copying them, as [`Op::MovePrefix`] does, otherwise
+    /// (docs/SURGERY.md §3). The prefixes end in the same byte, below 0xff, and neither is a
+    /// prefix of the other.
+    RangeMove {
+        /// Source prefix.
+        from: Vec<u8>,
+        /// Destination prefix.
+        to: Vec<u8>,
+        /// The most bytes of keys and values a range is copied at rather than moved by surgery.
+        copy_max: u32,
+    },
 }
 
 impl Op {
-    /// Whether the operation must read the tree to be applied (prefix moves and copies).
+    /// Whether the operation must read the tree to be applied (prefix moves and copies, range
+    /// moves).
     pub fn reads_tree(&self) -> bool {
-        matches!(self, Op::MovePrefix { .. } | Op::CopyPrefix { .. })
+        matches!(
+            self,
+            Op::MovePrefix { .. } | Op::CopyPrefix { .. } | Op::RangeMove { .. }
+        )
     }
 
     /// Bytes of user data (keys and values) the operation carries.
@@ -81,6 +99,7 @@ impl Op {
             | Op::MovePrefix { from: lo, to: hi }
             | Op::CopyPrefix { from: lo, to: hi } => lo.len() + hi.len(),
             Op::PutBlocks { keys, data } => keys.iter().map(Vec::len).sum::<usize>() + data.len(),
+            Op::RangeMove { from, to, .. } => from.len() + to.len() + 4,
         }
     }
 
@@ -174,6 +193,22 @@ impl Op {
                 if keys.windows(2).any(|w| w[0] >= w[1]) {
                     return Err(Error::InvalidArgument(
                         "the keys of out-of-line blocks must be strictly increasing".into(),
+                    ));
+                }
+            }
+            Op::RangeMove { from, to, .. } => {
+                key(from)?;
+                key(to)?;
+                if from.starts_with(to) || to.starts_with(from) {
+                    return Err(Error::InvalidArgument(
+                        "a prefix cannot be moved into itself".into(),
+                    ));
+                }
+                // A subtree keeps its stored keys under its new pivots only if both ranges end
+                // in the same byte (docs/SURGERY.md §2.1, the move lemma).
+                if from.last() != to.last() || from.last() == Some(&0xff) {
+                    return Err(Error::InvalidArgument(
+                        "a range move needs prefixes ending in the same byte, below 0xff".into(),
                     ));
                 }
             }
@@ -351,6 +386,21 @@ impl Batch {
         });
         self
     }
+
+    /// Adds a range move (see [`Op::RangeMove`]).
+    pub fn range_move(
+        &mut self,
+        from: impl Into<Vec<u8>>,
+        to: impl Into<Vec<u8>>,
+        copy_max: u32,
+    ) -> &mut Batch {
+        self.ops.push(Op::RangeMove {
+            from: from.into(),
+            to: to.into(),
+            copy_max,
+        });
+        self
+    }
     /// Adds `op` (any operation; the builders above are shorthands for it).
     pub fn push(&mut self, op: Op) -> &mut Batch {
         self.ops.push(op);
@@ -425,6 +475,7 @@ const TAG_GROUP_COMMIT: u8 = 8;
 const TAG_PUT_BLOCKS: u8 = 13;
 /// Log bytes per block of a [`Op::PutBlocks`] beyond its key: the key's length and the crc.
 const PUT_BLOCKS_PER_KEY: usize = 8;
+const TAG_RANGE_MOVE: u8 = 9;
 /// Bytes a group mark adds to a record (its tag and the group id).
 pub(crate) const MARK_BYTES: usize = 9;
 
@@ -506,6 +557,12 @@ pub(crate) fn encode_marked_record(ops: &[Op], mark: Option<GroupMark>) -> Vec<u
                     e.u32(*c);
                 }
             }
+            Op::RangeMove { from, to, copy_max } => {
+                e.u8(TAG_RANGE_MOVE);
+                e.bytes(from);
+                e.bytes(to);
+                e.u32(*copy_max);
+            }
         }
     }
     e.buf
@@ -584,6 +641,11 @@ pub fn decode_record(payload: &[u8], f: &Format) -> Result<(u64, Vec<Op>)> {
                     data: BlockData::placed_at(start, crcs),
                 }
             }
+            TAG_RANGE_MOVE => Op::RangeMove {
+                from: d.bytes(mk)?.to_vec(),
+                to: d.bytes(mk)?.to_vec(),
+                copy_max: d.u32()?,
+            },
             t => return Err(d.corrupt(format!("unknown operation tag {t}"))),
         };
         op.validate(f)
@@ -653,6 +715,11 @@ mod tests {
                 from: b"f/".to_vec(),
                 to: b"g/".to_vec(),
             },
+            Op::RangeMove {
+                from: b"h/".to_vec(),
+                to: b"ij/".to_vec(),
+                copy_max: 4 << 20,
+            },
         ];
         let mut rec = encode_record(&ops);
         rec[..8].copy_from_slice(&42u64.to_le_bytes());
@@ -707,12 +774,40 @@ mod tests {
                 from: b"a".to_vec(),
                 to: b"bcd".to_vec(),
             },
+            Op::RangeMove {
+                from: b"a/".to_vec(),
+                to: b"bcd/".to_vec(),
+                copy_max: u32::MAX,
+            },
         ];
         assert!(encode_record(&ops).len() <= record_bytes(&ops));
         for op in &ops {
             assert!(
                 encode_record(std::slice::from_ref(op)).len()
                     <= record_bytes(std::slice::from_ref(op))
+            );
+        }
+    }
+
+    #[test]
+    fn range_moves_are_validated() {
+        let f = Format::small_for_tests();
+        let mv = |from: &[u8], to: &[u8]| Op::RangeMove {
+            from: from.to_vec(),
+            to: to.to_vec(),
+            copy_max: 0,
+        };
+        assert!(mv(b"a/", b"bb/").validate(&f).is_ok());
+        for bad in [
+            mv(b"a/", b"a/b/"),
+            mv(b"a/b/", b"a/"),
+            mv(b"a/", b"b\x00"),
+            mv(b"a\xff", b"b\xff"),
+            mv(b"", b"b/"),
+        ] {
+            assert!(
+                matches!(bad.validate(&f), Err(Error::InvalidArgument(_))),
+                "{bad:?}"
             );
         }
     }

@@ -14,8 +14,8 @@
 //! matter, so the tree is asked for the longest key under a prefix: one scan per source.
 //!
 //! Moves that do not lengthen keys need no scan: the keys they produce are no longer than keys
-//! that are already within the limit. Range-rename by tree surgery can reuse this check unchanged:
-//! it produces the same keys.
+//! that are already within the limit. A range move ([`Op::RangeMove`]) produces the keys a prefix
+//! move does and is checked the same way (its empty destination is checked in `destination.rs`).
 
 use std::collections::HashMap;
 
@@ -25,17 +25,21 @@ use crate::ops::{prefix_end, Op};
 /// The longest key under a prefix in the tree as it is (`None`: no key).
 pub(crate) type LongestInTree<'a> = dyn FnMut(&[u8]) -> Result<Option<usize>> + 'a;
 
+/// What the moving operations of a batch do: (source, destination, whether the source empties).
+pub(crate) fn moving(op: &Op) -> Option<(&[u8], &[u8], bool)> {
+    match op {
+        Op::MovePrefix { from, to } | Op::RangeMove { from, to, .. } => Some((from, to, true)),
+        Op::CopyPrefix { from, to } => Some((from, to, false)),
+        _ => None,
+    }
+}
+
 /// Checks that every key the prefix operations of `ops`, applied in order, would produce is at most
 /// `max_key` bytes long. [`Error::KeyTooLong`] (the longest such key) otherwise.
 pub(crate) fn check_keys(ops: &[Op], max_key: usize, tree: &mut LongestInTree<'_>) -> Result<()> {
-    let mut c = Check {
-        ops,
-        max_key,
-        tree,
-        memo: HashMap::new(),
-    };
+    let mut c = Check::new(ops, max_key, tree);
     for (i, op) in ops.iter().enumerate() {
-        let (Op::MovePrefix { from, to } | Op::CopyPrefix { from, to }) = op else {
+        let Some((from, to, _)) = moving(op) else {
             continue;
         };
         if to.len() <= from.len() {
@@ -70,7 +74,16 @@ struct Check<'a, 'b> {
     memo: HashMap<(Vec<u8>, usize), Option<usize>>,
 }
 
-impl Check<'_, '_> {
+impl<'a, 'b> Check<'a, 'b> {
+    fn new(ops: &'a [Op], max_key: usize, tree: &'a mut LongestInTree<'b>) -> Check<'a, 'b> {
+        Check {
+            ops,
+            max_key,
+            tree,
+            memo: HashMap::new(),
+        }
+    }
+
     /// The longest key under `p` just before `ops[t]` is applied (`None`: no key).
     fn longest_under(&mut self, p: &[u8], t: usize) -> Result<Option<usize>> {
         if let Some(&known) = self.memo.get(&(p.to_vec(), t)) {
@@ -103,12 +116,13 @@ impl Check<'_, '_> {
                         return Ok(best);
                     }
                 }
-                Op::MovePrefix { from, to } | Op::CopyPrefix { from, to } => {
+                Op::MovePrefix { .. } | Op::CopyPrefix { .. } | Op::RangeMove { .. } => {
+                    let (from, to, empties) = moving(&ops[j]).expect("a moving operation");
                     // The keys it wrote under `p` came from its source's keys under this prefix.
                     let source = if to.starts_with(p) {
-                        Some(from.clone())
+                        Some(from.to_vec())
                     } else if p.starts_with(to) {
-                        Some([from.as_slice(), &p[to.len()..]].concat())
+                        Some([from, &p[to.len()..]].concat())
                     } else {
                         None
                     };
@@ -118,7 +132,7 @@ impl Check<'_, '_> {
                         }
                     }
                     // A move empties its source range (never overlapping its destination).
-                    if matches!(ops[j], Op::MovePrefix { .. }) && p.starts_with(from) {
+                    if empties && p.starts_with(from) {
                         return Ok(best);
                     }
                 }

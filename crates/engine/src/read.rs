@@ -9,11 +9,11 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use crate::buffer::Buffer;
-use crate::cache::ReadGuard;
+use crate::cache::{CachedNode, ReadGuard};
 use crate::dataref::{Stored, Val};
 use crate::error::{Error, Result};
 use crate::msg::{KeyMsgs, Msn, RangeDel};
-use crate::node::{child_index, Body, ROOT_ID};
+use crate::node::{child_index, Body, NodeId, ROOT_ID};
 use crate::partition::Partition;
 use crate::tree::{Bounds, Tree, LIFT_KEYS};
 
@@ -92,24 +92,39 @@ impl Tree {
                         return Ok(v);
                     }
                 };
-                match self.cache.get(next) {
-                    Some(ccn) => {
-                        let cg = ccn.read();
-                        g = cg;
-                        cn = ccn;
-                    }
-                    None => {
-                        drop(g);
-                        // Merged away meanwhile: start over (`Tree::load_found`).
-                        pins.extend(self.load_found(next, false)?);
-                        break;
-                    }
+                match self.couple(next, g, &mut pins)? {
+                    Some((ccn, cg)) => (cn, g) = (ccn, cg),
+                    None => break,
                 }
             }
         }
         Err(Error::Corrupt(
             "a lookup could not keep its path in memory (cache too small?)".into(),
         ))
+    }
+
+    /// One step down a coupled descent: the read latch of child `next`, taken while `parent`'s
+    /// is held, then the parent's let go. `None` when the child is not in memory: the parent's
+    /// latch is let go, the child loaded (pinned in `pins`), and the caller starts over from the
+    /// root (the child may have been merged away meanwhile, `Tree::load_found`).
+    pub(crate) fn couple(
+        &self,
+        next: NodeId,
+        parent: ReadGuard,
+        pins: &mut Vec<Arc<CachedNode>>,
+    ) -> Result<Option<(Arc<CachedNode>, ReadGuard)>> {
+        match self.cache.get(next) {
+            Some(ccn) => {
+                let cg = ccn.read();
+                drop(parent);
+                Ok(Some((ccn, cg)))
+            }
+            None => {
+                drop(parent);
+                pins.extend(self.load_found(next, false)?);
+                Ok(None)
+            }
+        }
     }
 
     /// The chunk of the tree around a position: the part of one leaf's range that lies in

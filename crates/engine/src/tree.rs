@@ -3,14 +3,16 @@
 //! - `tree/bounds.rs`: a node's key bounds during a descent and the lift of its keys;
 //! - `tree/load.rs`: loading nodes, their partitions and buffers on demand;
 //! - `tree/inject.rs`: message injection at the root and routing into child buffers;
+//! - `tree/longest.rs`: the key-length bound of a key range, from the slots' bounds;
 //! - `tree/flush.rs`: flushes of the heaviest child and passes over a key range (`drain_from`);
-//! - `tree/split_merge.rs`: splits and merges (the root's shape and each child's after a flush).
+//! - `tree/split_merge.rs`: splits and merges (the root's shape and each child's after a flush);
+//! - `tree/slice.rs`: slicing a key range into whole child slots of one node (docs/SURGERY.md);
+//! - `tree/heal.rs`: merging the under-full fringe slicing leaves behind;
+//! - `tree/surgery.rs`: tree surgery, operations that cut and graft whole subtrees (the range
+//!   move, which moves every key under a prefix by swinging the subtrees that hold them to the
+//!   other prefix's place), built on the modification protocol below ([`Tree::begin_modify`],
+//!   [`Tree::end_modify`]), slicing and the helpers of `split_merge.rs`.
 //!
-//! Where tree surgery goes: operations that cut and graft whole subtrees (the range-rename and
-//! range-clone of BetrFS v0.4, which move or share every key under a prefix by editing the pivots
-//! and child pointers along the range's two boundary paths instead of moving messages) belong in
-//! a module of their own beside these, `tree/surgery.rs`, built on the modification protocol
-//! below ([`Tree::begin_modify`], [`Tree::end_modify`]) and the helpers of `split_merge.rs`.
 //! Write-back and checkpoint images of nodes are in `writeback.rs`, reads in `read.rs`.
 //!
 //! Concurrency rules (see docs/DESIGN.md):
@@ -24,6 +26,7 @@
 //! - No latch is held during a node write; a written image is installed only if the node did not
 //!   change meanwhile (version check).
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -40,11 +43,15 @@ use crate::superblock::Extent;
 
 mod bounds;
 mod flush;
+mod heal;
 mod inject;
 mod load;
+mod longest;
 mod readahead;
 mod refs;
+mod slice;
 mod split_merge;
+mod surgery;
 
 pub use readahead::ReadAhead;
 
@@ -103,6 +110,10 @@ pub struct TreeCounters {
     pub internal_splits: AtomicU64,
     /// Node merges.
     pub merges: AtomicU64,
+    /// Range moves done by surgery.
+    pub range_moves: AtomicU64,
+    /// Nodes of dead destination subtrees released by range moves.
+    pub range_move_released: AtomicU64,
     /// Messages injected at the root.
     pub messages: AtomicU64,
     /// Bytes of user data in injected messages.
@@ -143,6 +154,11 @@ pub struct Tree {
     read_only: AtomicBool,
     /// Read-ahead for sequential scans (`tree/readahead.rs`).
     pub readahead: ReadAhead,
+    /// Keys some node was cut at, whose under-full fringe waits to be healed (`tree/heal.rs`).
+    heal: Mutex<BTreeSet<Vec<u8>>>,
+    /// The bytes that end a unit of the caller's key structure, where leaf splits prefer to cut
+    /// (docs/SURGERY.md §3.5); empty: plain splits.
+    pub split_boundaries: RwLock<Vec<u8>>,
 }
 
 impl Tree {
@@ -167,6 +183,8 @@ impl Tree {
             check_invariants: cfg!(debug_assertions),
             read_only: AtomicBool::new(false),
             readahead: ReadAhead::default(),
+            heal: Mutex::new(BTreeSet::new()),
+            split_boundaries: RwLock::new(Vec::new()),
         }
     }
 
@@ -211,6 +229,13 @@ impl Tree {
         if self.check_invariants {
             node.check_invariants(cn.id);
         }
+        // A dirty node is written whole: every sub-block must be in memory (a modifier that
+        // loaded only a skeleton must not get here).
+        assert!(
+            node.fully_resident(),
+            "node {} changed while not wholly in memory",
+            cn.id
+        );
         {
             let mut m = cn.meta.lock();
             assert!(!m.deleted, "modifying deleted node {}", cn.id);

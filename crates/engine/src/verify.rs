@@ -21,6 +21,9 @@ pub struct Report {
     pub leaf_entries: u64,
     /// Bytes of entries stored in leaves.
     pub leaf_bytes: u64,
+    /// Leaves holding less than a quarter of a node (a leaf that small merges with a sibling
+    /// when the two fit in three quarters), not counting a root leaf.
+    pub small_leaves: u64,
     /// Keys with pending point messages in buffers.
     pub buffered_keys: u64,
     /// Pending range deletes in buffers.
@@ -59,8 +62,9 @@ impl Report {
     }
 }
 
-/// A node still to visit: (id, bounds, expected height, oldest message its parent buffers for it).
-type Pending = (NodeId, Bounds, Option<u32>, u64);
+/// A node still to visit: (id, bounds, expected height, oldest message its parent buffers for
+/// it, the longest its stored keys may be by its ancestors' key-length bounds).
+type Pending = (NodeId, Bounds, Option<u32>, u64, usize);
 
 fn broken(msg: String) -> Error {
     Error::Corrupt(msg)
@@ -72,9 +76,9 @@ pub fn verify(tree: &Tree) -> Result<Report> {
     let mut report = Report::default();
     let mut seen: HashSet<NodeId> = HashSet::new();
     let mut leaves: Vec<(Vec<u8>, (u64, u64))> = Vec::new();
-    let mut stack: Vec<Pending> = vec![(ROOT_ID, Bounds::root(), None, u64::MAX)];
+    let mut stack: Vec<Pending> = vec![(ROOT_ID, Bounds::root(), None, u64::MAX, usize::MAX)];
     let mut refs = RunMap::default();
-    while let Some((id, bounds, height, msn_bound)) = stack.pop() {
+    while let Some((id, bounds, height, msn_bound, longest)) = stack.pop() {
         if !seen.insert(id) {
             return Err(broken(format!("node {id} is reachable twice")));
         }
@@ -103,6 +107,9 @@ pub fn verify(tree: &Tree) -> Result<Report> {
         match &g.body {
             Body::Leaf(l) => {
                 report.leaves += 1;
+                if height.is_some() && l.bytes() < tree.format.node_size / 4 {
+                    report.small_leaves += 1;
+                }
                 if let Some(e) = tree.store.location(id) {
                     leaves.push((bounds.full_lo(), (e.block, e.blocks)));
                 }
@@ -123,6 +130,13 @@ pub fn verify(tree: &Tree) -> Result<Report> {
                         if !in_bounds(k) {
                             return Err(broken(format!(
                                 "leaf {id}: key outside the range its parent gives it"
+                            )));
+                        }
+                        if k.len() > longest {
+                            return Err(broken(format!(
+                                "leaf {id}: a key of {} bytes where the key-length bounds \
+                                 above it say at most {longest}",
+                                k.len()
                             )));
                         }
                         if i > 0 && k < l.pivots[i - 1].as_slice()
@@ -182,6 +196,13 @@ pub fn verify(tree: &Tree) -> Result<Report> {
                                 "node {id}: buffer {i} holds a key outside its child's range"
                             )));
                         }
+                        if k.len() > longest {
+                            return Err(broken(format!(
+                                "node {id}: buffer {i} holds a key of {} bytes where the \
+                                 key-length bounds above it say at most {longest}",
+                                k.len()
+                            )));
+                        }
                         if km.max_msn() > g.max_msn {
                             return Err(broken(format!(
                                 "node {id}: buffered message newer than the node"
@@ -204,11 +225,17 @@ pub fn verify(tree: &Tree) -> Result<Report> {
                         refs.add(block, 1);
                         report.data_refs += 1;
                     }
+                    // The child's keys in its own form: this bound and the slot's, less the
+                    // bytes it strips.
+                    let below = longest
+                        .min(slot.longest as usize)
+                        .saturating_sub(bounds.extra(n, i));
                     stack.push((
                         n.children[i],
                         bounds.child(n, i),
                         Some(g.height - 1),
                         oldest,
+                        below,
                     ));
                 }
             }

@@ -47,6 +47,9 @@ struct State {
     /// The buffer of the last write, emptied, kept for the next one (so appends after a write do
     /// not grow a new buffer from nothing, copying it at each doubling).
     spare: Vec<u8>,
+    /// The aligned buffer of the last chunk written, kept for the next one (a fresh one is a
+    /// mapping whose pages fault in one by one as the chunk is copied into it).
+    chunk_spare: Option<AlignedBuf>,
     buf_first_lsn: Lsn,
     buf_records: u32,
     next_lsn: Lsn,
@@ -138,6 +141,7 @@ impl Log {
                 epoch: pos.epoch,
                 buf: Vec::new(),
                 spare: Vec::new(),
+                chunk_spare: None,
                 buf_first_lsn: pos.next_lsn,
                 buf_records: 0,
                 next_lsn: pos.next_lsn,
@@ -314,7 +318,9 @@ impl Log {
             let n = std::mem::replace(&mut s.buf_records, 0);
             let end_lsn = s.next_lsn;
             s.buf_first_lsn = end_lsn;
-            let mut chunk: Option<(u64, AlignedBuf)> = None;
+            // What the chunk says, taken under the lock; it is encoded after the lock is let go
+            // (copying a megabyte of records must not hold up the writers appending meanwhile).
+            let mut chunk: Option<(u64, ChunkHead)> = None;
             if n > 0 {
                 let len = round_up(CHUNK_HEADER + records.len()) as u64;
                 let mut voff = s.head_voff;
@@ -334,21 +340,38 @@ impl Log {
                 }
                 s.inflight = Some((voff, first));
                 s.head_voff = voff + len;
-                chunk = Some((
+                let head = ChunkHead {
+                    epoch: s.epoch,
                     voff,
-                    encode_chunk(s.epoch, voff, first, n, s.durable_lsn, &records),
-                ));
+                    first,
+                    n,
+                    durable: s.durable_lsn,
+                };
+                chunk = Some((voff, head));
             }
+            let mut spare_buf = if chunk.is_some() {
+                s.chunk_spare.take()
+            } else {
+                None
+            };
             drop(s);
             let mut result = Ok(());
             let mut wrote = 0u64;
-            if let Some((voff, buf)) = &chunk {
+            if let Some((voff, head)) = &chunk {
+                let need = round_up(CHUNK_HEADER + records.len());
+                let mut buf = match spare_buf.take() {
+                    Some(b) if b.len() >= need => b,
+                    _ => AlignedBuf::zeroed(need),
+                };
+                let len = encode_chunk_into(&mut buf, head, &records);
+                assert_eq!(len, need, "log chunk length");
                 let phys = self.region_start + voff % self.region_len;
-                wrote = buf.len() as u64;
+                wrote = len as u64;
                 result = self
                     .dev
-                    .write_at(phys, buf)
+                    .write_at(phys, &buf[..len])
                     .map_err(|e| Error::io("writing the redo log", e));
+                spare_buf = Some(buf);
             }
             if result.is_ok() && durable {
                 if let Some(barrier) = self.flush_barrier.get() {
@@ -380,6 +403,11 @@ impl Log {
             s = self.state.lock();
             s.leader = false;
             s.inflight = None;
+            if let Some(b) = spare_buf {
+                if b.len() <= SPARE_MAX + CHUNK_HEADER + BLOCK_SIZE {
+                    s.chunk_spare = Some(b);
+                }
+            }
             records.clear();
             if records.capacity() <= SPARE_MAX {
                 s.spare = records;
@@ -431,26 +459,55 @@ fn encode_chunk(
     durable: Lsn,
     records: &[u8],
 ) -> AlignedBuf {
-    assert_chunk_records(first, n, records);
+    let mut buf = AlignedBuf::zeroed(CHUNK_HEADER + records.len());
+    let head = ChunkHead {
+        epoch,
+        voff,
+        first,
+        n,
+        durable,
+    };
+    let len = encode_chunk_into(&mut buf, &head, records);
+    assert_eq!(len, buf.len(), "log chunk length");
+    buf
+}
+
+/// What a chunk's header says besides its records (see [`encode_chunk`]).
+#[derive(Debug)]
+struct ChunkHead {
+    epoch: u64,
+    voff: u64,
+    first: Lsn,
+    n: u32,
+    durable: Lsn,
+}
+
+/// Encodes a chunk into the start of `out` (at least as long as the chunk, rounded up to whole
+/// blocks; the padding after the records is zeroed) and returns its rounded length.
+fn encode_chunk_into(out: &mut [u8], c: &ChunkHead, records: &[u8]) -> usize {
+    assert_chunk_records(c.first, c.n, records);
     let mut h = Enc::with_capacity(CHUNK_HEADER);
     h.raw(&CHUNK_MAGIC);
     h.u16(CHUNK_VERSION);
     h.u16(0);
-    h.u64(epoch);
-    h.u64(voff);
-    h.u64(first);
-    h.u32(n);
+    h.u64(c.epoch);
+    h.u64(c.voff);
+    h.u64(c.first);
+    h.u32(c.n);
     h.u32(records.len() as u32);
-    h.u64(durable);
+    h.u64(c.durable);
     h.raw(&[0u8; 12]);
     h.u32(0);
     assert_eq!(h.len(), CHUNK_HEADER);
-    let c = crc_with_hole(&h.buf, CHUNK_CRC_AT);
-    h.put_u32_at(CHUNK_CRC_AT, c);
-    let mut buf = AlignedBuf::zeroed(CHUNK_HEADER + records.len());
-    buf[..CHUNK_HEADER].copy_from_slice(&h.buf);
-    buf[CHUNK_HEADER..CHUNK_HEADER + records.len()].copy_from_slice(records);
-    buf
+    let crc = crc_with_hole(&h.buf, CHUNK_CRC_AT);
+    h.put_u32_at(CHUNK_CRC_AT, crc);
+    let end = CHUNK_HEADER + records.len();
+    let len = round_up(end);
+    assert!(out.len() >= len, "log chunk buffer too short");
+    out[..CHUNK_HEADER].copy_from_slice(&h.buf);
+    out[CHUNK_HEADER..end].copy_from_slice(records);
+    out[end..len].fill(0);
+    len
 }
 
 /// Asserts, before a chunk is written, what recovery checks when it reads the chunk back: `n`
@@ -707,6 +764,41 @@ mod tests {
         .unwrap();
         assert!(r.damage.is_none(), "{:?}", r.damage);
         out
+    }
+
+    /// A chunk encoded into a reused buffer (the log thread keeps the last chunk's) is the same
+    /// bytes as one in a fresh buffer: the padding after its records is zeroed, not left over.
+    #[test]
+    fn a_chunk_in_a_reused_buffer_is_the_same_bytes() {
+        let log = Log::new(
+            Arc::new(FaultDevice::new(4096 + REGION)),
+            4096,
+            REGION,
+            0.5,
+            LogPosition {
+                epoch: 2,
+                voff: 0,
+                next_lsn: 5,
+            },
+        );
+        log.append(&[7u8; 1000]).unwrap();
+        let records = log.state.lock().buf.clone();
+        let fresh = encode_chunk(2, 8192, 5, 1, 3, &records);
+        let mut used = AlignedBuf::zeroed(3 * BLOCK_SIZE);
+        used.fill(0xa5);
+        let head = ChunkHead {
+            epoch: 2,
+            voff: 8192,
+            first: 5,
+            n: 1,
+            durable: 3,
+        };
+        let len = encode_chunk_into(&mut used, &head, &records);
+        assert_eq!(len, fresh.len());
+        assert!(
+            used[..len] == fresh[..],
+            "reused buffer encodes other bytes"
+        );
     }
 
     #[test]

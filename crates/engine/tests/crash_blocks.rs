@@ -22,7 +22,7 @@ fn random_workloads_with_blocks_keep_a_prefix_through_power_cuts() {
     for seed in 0..runs {
         let seed = 0xb10c_0000 + seed;
         eprintln!("crash (blocks) seed {seed}");
-        let run = workload_in(seed, 250, blocks_format(), true);
+        let run = workload_in(seed, 250, blocks_format(), true, false);
         states += check_crash_points(&run, seed, 40);
     }
     eprintln!("checked {states} crash states");

@@ -2,25 +2,39 @@
 //! that flushes, splits, merges, evictions and checkpoints happen all the time.
 //!
 //! Every run prints its seed; replay one with `AMARANTH_SEED=<seed> cargo test -p amaranth-engine
-//! --test model replay -- --nocapture`.
+//! --test model replay -- --nocapture` (add `AMARANTH_SURGERY=1` for a seed of the surgery mix, and `AMARANTH_NODE_SIZE=8192` for one of
+//! the surgery fuzzer).
 
 mod common;
 
+use std::ops::Bound;
 use std::sync::Arc;
 
 use amaranth_device::MemDevice;
-use amaranth_engine::{Batch, Compression, Engine, Op, Options};
+use amaranth_engine::{Batch, Compression, Engine, Error, Op, Options};
 use common::*;
 use rand::Rng;
 
-/// Runs one random sequence; panics with the seed and step on the first difference.
-fn run(seed: u64, steps: usize) {
+/// Runs one random sequence; panics with the seed and step on the first difference. With
+/// `surgery`, the mix also slices ranges and heals (docs/SURGERY.md).
+fn run(seed: u64, steps: usize, surgery: bool) {
+    run_with(seed, steps, surgery, small_format().node_size);
+}
+
+/// [`run`] with nodes of `node_size` bytes.
+fn run_with(seed: u64, steps: usize, surgery: bool, node_size: usize) {
     let dev = Arc::new(MemDevice::new(48 << 20));
     // Vary the format with the seed: compression codec and key space (hence tree depth).
     let mut format = small_format();
+    format.node_size = node_size;
     format.compression =
         [Compression::None, Compression::Lz4, Compression::Zstd][(seed % 3) as usize];
-    let keys = [300, 1500, 4000][(seed / 3 % 3) as usize];
+    // Fewer, larger key families with surgery: ranges then span leaves and levels.
+    let keys = if surgery {
+        [40, 120, 300]
+    } else {
+        [300, 1500, 4000]
+    }[(seed / 3 % 3) as usize];
     let options = Options {
         cache_size: 128 << 10,
         ..small_options()
@@ -28,9 +42,99 @@ fn run(seed: u64, steps: usize) {
     let mut e = Engine::create(dev.clone(), format, options.clone()).expect("create");
     let mut m = Model::new();
     let mut g = Gen::new(seed, keys, 900);
+    // What the key-length bounds may say at most: the longest key the generator makes; with
+    // surgery, the key limit (moves into nested prefixes lengthen keys, and a moved slot's bound,
+    // which may be above its keys, is lengthened with them).
+    let cap = if surgery { 256 } else { GEN_KEY_MAX };
     for step in 0..steps {
         let r = g.rng.gen_range(0..1000);
         match r {
+            620..=649 if surgery => {
+                // A large key family (tens to hundreds of keys under one move prefix), so that
+                // ranges span leaves and levels; or a whole family deleted, leaving its pivots.
+                let mut p = g.move_prefix();
+                let mut batch = Batch::new();
+                if g.rng.gen_bool(0.15) {
+                    batch.range_delete(p.clone(), amaranth_engine::prefix_end(&p, 256));
+                } else {
+                    p.extend_from_slice(b"f");
+                    let base = g.rng.gen_range(0..10_000u32);
+                    for i in 0..g.rng.gen_range(10..400u32) {
+                        let k = [p.as_slice(), format!("{:05}", base + i * 7).as_bytes()].concat();
+                        let v = vec![(i % 251) as u8; g.rng.gen_range(0..200)];
+                        batch.put(k, v);
+                    }
+                }
+                for op in batch.ops() {
+                    apply_model(&mut m, op);
+                }
+                e.write(&batch)
+                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: family: {err}"));
+            }
+            650..=689 if surgery => {
+                // A range move: into an empty destination (emptied first in the batch now and
+                // then), or refused whole when the destination holds a key.
+                let Some(mv) = g.range_move() else { continue };
+                let Op::RangeMove { from, to, copy_max } = &mv else {
+                    unreachable!()
+                };
+                let mut batch = Batch::new();
+                if g.rng.gen_bool(0.3) {
+                    batch.range_delete(to.clone(), amaranth_engine::prefix_end(to, 256));
+                }
+                if g.rng.gen_bool(0.2) {
+                    // Another operation first, not touching the destination but as a whole
+                    // (the destination check counts a key deleted one by one as still there).
+                    let op = g.simple_op();
+                    let end = amaranth_engine::prefix_end(to, 256);
+                    let touches = match &op {
+                        Op::RangeDelete { lo, hi } => {
+                            lo < &end && hi > to && !(lo <= to && hi >= &end)
+                        }
+                        Op::Put { key, .. } | Op::Delete { key } | Op::Upsert { key, .. } => {
+                            key.starts_with(to)
+                        }
+                        _ => false,
+                    };
+                    if !touches {
+                        batch.push(op);
+                    }
+                }
+                batch.push(mv.clone());
+                let mut after = m.clone();
+                for op in &batch.ops()[..batch.len() - 1] {
+                    apply_model(&mut after, op);
+                }
+                let occupied = after.keys().any(|k| k.starts_with(to));
+                let bytes: usize = after
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(from))
+                    .map(|(k, v)| k.len() + v.len())
+                    .sum();
+                let surgeries = e.stats().range_moves;
+                match e.write(&batch) {
+                    Ok(_) => {
+                        assert!(
+                            !occupied,
+                            "seed {seed} step {step}: moved into {to:?}, not empty"
+                        );
+                        assert_eq!(
+                            e.stats().range_moves - surgeries,
+                            u64::from(bytes > *copy_max as usize),
+                            "seed {seed} step {step}: {bytes} bytes, copy_max {copy_max}"
+                        );
+                        apply_model(&mut after, &mv);
+                        m = after;
+                    }
+                    Err(Error::InvalidArgument(msg)) => {
+                        assert!(
+                            occupied && msg.contains("non-empty"),
+                            "seed {seed} step {step}: refused: {msg}"
+                        );
+                    }
+                    Err(err) => panic!("seed {seed} step {step}: range move failed: {err}"),
+                }
+            }
             0..=599 => {
                 let op = g.simple_op();
                 apply_model(&mut m, &op);
@@ -61,11 +165,23 @@ fn run(seed: u64, steps: usize) {
                     });
                 }
             }
+            690..=699 if surgery => {
+                // Slice a range into whole subtrees (changes nothing a read sees), and now and
+                // then heal the fringes slicing left.
+                let (lo, hi) = g.range();
+                e.slice_for_tests(&lo, &hi)
+                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: slice: {err}"));
+                if g.rng.gen_bool(0.3) {
+                    e.heal_fringes(g.rng.gen_range(1..8))
+                        .unwrap_or_else(|err| panic!("seed {seed} step {step}: heal: {err}"));
+                }
+            }
             690..=899 => {
                 let k = g.key();
                 check_get(&e, &m, &k, seed, step);
             }
-            900..=969 => check_range(&e, &m, &mut g, seed, step),
+            900..=959 => check_range(&e, &m, &mut g, seed, step),
+            960..=969 => check_longest_bound(&e, &m, &mut g, cap, seed, step),
             970..=979 => {
                 e.checkpoint()
                     .unwrap_or_else(|err| panic!("seed {seed} step {step}: checkpoint: {err}"));
@@ -139,7 +255,8 @@ fn restart(e: Engine, dev: &Arc<MemDevice>, options: &Options, crash: bool, at: 
 }
 
 /// One random sequence with out-of-line blocks in the mix (puts of block runs, small and large
-/// upserts onto them, prefix moves and copies that share them, range deletes that drop them),
+/// upserts onto them, prefix moves and copies that share them, range moves that carry them or
+/// drop a destination's, range deletes that drop them),
 /// checking after every step that the data table equals a recount of the tree's references.
 fn run_blocks(seed: u64, steps: usize) {
     let dev = Arc::new(MemDevice::new(64 << 20));
@@ -184,9 +301,24 @@ fn run_blocks(seed: u64, steps: usize) {
                     .collect();
                 write(&e, &mut m, ops, step);
             }
-            650..=679 => {
+            650..=669 => {
                 if let Some(op) = g.prefix_op() {
                     write(&e, &mut m, vec![op], step);
+                }
+            }
+            670..=679 => {
+                // A range move (mostly by surgery) over a destination emptied in its batch: the
+                // references the dead destination held go with it.
+                if let Some(mv) = g.range_move() {
+                    let Op::RangeMove { to, .. } = &mv else {
+                        unreachable!()
+                    };
+                    let end = amaranth_engine::prefix_end(to, 256);
+                    let clear = Op::RangeDelete {
+                        lo: to.clone(),
+                        hi: end,
+                    };
+                    write(&e, &mut m, vec![clear, mv], step);
                 }
             }
             680..=849 => {
@@ -255,7 +387,33 @@ fn random_sequences_with_out_of_line_blocks_match_the_model() {
 
 #[test]
 fn replay_blocks() {
-    replay_with(run_blocks, 1500);
+    replay_with(&run_blocks, 1500);
+}
+
+/// The key-length bound of a random key family (or of everything) against the model: never
+/// below its longest key, and never above `cap` (the bounds are maintained from the keys
+/// written, not left unknown).
+fn check_longest_bound(e: &Engine, m: &Model, g: &mut Gen, cap: usize, seed: u64, step: usize) {
+    let (lo, hi) = if g.rng.gen_bool(0.2) {
+        (b"".to_vec(), vec![0xff])
+    } else {
+        let k = g.key();
+        let p = k[..g.rng.gen_range(1..=k.len())].to_vec();
+        let end = amaranth_engine::prefix_end(&p, 256);
+        (p, end)
+    };
+    let bound = e
+        .longest_key_bound(&lo, &hi)
+        .unwrap_or_else(|err| panic!("seed {seed} step {step}: bound: {err}"));
+    let exact = m
+        .range::<[u8], _>((Bound::Included(&lo[..]), Bound::Excluded(&hi[..])))
+        .map(|(k, _)| k.len())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        exact <= bound && bound <= cap,
+        "seed {seed} step {step}: key-length bound {bound} of {lo:?}..{hi:?}, longest key {exact}"
+    );
 }
 
 /// The full check of the tree (every node read and checked, no leaked node) after `what`.
@@ -291,12 +449,47 @@ fn random_sequences_match_the_model() {
         .unwrap_or(1000);
     for seed in seeds(n) {
         eprintln!("model seed {seed}");
-        run(seed, 2500);
+        run(seed, 2500, false);
     }
 }
 
+/// The same with slices and heals in the mix (fewer runs: each slice descends and cuts two paths).
+#[test]
+fn random_sequences_with_surgery_match_the_model() {
+    let n: u64 = std::env::var("AMARANTH_SURGERY_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
+    for seed in seeds(n) {
+        eprintln!("surgery model seed {seed}");
+        run(seed, 2500, true);
+    }
+}
+
+/// The surgery fuzzer (docs/SURGERY.md §6.4): the surgery mix with 8 KiB nodes, seed after seed
+/// for `AMARANTH_FUZZ_SECONDS` (default 600) from `AMARANTH_SEED_BASE`; `make fuzz-surgery`.
+#[test]
+#[ignore]
+fn surgery_fuzz() {
+    let secs: u64 = std::env::var("AMARANTH_FUZZ_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(600);
+    let start = std::time::Instant::now();
+    let mut runs = 0;
+    for seed in seeds(u64::MAX) {
+        if start.elapsed().as_secs() >= secs {
+            break;
+        }
+        eprintln!("surgery fuzz seed {seed}");
+        run_with(seed, 2500, true, 8 << 10);
+        runs += 1;
+    }
+    eprintln!("{runs} sequences");
+}
+
 /// Runs `run` with `AMARANTH_SEED` and `AMARANTH_STEPS` (default `steps`) when a seed is given.
-fn replay_with(run: fn(u64, usize), steps: usize) {
+fn replay_with(run: &dyn Fn(u64, usize), steps: usize) {
     if let Some(seed) = std::env::var("AMARANTH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -311,7 +504,15 @@ fn replay_with(run: fn(u64, usize), steps: usize) {
 
 #[test]
 fn replay() {
-    replay_with(run, 2500);
+    let surgery = std::env::var("AMARANTH_SURGERY").is_ok();
+    let node_size = std::env::var("AMARANTH_NODE_SIZE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(small_format().node_size);
+    replay_with(
+        &|seed, steps| run_with(seed, steps, surgery, node_size),
+        2500,
+    );
 }
 
 #[test]

@@ -11,8 +11,12 @@
 //! back from its home) and `upgrade.rs` (schema upgrades).
 //!
 //! Locking: `ns` (the namespace lock) is taken shared by operations that do not change names
-//! (read, write, setattr, xattrs) and exclusive by those that do (create, unlink, rename, link...),
-//! so a path's key cannot change under an operation that uses it. An inode's attribute lock is held
+//! (read, write, setattr, xattrs), by those that only add one (create, mknod, mkdir, symlink:
+//! these hold their directory's attribute lock from the check that the name is free until the
+//! table knows it, see `Fs::make`) and by the common removals (the unlink of a file the kernel
+//! holds with one name, the rmdir of a directory the table holds: they also hold the removed
+//! inode's lock), and exclusive by the other name changes (rename, link, the other unlinks and
+//! rmdirs), so a path's key cannot change under an operation that uses it. An inode's attribute lock is held
 //! from reading its attributes until the batch that changes them is submitted, so changes to one
 //! inode reach the log in the order they were made; its key is read under that lock too, because
 //! the last release of an unlinked file deletes it under the shared namespace lock, holding the
@@ -182,7 +186,16 @@ pub struct FsOptions {
     /// written once to its own place, the log and the tree holding 12-byte references
     /// (docs/WRITEONCE.md). 0: every block stays in the tree.
     pub out_of_line_min: usize,
+    /// A rename copies a range of keys (a file's data, a directory's subtree, extended
+    /// attributes) holding at most this many bytes, and moves a larger one by tree surgery, at a
+    /// cost that does not depend on its size ([`amaranth_engine::Op::RangeMove`]). The default
+    /// is the measured crossover ([`RENAME_COPY_MAX`]).
+    pub rename_copy_max: u32,
 }
+
+/// The default [`FsOptions::rename_copy_max`]: below it, copying a renamed range costs less than
+/// cutting it out of the tree (docs/SURGERY.md §5.6).
+pub const RENAME_COPY_MAX: u32 = 128 << 10;
 
 /// The default [`FsOptions::out_of_line_min`]: 64 KiB (docs/WRITEONCE.md, Q1).
 pub const OUT_OF_LINE_MIN: usize = 64 << 10;
@@ -198,11 +211,13 @@ impl Default for FsOptions {
             durable_fsync: true,
             processes: ProcessModel::Linux,
             out_of_line_min: OUT_OF_LINE_MIN,
+            rename_copy_max: RENAME_COPY_MAX,
         }
     }
 }
 
 /// What to create.
+#[derive(Clone, Copy)]
 struct NewNode<'a> {
     kind: Kind,
     mode: u32,
@@ -318,6 +333,9 @@ impl Fs {
     /// Opens the file system stored in `engine`, removing files that were unlinked while in use
     /// when the previous session ended.
     pub fn new(engine: Arc<Engine>, opts: FsOptions) -> Result<Fs> {
+        // Leaves split at path-component and file boundaries where they can: a renamed directory
+        // or file then often starts and ends at pivots already (docs/SURGERY.md §3.5).
+        engine.set_split_boundaries(&[keys::SEP, keys::END]);
         let version = engine.get(&keys::system_key("format"))?;
         let schema = handles::schema_of(version.clone());
         match version.as_deref() {

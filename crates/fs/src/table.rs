@@ -46,6 +46,10 @@ pub struct Node {
     /// Lives at its home: its key is the home key, not a path. (Mirrors `inode.homed` so that the
     /// table never locks an inode: locks are taken inode first, table second.)
     pub homed: bool,
+    /// Known to have no extended attributes: made in this session and given none since (false:
+    /// not known either way). Spares the engine lookups of the kernel's `security.capability`
+    /// probes and of a mode change's access ACL.
+    no_xattrs: bool,
 }
 
 /// The table: inodes by number, plus an index by (parent, name) holding only inode numbers (the
@@ -126,6 +130,7 @@ impl Table {
                 target_heap: 0,
                 kind,
                 homed: false,
+                no_xattrs: false,
                 inode: Arc::new(Mutex::new(root)),
             },
         );
@@ -297,6 +302,7 @@ impl Table {
                 target_heap,
                 kind,
                 homed,
+                no_xattrs: false,
                 inode: shared.clone(),
             },
         );
@@ -305,6 +311,19 @@ impl Table {
         }
         self.recharge();
         shared
+    }
+
+    /// Whether `ino` is known to have no extended attributes (see `Node::no_xattrs`).
+    pub fn has_no_xattrs(&self, ino: u64) -> bool {
+        self.nodes.get(&ino).is_some_and(|n| n.no_xattrs)
+    }
+
+    /// Records whether `ino` is known to have no extended attributes: true only for an inode
+    /// just made; false before anything may give it one.
+    pub fn set_no_xattrs(&mut self, ino: u64, none: bool) {
+        if let Some(n) = self.nodes.get_mut(&ino) {
+            n.no_xattrs = none;
+        }
     }
 
     /// Replaces the name of `ino` (its heap accounting follows).

@@ -156,6 +156,62 @@ fn a_deep_subtree_moves_only_while_every_key_fits() {
     assert_eq!(file.1.kind, Kind::File);
 }
 
+/// The longest name (up to 255 bytes) that `/top` can be renamed to under `dest` and back.
+fn longest_fitting_name(img: &Img, dest: u64) -> usize {
+    (1..=255usize)
+        .take_while(|&len| {
+            let name = vec![b'n'; len];
+            match img.fs().rename(ROOT_INO, b"top", dest, &name, 0) {
+                Ok(()) => {
+                    img.fs().rename(dest, &name, ROOT_INO, b"top", 0).unwrap();
+                    true
+                }
+                Err(e) => {
+                    assert_eq!(e, Errno::ENAMETOOLONG, "len {len}");
+                    false
+                }
+            }
+        })
+        .last()
+        .expect("short names fit")
+}
+
+/// The engine's key-length bounds stay as high as the longest keys a subtree ever held (deletes
+/// leave them high): once the deepest directory of a deep tree is gone, renames to names as much
+/// longer as the removed level was are refused by the bounds and then allowed by the keys.
+#[test]
+fn keys_removed_from_a_deep_tree_no_longer_hold_its_renames_back() {
+    let mut img = Img::new();
+    let top = img.mkdir(ROOT_INO, b"top");
+    deep_tree(&img, top);
+    let dest = img.mkdir(ROOT_INO, b"dest");
+    let before = longest_fitting_name(&img, dest);
+    // Down the chain to the directory holding the file; remove both.
+    let (mut parent, mut dir) = (ROOT_INO, top);
+    let mut name = b"top".to_vec();
+    loop {
+        if let Ok(f) = img.fs().lookup(dir, b"f") {
+            // Not held by the kernel (its creation and this lookup each counted one): the
+            // unlink below removes it.
+            img.fs().forget(f.ino, 2);
+            break;
+        }
+        let child = (b'a'..=b'z')
+            .map(|c| vec![c; 100])
+            .find_map(|n| img.fs().lookup(dir, &n).ok().map(|i| (i.ino, n)))
+            .expect("a chain of directories");
+        (parent, dir, name) = (dir, child.0, child.1);
+    }
+    img.fs().unlink(dir, b"f").unwrap();
+    img.fs().rmdir(parent, &name).unwrap();
+    let after = longest_fitting_name(&img, dest);
+    assert!(
+        after >= (before + 100).min(255),
+        "{before} before the deepest level went, {after} after"
+    );
+    img.remount_checked();
+}
+
 #[test]
 fn a_file_with_long_xattr_names_moves_only_while_they_fit() {
     let mut img = Img::new();

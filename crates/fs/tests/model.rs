@@ -9,7 +9,8 @@ use std::sync::Arc;
 use amaranth_device::MemDevice;
 use amaranth_engine::{Engine, Format, Options};
 use amaranth_fs::{
-    check, Ctx, Errno, Fs, FsOptions, Kind, SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO,
+    check, Ctx, Errno, Fs, FsOptions, Kind, SetAttr, RENAME_COPY_MAX, RENAME_EXCHANGE,
+    RENAME_NOREPLACE, ROOT_INO,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -123,12 +124,19 @@ fn format() -> Format {
 
 /// Every other seed stores any run of whole blocks out of line (docs/WRITEONCE.md): the model's
 /// writes (up to 9,000 bytes) then meet references everywhere (partial writes patch them,
-/// truncates, holes, renames and links move or drop them).
+/// truncates, holes, renames and links move or drop them). Independently, renames go by tree
+/// surgery (every range moved) for half the seeds, by the default crossover (the small ranges of
+/// this test copied) for the other half.
 fn fs_options(seed: u64) -> FsOptions {
     FsOptions {
         reserve_bytes: 0,
         relatime: false,
         out_of_line_min: if seed.is_multiple_of(2) { 4096 } else { 0 },
+        rename_copy_max: if (seed / 2).is_multiple_of(2) {
+            0
+        } else {
+            RENAME_COPY_MAX
+        },
         ..FsOptions::default()
     }
 }

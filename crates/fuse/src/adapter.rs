@@ -323,16 +323,13 @@ impl Adapter {
             op::LISTXATTR => sized(r, arg::<GetxattrIn>(a)?.size, fs.listxattr(ino)),
             op::REMOVEXATTR => fs.removexattr(ino, name(p)?.0).map_err(err),
             op::ACCESS => self.access(h, arg::<AccessIn>(a)?.mask),
-            op::CREATE => {
-                let c: CreateIn = arg(a)?;
-                let n = name(p)?.0;
-                // A regular file and handle 0, as OPEN would give (see OPEN above).
-                let mode = (c.mode & !libc::S_IFMT) | libc::S_IFREG;
-                let i = fs.mknod(ino, n, mode, 0, ctx(h)).map_err(err)?;
-                r.push(&self.entry_out(&i));
-                r.push(&self.open_out(0));
-                Ok(())
-            }
+            // `ENOSYS` once: the kernel then makes files with MKNOD for the rest of the mount
+            // (`no_create`) and opens them by itself as it opens every file (`no_open`, see
+            // OPEN above). A file made by CREATE carries a handle, so its close costs a RELEASE
+            // round trip as long as the kernel has not learnt `no_open` (an untar on a fresh
+            // mount: one per file); a file made by MKNOD never does. The requests of an
+            // `open(O_CREAT)` are otherwise the same (LOOKUP, then MKNOD instead of CREATE).
+            op::CREATE => Err(libc::ENOSYS),
             op::IOCTL => self.ioctl(h, arg(a)?, p, r),
             op::FALLOCATE => {
                 let f: FallocateIn = arg(a)?;
@@ -369,17 +366,6 @@ impl Adapter {
         let until = std::time::Instant::now() + Duration::from_secs(60);
         while p.exists() && std::time::Instant::now() < until {
             std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// Open reply flags: keep the page cache across opens (only this daemon changes data, and
-    /// every change goes through the kernel), and no FLUSH on close (every write is in the
-    /// engine when it is acknowledged, so a flush has nothing to do).
-    fn open_out(&self, fh: u64) -> OpenOut {
-        OpenOut {
-            fh,
-            open_flags: FOPEN_KEEP_CACHE | FOPEN_NOFLUSH,
-            backing_id: 0,
         }
     }
 

@@ -90,6 +90,10 @@ pub struct Stats {
     pub internal_splits: u64,
     /// Merges.
     pub merges: u64,
+    /// Range moves done by surgery (the others copied their range).
+    pub range_moves: u64,
+    /// Nodes of dead destination subtrees that range moves released.
+    pub range_move_released: u64,
     /// Completed checkpoints (this session).
     pub checkpoints: u64,
     /// Requests for a checkpoint (log past its checkpoint fraction, deleted data over its bound)
@@ -203,6 +207,8 @@ impl Engine {
             leaf_splits: tc.leaf_splits.load(Ordering::Relaxed),
             internal_splits: tc.internal_splits.load(Ordering::Relaxed),
             merges: tc.merges.load(Ordering::Relaxed),
+            range_moves: tc.range_moves.load(Ordering::Relaxed),
+            range_move_released: tc.range_move_released.load(Ordering::Relaxed),
             checkpoints: i.ckpt.count.load(Ordering::Relaxed),
             checkpoint_requests_dropped: i
                 .counters

@@ -13,6 +13,9 @@ use crate::apply::flush_root;
 /// Threads reading ahead (each has one leaf read in flight).
 const READ_AHEAD_WORKERS: usize = 2;
 
+/// Fringes the cleaner heals per tick.
+const HEAL_PER_TICK: usize = 8;
+
 /// How often the cleaner hands the allocator's free pages back to the system.
 const TRIM_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -236,6 +239,16 @@ impl Inner {
                     {
                         break;
                     }
+                }
+            }
+            if self.tree.heal_pending() && self.failure().is_none() {
+                // The fringes range operations left (a few per tick: each is two paths).
+                let healed = {
+                    let _w = self.tree.writers.read();
+                    self.tree.heal_step(HEAL_PER_TICK)
+                };
+                if let Err(e) = healed {
+                    self.fail(&e);
                 }
             }
             let _ = self.note(self.tree.make_room());

@@ -101,6 +101,8 @@ impl Inner {
         let user_bytes: u64 = ops.iter().map(|o| o.user_bytes() as u64).sum();
         let deletes = ops
             .iter()
+            // A range move deletes nothing by surgery (its dead destination subtrees go at
+            // once), and only a range within its `copy_max` when it copies: not counted.
             .filter(|o| matches!(o, Op::RangeDelete { .. } | Op::MovePrefix { .. }))
             .count() as u64;
         self.write_blocks(&mut ops)?;

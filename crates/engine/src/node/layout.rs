@@ -11,8 +11,8 @@ use amaranth_device::{round_up, AlignedBuf, BLOCK_SIZE};
 use parking_lot::Mutex;
 
 use super::{
-    child_bounds_of, Body, BufSlot, BufState, Internal, Leaf, Node, NodeId, PartSlot, PartState,
-    BUFFER_HEADER,
+    child_bounds_of, longest_field, Body, BufSlot, BufState, Internal, Leaf, Node, NodeId,
+    PartSlot, PartState, BUFFER_HEADER, LONGEST_UNKNOWN,
 };
 use crate::buffer::Buffer;
 use crate::codec::{crc, crc_with_hole, Dec, Enc};
@@ -34,11 +34,6 @@ pub const NODE_VERSION_UNLIFTED: u16 = 1;
 
 /// Header flag: the node's keys are stored lifted (without its prefix). Must be set.
 const FLAG_LIFTED: u16 = 1;
-
-/// The `longest` bound written for a node and for each child slot: an upper bound on the stored
-/// length of any key below (docs/SURGERY.md §2.6). Nothing maintains the exact bound yet, so the
-/// loosest one is written.
-const LONGEST_UNKNOWN: u16 = u16::MAX;
 
 /// Size of the fixed node header.
 pub const HEADER_LEN: usize = 64;
@@ -186,7 +181,7 @@ pub(crate) fn serialize_layout(
         if let Body::Internal(int) = &node.body {
             index.u64(int.children[i]);
             if lifted {
-                index.u16(LONGEST_UNKNOWN);
+                index.u16(int.buffers[i].longest);
             }
         }
         let loc = SubLoc {
@@ -253,7 +248,8 @@ pub(crate) fn serialize_layout(
     h.u64(node.max_msn);
     h.u32(index_len as u32);
     if lifted {
-        h.u16(LONGEST_UNKNOWN);
+        // The node's own bound: exact as of this write (docs/SURGERY.md §2.6).
+        h.u16(longest_field(node.longest_stored()));
         h.u16(FLAG_LIFTED);
     } else {
         h.u16(0); // layout 1: "lifted prefix length", always 0
@@ -297,6 +293,8 @@ pub struct NodeHeader {
     pub layout: u16,
     /// The prefix hint: the node's full prefix when the image was written (empty in layout 1).
     pub prefix: Vec<u8>,
+    /// Each child's key-length bound (internal nodes; [`BufSlot::longest`]).
+    pub child_longest: Vec<u16>,
 }
 
 /// Bytes needed to hold the header and index, given the first block of the image.
@@ -366,6 +364,10 @@ pub fn parse_header(
     if !lifted && longest != 0 {
         return Err(d.corrupt("layout 1 with a lifted prefix length"));
     }
+    // The node's own key-length bound: exact for its own keys, but its children's bounds are
+    // upper bounds that may pass the key limit (a moved subtree's bound is lengthened with its
+    // keys, docs/SURGERY.md §2.6): any value is valid, and nothing reads it.
+    let _ = longest;
     let is_leaf = match kind {
         KIND_LEAF => true,
         KIND_INTERNAL => false,
@@ -394,13 +396,12 @@ pub fn parse_header(
         pivots.push(p);
     }
     let mut children = Vec::new();
+    let mut child_longest = Vec::new();
     let mut sublocs = Vec::with_capacity(n);
     for _ in 0..n {
         if !is_leaf {
             children.push(d.u64()?);
-            if lifted {
-                d.u16()?; // the child's `longest` bound, not read yet
-            }
+            child_longest.push(if lifted { d.u16()? } else { LONGEST_UNKNOWN });
         }
         let loc = SubLoc {
             offset: d.u32()?,
@@ -435,6 +436,7 @@ pub fn parse_header(
         image_len,
         layout: version,
         prefix,
+        child_longest,
     })
 }
 
@@ -552,6 +554,7 @@ pub fn build_node(
                     raw: None,
                     loc: Some(*loc),
                 }),
+                longest: h.child_longest[i],
             });
         }
         let int = Internal {

@@ -3,7 +3,7 @@
 //! (their stored keys get the lost bytes back). Every stored key of the node changes the same
 //! way: entries, partition pivots, child pivots and buffered messages.
 
-use super::{Body, BufSlot, Internal, Leaf, Node, PartSlot};
+use super::{Body, BufSlot, Internal, Leaf, Node, PartSlot, LONGEST_UNKNOWN};
 use crate::partition::PartitionBuilder;
 
 /// `key` without its first `drop.len()` bytes (which must be `drop`) and with `add` in front.
@@ -32,6 +32,17 @@ impl Node {
                 "a node un-lifted by bytes its prefix does not end with"
             );
             self.prefix.truncate(self.prefix.len() - add.len());
+        }
+    }
+}
+
+impl Node {
+    /// Takes `prefix` (the prefix of the bounds the node is reached under) as its own: a node
+    /// in a subtree moved under other pivots keeps its old prefix hint until it is next changed.
+    /// Stored keys do not change (they are relative to the prefix, whatever it is).
+    pub(crate) fn adopt_prefix(&mut self, prefix: &[u8]) {
+        if self.prefix != prefix {
+            self.prefix = prefix.to_vec();
         }
     }
 }
@@ -78,7 +89,13 @@ impl Internal {
         for slot in &mut self.buffers {
             let old = slot.data().expect("a re-lifted node is fully resident");
             let b = (*old).clone().rekeyed(|k| rekey(k, drop, add));
-            *slot = BufSlot::resident(b);
+            // The child's keys lose or regain the same bytes in this node's form (an unknown
+            // bound stays unknown).
+            let longest = match slot.longest {
+                LONGEST_UNKNOWN => LONGEST_UNKNOWN as usize,
+                l => (l as usize).saturating_sub(drop.len()) + add.len(),
+            };
+            *slot = BufSlot::resident(b).with_longest(longest);
         }
     }
 }

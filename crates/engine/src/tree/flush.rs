@@ -215,12 +215,32 @@ impl Tree {
         ccn: &Arc<CachedNode>,
         cg: &mut WriteGuard,
     ) -> Result<bool> {
+        self.deliver_into_child(pcn, pg, pb, c, ccn, cg)?;
+        let alive = self.restructure_child(pg, pb, c, ccn, cg)?;
+        self.end_modify(pcn, pg);
+        Ok(alive)
+    }
+
+    /// Moves buffer `c` of the parent into the child and leaves both shapes as they are (the
+    /// child may be over its size afterwards). The parent is left in modification: the caller
+    /// ends it ([`Tree::end_modify`]) once done with it.
+    pub(super) fn deliver_into_child(
+        &self,
+        pcn: &Arc<CachedNode>,
+        pg: &mut WriteGuard,
+        pb: &Bounds,
+        c: usize,
+        ccn: &Arc<CachedNode>,
+        cg: &mut WriteGuard,
+    ) -> Result<()> {
         self.begin_modify(pcn, pg)?;
         self.begin_modify(ccn, cg)?;
         let Body::Internal(pn) = &mut pg.body else {
             unreachable!("flush from a leaf")
         };
         let buf = pn.buffers[c].take();
+        // The messages join the child's subtree: its key-length bound covers them.
+        pn.buffers[c].raise_longest(buf.longest_point_key());
         let (cb, extra) = (pb.child(pn, c), pb.extra(pn, c));
         self.counters.flushes.fetch_add(1, Ordering::Relaxed);
         self.counters
@@ -231,9 +251,7 @@ impl Tree {
         // usage holds the messages twice (measured: 13 MiB above the eviction point in one step).
         self.cache.remeasure(pcn, pg);
         self.end_modify(ccn, cg);
-        let alive = self.restructure_child(pg, pb, c, ccn, cg)?;
-        self.end_modify(pcn, pg);
-        Ok(alive)
+        Ok(())
     }
 }
 
@@ -272,6 +290,9 @@ fn deliver(
     before_leaf: &mut BeforeLeaf<'_>,
 ) -> Result<Vec<u64>> {
     let max = buf.max_msn();
+    // A node is rewritten with the prefix its bounds give (a subtree moved by a range move
+    // still carries its old prefix hint until then).
+    node.adopt_prefix(cb.prefix());
     let (mut ranges, mut points) = buf.into_parts();
     if extra > 0 {
         for r in &mut ranges {

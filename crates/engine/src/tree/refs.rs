@@ -8,7 +8,7 @@ use crate::dataref::{DataRef, Stored, Val, REF_PATCH_LIMIT};
 use crate::datatable::RunMap;
 use crate::error::Result;
 use crate::msg::{KeyMsgs, RangeDel};
-use crate::node::{child_index, Body, Leaf, ROOT_ID};
+use crate::node::{child_index, Body, Leaf, NodeId, ROOT_ID};
 
 impl Tree {
     /// Counts the references to out-of-line blocks the whole tree holds (every node read).
@@ -42,6 +42,39 @@ impl Tree {
             self.make_room()?;
         }
         Ok(refs)
+    }
+
+    /// The references to out-of-line blocks that the nodes `ids` hold (leaf entries and buffered
+    /// messages, one per reference): what a range move's dead destination subtrees take with them
+    /// when they are released. Nothing is read when the data table holds no reference; otherwise
+    /// every node is read whole (the dead range is logically empty, so this is what its deleted
+    /// contents left, e.g. the replaced file of a rename).
+    pub(super) fn refs_held_by(&self, ids: &[NodeId]) -> Result<Vec<u64>> {
+        if self.store.data.lock().refs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for &id in ids {
+            let cn = self.pin_whole(id)?;
+            let g = cn.read();
+            match &g.body {
+                Body::Leaf(l) => {
+                    for p in l.resident_parts() {
+                        out.extend(p.ref_blocks(0, p.len()));
+                    }
+                }
+                Body::Internal(n) => {
+                    for slot in &n.buffers {
+                        let b = slot.data().expect("buffers just loaded");
+                        out.extend(b.ref_blocks());
+                    }
+                }
+            }
+            drop(g);
+            drop(cn);
+            self.make_room()?;
+        }
+        Ok(out)
     }
 
     /// Drops one reference to each of `blocks` in the data table.

@@ -26,12 +26,25 @@ pub struct Run {
 }
 
 pub fn workload(seed: u64, steps: usize) -> Run {
-    workload_in(seed, steps, small_format(), false)
+    workload_in(seed, steps, small_format(), false, false)
+}
+
+/// [`workload`], with range moves (docs/SURGERY.md) among the operations when `range_moves`:
+/// each into a destination emptied by a range delete just before it in its batch.
+pub fn workload_with(seed: u64, steps: usize, range_moves: bool) -> Run {
+    workload_in(seed, steps, small_format(), false, range_moves)
 }
 
 /// A random workload on an image of `format`; with `blocks`, a fifth of the operations are puts
-/// of out-of-line blocks and a tenth upserts of block keys (`format` must allow 4 KiB values).
-pub fn workload_in(seed: u64, steps: usize, format: Format, blocks: bool) -> Run {
+/// of out-of-line blocks and a tenth upserts of block keys (`format` must allow 4 KiB values);
+/// with `range_moves`, range moves among them (see [`workload_with`]).
+pub fn workload_in(
+    seed: u64,
+    steps: usize,
+    format: Format,
+    blocks: bool,
+    range_moves: bool,
+) -> Run {
     let dev = Arc::new(FaultDevice::new(24 << 20));
     let options = Options {
         cache_size: (128 << 10).max(8 * format.node_size),
@@ -41,7 +54,8 @@ pub fn workload_in(seed: u64, steps: usize, format: Format, blocks: bool) -> Run
     let e = Engine::create(dev.clone(), format, options.clone()).expect("create");
     dev.restart_recording();
     let mut m = Model::new();
-    let mut g = Gen::new(seed, 400, max_value);
+    // Fewer key families with range moves: they hold more keys, and most moves take the surgery.
+    let mut g = Gen::new(seed, if range_moves { 40 } else { 400 }, max_value);
     let mut states = vec![hash_model(&m)];
     let mut syncs = Vec::new();
     for step in 0..steps {
@@ -52,6 +66,20 @@ pub fn workload_in(seed: u64, steps: usize, format: Format, blocks: bool) -> Run
             1
         };
         for _ in 0..n {
+            if range_moves && g.rng.gen_bool(0.25) {
+                if let Some(mut mv) = g.range_move() {
+                    let Op::RangeMove { to, copy_max, .. } = &mut mv else {
+                        unreachable!()
+                    };
+                    if g.rng.gen_bool(0.8) {
+                        *copy_max = 0;
+                    }
+                    let to = to.clone();
+                    b.range_delete(to.clone(), amaranth_engine::prefix_end(&to, 256));
+                    b.push(mv);
+                    continue;
+                }
+            }
             let op = if g.rng.gen_bool(0.02) {
                 let a = format!("k{:04}/", g.rng.gen_range(0..400)).into_bytes();
                 let b = format!("k{:04}/", g.rng.gen_range(0..400)).into_bytes();
@@ -84,6 +112,11 @@ pub fn workload_in(seed: u64, steps: usize, format: Format, blocks: bool) -> Run
             12..=14 => e.checkpoint().unwrap(),
             _ => {}
         }
+    }
+    if range_moves {
+        let moved = e.stats().range_moves;
+        eprintln!("{moved} range moves by surgery");
+        assert!(moved > 0, "seed {seed}: no range move took the surgery");
     }
     e.abandon();
     Run {
@@ -162,6 +195,28 @@ pub fn check_crash_points(run: &Run, seed: u64, random: usize) -> usize {
         }
     }
     states
+}
+
+/// Every crash point of [`crash_points`], each with two plans: every unflushed write dropped,
+/// and a random half of them kept (some torn).
+pub fn crash_states(run: &Run, seed: u64, random: usize) -> Vec<(usize, CrashPlan)> {
+    crash_points(run, seed, random)
+        .into_iter()
+        .enumerate()
+        .flat_map(|(i, pos)| {
+            [
+                (pos, CrashPlan::DropAll),
+                (
+                    pos,
+                    CrashPlan::Random {
+                        seed: seed + i as u64,
+                        keep: 0.5,
+                        tear: 0.5,
+                    },
+                ),
+            ]
+        })
+        .collect()
 }
 
 pub fn crash_points(run: &Run, seed: u64, random: usize) -> Vec<usize> {

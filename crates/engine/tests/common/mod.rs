@@ -72,13 +72,15 @@ pub fn apply_model(m: &mut Model, op: &Op) {
                 m.insert(k.clone(), b.to_vec());
             }
         }
-        Op::MovePrefix { from, to } | Op::CopyPrefix { from, to } => {
+        Op::MovePrefix { from, to }
+        | Op::CopyPrefix { from, to }
+        | Op::RangeMove { from, to, .. } => {
             let moved: Vec<(Vec<u8>, Vec<u8>)> = m
                 .iter()
                 .filter(|(k, _)| k.starts_with(from))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
-            if matches!(op, Op::MovePrefix { .. }) {
+            if !matches!(op, Op::CopyPrefix { .. }) {
                 for (k, _) in &moved {
                     m.remove(k);
                 }
@@ -91,6 +93,9 @@ pub fn apply_model(m: &mut Model, op: &Op) {
         }
     }
 }
+
+/// The longest key [`Gen::key`] makes.
+pub const GEN_KEY_MAX: usize = 44;
 
 /// Generates random operations over a bounded key space.
 pub struct Gen {
@@ -115,7 +120,7 @@ impl Gen {
         match self.rng.gen_range(0..4) {
             0 => {}
             1 => k.extend_from_slice(b"/x"),
-            2 => k.extend_from_slice(&vec![b'y'; self.rng.gen_range(1..40)]),
+            2 => k.extend_from_slice(&vec![b'y'; self.rng.gen_range(1..GEN_KEY_MAX - 4)]),
             _ => {
                 k.push(b'/');
                 k.push(self.rng.gen_range(b'a'..=b'e'));
@@ -132,6 +137,71 @@ impl Gen {
         };
         let b: u8 = self.rng.gen();
         (0..len).map(|i| b.wrapping_add(i as u8)).collect()
+    }
+
+    /// A non-empty key range: a key family (`k0042/`…), all keys from one prefix of a key on,
+    /// a span between two keys, or a range holding no key at all.
+    pub fn range(&mut self) -> (Vec<u8>, Vec<u8>) {
+        let k = self.key();
+        match self.rng.gen_range(0..4) {
+            0 => {
+                let p = k[..5].iter().chain(b"/").copied().collect::<Vec<u8>>();
+                let end = amaranth_engine::prefix_end(&p, 256);
+                (p, end)
+            }
+            1 => {
+                let p = k[..self.rng.gen_range(1..=k.len())].to_vec();
+                let end = amaranth_engine::prefix_end(&p, 256);
+                (p, end)
+            }
+            2 => {
+                let other = self.key();
+                match k.cmp(&other) {
+                    std::cmp::Ordering::Less => (k, other),
+                    std::cmp::Ordering::Greater => (other, k),
+                    std::cmp::Ordering::Equal => {
+                        let mut hi = k.clone();
+                        hi.push(0);
+                        (k, hi)
+                    }
+                }
+            }
+            _ => {
+                // Between "k0042/x" and "k0042/y" or so: nothing is ever written there.
+                let mut lo = k[..5].to_vec();
+                lo.extend_from_slice(b"/q");
+                let mut hi = lo.clone();
+                hi.push(0xff);
+                (lo, hi)
+            }
+        }
+    }
+
+    /// A prefix a range move takes keys from or to: a key family (`k0042/`) or a range nested
+    /// in one (`k0042/c/`, which holds keys only once a family was moved there).
+    pub fn move_prefix(&mut self) -> Vec<u8> {
+        let n = self.rng.gen_range(0..self.keys);
+        let mut p = format!("k{n:04}/").into_bytes();
+        if self.rng.gen_bool(0.3) {
+            p.push(self.rng.gen_range(b'a'..=b'e'));
+            p.push(b'/');
+        }
+        p
+    }
+
+    /// A range move between two prefixes of [`Gen::move_prefix`] (`None` when one holds the
+    /// other), copying ranges of at most 0 bytes (surgery always) or a few thousand.
+    pub fn range_move(&mut self) -> Option<Op> {
+        let (from, to) = (self.move_prefix(), self.move_prefix());
+        if from.starts_with(&to) || to.starts_with(&from) {
+            return None;
+        }
+        let copy_max = if self.rng.gen_bool(0.5) {
+            0
+        } else {
+            self.rng.gen_range(0..4000)
+        };
+        Some(Op::RangeMove { from, to, copy_max })
     }
 
     pub fn simple_op(&mut self) -> Op {

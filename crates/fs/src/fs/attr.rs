@@ -52,9 +52,11 @@ impl Fs {
         if let Some(mode) = set.mode {
             next.perm = (mode & 0o7777) as u16;
             // A stored access ACL follows the mode (its owner, group or mask, other entries).
-            let acl_key = keys::xattr_key(&fk, acl::ACCESS);
-            if let Some(old) = self.engine.get(&acl_key)? {
-                b.put(acl_key, acl::chmod(&old, next.perm)?);
+            if !self.table.lock().has_no_xattrs(ino) {
+                let acl_key = keys::xattr_key(&fk, acl::ACCESS);
+                if let Some(old) = self.engine.get(&acl_key)? {
+                    b.put(acl_key, acl::chmod(&old, next.perm)?);
+                }
             }
         }
         if set.uid.is_some() || set.gid.is_some() {
@@ -115,7 +117,14 @@ impl Fs {
         let mut inode = shared.lock();
         let (fk, meta) = self.locate(ino)?;
         let key = keys::xattr_key(&fk, name);
-        let exists = self.engine.get(&key)?.is_some();
+        let exists = {
+            // Unknown from here on, before the new attribute can be seen.
+            let mut t = self.table.lock();
+            let none = t.has_no_xattrs(ino);
+            t.set_no_xattrs(ino, false);
+            drop(t);
+            !none && self.engine.get(&key)?.is_some()
+        };
         if flags & libc::XATTR_CREATE != 0 && exists {
             return Err(Errno::EEXIST);
         }
@@ -149,6 +158,9 @@ impl Fs {
             return Err(Errno::ERANGE);
         }
         let _ns = self.ns.read();
+        if self.table.lock().has_no_xattrs(ino) {
+            return Err(Errno::ENODATA);
+        }
         let fk = self.file_key(ino)?;
         self.engine
             .get(&keys::xattr_key(&fk, name))?
@@ -158,6 +170,9 @@ impl Fs {
     /// Names of all extended attributes, each followed by a NUL byte.
     pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
         let _ns = self.ns.read();
+        if self.table.lock().has_no_xattrs(ino) {
+            return Ok(Vec::new());
+        }
         let fk = self.file_key(ino)?;
         let p = keys::xattr_prefix(&fk);
         let end = amaranth_engine::prefix_end(&p, self.max_key());
@@ -178,7 +193,7 @@ impl Fs {
         let mut inode = shared.lock();
         let (fk, meta) = self.locate(ino)?;
         let key = keys::xattr_key(&fk, name);
-        if self.engine.get(&key)?.is_none() {
+        if self.table.lock().has_no_xattrs(ino) || self.engine.get(&key)?.is_none() {
             return Err(Errno::ENODATA);
         }
         let mut next = inode.clone();

@@ -83,8 +83,12 @@ impl Fs {
         Ok(())
     }
 
-    /// Longest key in `[lo, hi)` (0 when the range is empty).
-    fn longest_key_in(&self, lo: &[u8], hi: &[u8]) -> Result<usize> {
+    /// Longest key in `[lo, hi)` (0 when the range is empty): with `exact`, by a scan of the
+    /// range; otherwise the engine's key-length bound, never below it, read in O(height).
+    fn longest_key_in(&self, lo: &[u8], hi: &[u8], exact: bool) -> Result<usize> {
+        if !exact {
+            return Ok(self.engine.longest_key_bound(lo, hi)?);
+        }
         let mut longest = 0;
         self.engine
             .scan_stored(Bound::Included(lo), Bound::Excluded(hi), |k, _| {
@@ -97,7 +101,9 @@ impl Fs {
     /// Checks that moving the entry `found` to the path key `to` keeps every key it moves within
     /// the engine's limit: its own name, its extended attributes and, for a directory, every
     /// descendant's metadata (with room for data keys, as at creation) and extended attributes.
-    /// `ENAMETOOLONG` otherwise, before anything is changed. The scan costs what the move costs.
+    /// `ENAMETOOLONG` otherwise, before anything is changed. The engine's key-length bounds
+    /// decide in O(height) when they show that everything fits; only when they do not are the
+    /// moved ranges scanned (docs/SURGERY.md §2.6), so the outcome is the exact one.
     pub(super) fn check_move_fits(&self, found: &Found, to: &[u8]) -> Result<()> {
         self.check_key_len(to)?;
         let from = &found.key;
@@ -107,22 +113,25 @@ impl Fs {
         }
         let growth = to.len() - from.len();
         let limit = self.max_key();
-        let x = keys::xattr_prefix(from);
-        let mut longest = self.longest_key_in(&x, &amaranth_engine::prefix_end(&x, limit))?;
-        if found.inode.kind == Kind::Dir {
-            let [m, _, x] = keys::subtree_prefixes(from);
-            // Data keys are 9 bytes longer than their file's metadata key.
-            let meta = self.longest_key_in(&m, &amaranth_engine::prefix_end(&m, limit))?;
-            if meta > 0 {
-                longest = longest.max(meta + 9);
+        let longest = |exact: bool| -> Result<usize> {
+            let end = |p: &[u8]| amaranth_engine::prefix_end(p, limit);
+            let x = keys::xattr_prefix(from);
+            let mut longest = self.longest_key_in(&x, &end(&x), exact)?;
+            if found.inode.kind == Kind::Dir {
+                let [m, _, x] = keys::subtree_prefixes(from);
+                // Data keys are 9 bytes longer than their file's metadata key.
+                let meta = self.longest_key_in(&m, &end(&m), exact)?;
+                if meta > 0 {
+                    longest = longest.max(meta + 9);
+                }
+                longest = longest.max(self.longest_key_in(&x, &end(&x), exact)?);
             }
-            longest =
-                longest.max(self.longest_key_in(&x, &amaranth_engine::prefix_end(&x, limit))?);
+            Ok(longest)
+        };
+        if longest(false)? + growth <= limit || longest(true)? + growth <= limit {
+            return Ok(());
         }
-        if longest + growth > limit {
-            return Err(Errno::ENAMETOOLONG);
-        }
-        Ok(())
+        Err(Errno::ENAMETOOLONG)
     }
 
     // ----- whole-file-system operations ---------------------------------------------------

@@ -14,10 +14,9 @@
 //! (`'l' ino parent name`, one empty-valued entry per name of a homed inode) is written in the
 //! same batch as every change of those names: the link that homes a file (both names), each
 //! further link, each unlink and rename of a redirect, and the un-homing itself (its last entry
-//! goes). The move is skipped, and the file stays homed (correct, only out of place), when:
-//! - the file has more than [`UNHOME_MAX_BLOCKS`] data blocks (the move copies them, holding other
-//!   writers off, inside an unlink that is otherwise a record or two; for a file that large the
-//!   one seek saved is small beside reading it);
+//! goes). The data moves as a range move (copied when small, by tree surgery otherwise: O(height)
+//! whatever the file's size). The move is skipped, and the file stays homed (correct, only out of
+//! place), when:
 //! - a key at the path would be too long (an extended attribute with a long name under a long
 //!   path: the name itself fitted, since the redirect is there);
 //! - the names index does not give exactly one other name, or that name does not hold a redirect
@@ -33,11 +32,6 @@ use crate::table::ROOT_INO;
 
 /// The first schema with the names index.
 pub const NAMES_SCHEMA: u32 = 6;
-/// Files with more data blocks than this stay at their home when their link count returns to one
-/// (4 MiB: past about 1 MiB reading the file costs more than the seek its place saves on a hard
-/// disk, 8 ms against ~7 ms at 150 MB/s, and at 4 MiB the seek is under a fifth of the read while
-/// the move still copies at most one node's worth of blocks).
-pub const UNHOME_MAX_BLOCKS: u64 = 1024;
 /// Value of a names-index entry (its version; the key says everything).
 const NAME_VALUE: u8 = 1;
 
@@ -161,7 +155,7 @@ impl Fs {
             log::error!("amaranth: inode {ino} has a name redirecting to it but is not homed");
             return Ok(None);
         }
-        if !self.has_names() || after.blocks > UNHOME_MAX_BLOCKS {
+        if !self.has_names() {
             return Ok(None);
         }
         let Some((at, path)) = self.remaining_name(ino, removed)? else {
@@ -189,8 +183,8 @@ impl Fs {
         }
         after.homed = false;
         b.delete(keys::meta_key(&home));
-        b.move_prefix(keys::data_prefix(&home), keys::data_prefix(&path));
-        b.move_prefix(keys::xattr_prefix(&home), keys::xattr_prefix(&path));
+        self.move_range(b, keys::data_prefix(&home), keys::data_prefix(&path));
+        self.move_range(b, keys::xattr_prefix(&home), keys::xattr_prefix(&path));
         b.put(keys::meta_key(&path), after.encode());
         name_drop(b, ino, parent, &at.name);
         handles::index_at(b, ino, parent, &at.name);

@@ -52,26 +52,59 @@ impl Fs {
     // ----- creating names --------------------------------------------------------------------
 
     /// Creates a node of `kind` (file, fifo, socket, device, directory, symlink).
+    ///
+    /// Under the namespace lock shared, so that makes in different directories (and reads and
+    /// writes anywhere) run in parallel: the directory's attribute lock, held from the check that
+    /// the name is free until the table knows the new name, orders the changes to one directory.
+    /// Nothing else puts a name at the new path meanwhile (every other change of a name holds the
+    /// namespace lock exclusively), except a file parked at that path by an earlier unlink: its
+    /// eviction moves another inode's data, so such a make starts over with the lock exclusive.
     fn make(&self, parent: u64, name: &[u8], new: NewNode<'_>, ctx: Ctx) -> Result<Inode> {
         check_name(name)?;
+        {
+            let _ns = self.ns.read();
+            if let Some(made) = self.make_locked(parent, name, &new, ctx, false)? {
+                return Ok(made);
+            }
+        }
         let _ns = self.ns.write();
+        let made = self.make_locked(parent, name, &new, ctx, true)?;
+        Ok(made.expect("a make under the exclusive lock evicts what it must"))
+    }
+
+    /// [`Fs::make`] under the namespace lock, `exclusive` or shared; `None` (and nothing changed)
+    /// when the lock is shared and a file is parked at the new path.
+    fn make_locked(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new: &NewNode<'_>,
+        ctx: Ctx,
+        exclusive: bool,
+    ) -> Result<Option<Inode>> {
         let (dkey, dir_shared) = self.dir(parent)?;
         let key = keys::child_key(&dkey, name);
         self.check_key_len(&key)?;
+        let mut dir = dir_shared.lock();
         if self.find(parent, &dkey, name)?.is_some() {
             return Err(Errno::EEXIST);
         }
         self.check_space(0)?;
-        let mut dir = dir_shared.lock();
         let mut b = Batch::new();
-        let evicted = self.evict_parked_ops(&mut b, &key, false);
+        let evicted = if exclusive {
+            self.evict_parked_ops(&mut b, &key, false)
+        } else if self.is_parked_at(&key) {
+            return Ok(None);
+        } else {
+            Vec::new()
+        };
         let ino = self.alloc_ino(&mut b);
         let NewNode {
             kind,
             mode,
             rdev,
             target,
-        } = new;
+        } = *new;
         let mut perm = (mode & 0o7777) as u16;
         let mut gid = ctx.gid;
         if dir.perm & libc::S_ISGID as u16 != 0 {
@@ -98,11 +131,13 @@ impl Fs {
         self.commit(&mut b)?;
         self.note_evicted(&evicted);
         *dir = next_dir;
+        let mut t = self.table.lock();
+        t.remember(parent, name, inode.clone(), true);
+        // A new inode has no extended attributes (nothing is left at a new name's keys).
+        t.set_no_xattrs(ino, true);
+        drop(t);
         drop(dir);
-        self.table
-            .lock()
-            .remember(parent, name, inode.clone(), true);
-        Ok(inode)
+        Ok(Some(inode))
     }
 
     /// Creates a special file or a regular file without opening it.
@@ -196,8 +231,22 @@ impl Fs {
     // ----- removing names -----------------------------------------------------------------
 
     /// Removes the name of a non-directory.
+    ///
+    /// Under the namespace lock shared in the common case, a file the kernel holds with one name
+    /// (it looked the name up to unlink it): the file is parked where it is, nothing moves, and
+    /// its own lock, held until the table says where it lives now, keeps writes and attribute
+    /// changes out meanwhile (they find its key through the table); the directory's lock orders
+    /// it with the directory's other changes. A hard-linked file (its data moves) or one the
+    /// table does not hold (a lookup by handle could give the kernel the inode being deleted)
+    /// starts over with the lock exclusive.
     pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
         check_name(name)?;
+        {
+            let _ns = self.ns.read();
+            if self.unlink_shared(parent, name)? {
+                return Ok(());
+            }
+        }
         let _ns = self.ns.write();
         let (dkey, dir_shared) = self.dir(parent)?;
         let found = self.find(parent, &dkey, name)?.ok_or(Errno::ENOENT)?;
@@ -214,8 +263,53 @@ impl Fs {
         self.commit(&mut b)?;
         *dir = next_dir;
         drop(dir);
-        self.apply_removal(&found, removal);
+        self.apply_removal(&found, removal, None);
         Ok(())
+    }
+
+    /// [`Fs::unlink`] under the namespace lock shared; false (nothing changed) when it needs the
+    /// lock exclusive.
+    fn unlink_shared(&self, parent: u64, name: &[u8]) -> Result<bool> {
+        let (dkey, dir_shared) = self.dir(parent)?;
+        let mut dir = dir_shared.lock();
+        let found = self.find(parent, &dkey, name)?.ok_or(Errno::ENOENT)?;
+        if found.inode.kind == Kind::Dir {
+            return Err(Errno::EISDIR);
+        }
+        let ino = found.inode.ino;
+        let Some(victim) = self.table.lock().inode(ino) else {
+            return Ok(false);
+        };
+        if found.redirect || found.inode.kind != Kind::File || !self.kernel_knows(ino) {
+            return Ok(false);
+        }
+        let mut inode = victim.lock();
+        // As it is now (a write may have changed it since `find`); only an exclusive operation
+        // could have given it a second name.
+        assert!(
+            !inode.homed,
+            "inode {ino} became homed under the shared namespace lock"
+        );
+        let found = Found {
+            inode: inode.clone(),
+            ..found
+        };
+        let mut b = Batch::new();
+        let now = Time::now();
+        let removal = self.remove_file_ops(&mut b, &found, now, false, (parent, name))?;
+        assert!(
+            removal.unhomed.is_none() && removal.after.homed,
+            "inode {ino}: an unlink under the shared lock parks the file"
+        );
+        let mut next_dir = dir.clone();
+        Self::touch_dir(&mut next_dir, now);
+        b.put(keys::meta_key(&dkey), next_dir.encode());
+        self.commit(&mut b)?;
+        *dir = next_dir;
+        self.apply_removal(&found, removal, Some(&mut inode));
+        drop(inode);
+        drop(dir);
+        Ok(true)
     }
 
     /// Operations removing the name `found` (`at`: its directory and name) of a non-directory.
@@ -276,12 +370,13 @@ impl Fs {
     /// Operations moving a file's data and xattrs from its path to its home.
     pub(super) fn home_ops(&self, b: &mut Batch, path: &[u8], ino: u64) {
         let home = keys::home_key(ino);
-        b.move_prefix(keys::data_prefix(path), keys::data_prefix(&home));
-        b.move_prefix(keys::xattr_prefix(path), keys::xattr_prefix(&home));
+        self.move_range(b, keys::data_prefix(path), keys::data_prefix(&home));
+        self.move_range(b, keys::xattr_prefix(path), keys::xattr_prefix(&home));
     }
 
-    /// Updates the table after a name of `found` was removed.
-    fn apply_removal(&self, found: &Found, removal: Removal) {
+    /// Updates the table after a name of `found` was removed; `locked`: the inode's attributes,
+    /// when the caller holds its lock.
+    fn apply_removal(&self, found: &Found, removal: Removal, locked: Option<&mut Inode>) {
         let ino = found.inode.ino;
         let Removal { after, unhomed } = removal;
         let Some(shared) = self.table.lock().inode(ino) else {
@@ -291,7 +386,10 @@ impl Fs {
         if let Some(p) = orphans::parked_path(&after) {
             self.note_parked(ino, p.to_vec());
         }
-        *shared.lock() = after;
+        match locked {
+            Some(i) => *i = after,
+            None => *shared.lock() = after,
+        }
         if let Some(u) = &unhomed {
             self.note_unhomed(ino, u);
             return;
@@ -304,22 +402,43 @@ impl Fs {
         }
     }
 
-    /// Removes an empty directory.
+    /// Removes an empty directory: under the namespace lock shared when the table holds it (its
+    /// own lock, held from the check that it is empty until the table knows it is gone, keeps
+    /// makes inside it out), else exclusive.
     pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
         check_name(name)?;
         if name == b"." {
             return Err(Errno::EINVAL);
         }
+        {
+            let _ns = self.ns.read();
+            if self.rmdir_locked(parent, name, false)? {
+                return Ok(());
+            }
+        }
         let _ns = self.ns.write();
+        let done = self.rmdir_locked(parent, name, true)?;
+        assert!(done, "an rmdir under the exclusive lock");
+        Ok(())
+    }
+
+    /// [`Fs::rmdir`] under the namespace lock, `exclusive` or shared; false (nothing changed)
+    /// when the lock is shared and the table does not hold the directory.
+    fn rmdir_locked(&self, parent: u64, name: &[u8], exclusive: bool) -> Result<bool> {
         let (dkey, dir_shared) = self.dir(parent)?;
+        let mut dir = dir_shared.lock();
         let found = self.find(parent, &dkey, name)?.ok_or(Errno::ENOENT)?;
         if found.inode.kind != Kind::Dir {
             return Err(Errno::ENOTDIR);
         }
+        let victim = self.table.lock().inode(found.inode.ino);
+        if victim.is_none() && !exclusive {
+            return Ok(false);
+        }
+        let mut held = victim.as_ref().map(|v| v.lock());
         if !self.dir_is_empty(&found.key)? {
             return Err(Errno::ENOTEMPTY);
         }
-        let mut dir = dir_shared.lock();
         let now = Time::now();
         let mut b = Batch::new();
         // Files parked below stay where they are (nothing moves at an `rm -rf`, whose rmdirs
@@ -336,16 +455,20 @@ impl Fs {
         self.count_inodes(&mut b, -1);
         self.commit(&mut b)?;
         *dir = next_dir;
-        drop(dir);
-        let mut after = found.inode.clone();
+        let mut after = match &held {
+            Some(i) => (**i).clone(),
+            None => found.inode.clone(),
+        };
         after.nlink = 0;
         after.ctime = now;
         let removal = Removal {
             after,
             unhomed: None,
         };
-        self.apply_removal(&found, removal);
-        Ok(())
+        self.apply_removal(&found, removal, held.as_deref_mut());
+        drop(held);
+        drop(dir);
+        Ok(true)
     }
 
     pub(super) fn dir_is_empty(&self, dir_key: &[u8]) -> Result<bool> {

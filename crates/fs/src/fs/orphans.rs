@@ -27,9 +27,14 @@
 //! *Crash.* At the next mount, every home with link count 0 is deleted, with the data at its
 //! parked path if it has one (`remove_orphans`); `fsck` knows parked data's owner.
 //!
-//! Locking: parking, eviction and the orphan deletions run under the namespace lock (parking and
-//! eviction exclusive, FORGET's deletion shared: no name changes meanwhile, so no eviction). The
-//! parked map's lock is innermost, like the table's, and never held with it.
+//! Locking: parking, eviction and the orphan deletions run under the namespace lock: parking
+//! shared by an unlink (holding the directory's lock and the parked file's own until the table and
+//! the parked map know it) or exclusive by a rename, eviction exclusive, FORGET's deletion shared
+//! (no eviction meanwhile; the file's lock orders it after its unlink). A make, which holds it
+//! shared, never evicts: it checks under its directory's lock that nothing is parked at its path
+//! (only an unlink or a rename in that directory can park a file there, the unlink under that
+//! same lock) and starts over exclusively if something is. The parked map's lock is innermost,
+//! like the table's, and never held with it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
@@ -105,6 +110,12 @@ impl Fs {
             return None;
         }
         self.parked.lock().by_ino.get(&ino).cloned()
+    }
+
+    /// Whether a file is parked at exactly `path`.
+    pub(super) fn is_parked_at(&self, path: &[u8]) -> bool {
+        self.parked_count.load(Ordering::Relaxed) != 0
+            && self.parked.lock().by_path.contains_key(path)
     }
 
     /// Whether the kernel holds `ino` (its lookup count is not zero).

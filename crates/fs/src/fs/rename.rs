@@ -243,20 +243,25 @@ impl Fs {
         let mut moved = found.inode.clone();
         moved.ctime = Time::now();
         b.put(keys::meta_key(to), moved.encode());
-        b.move_prefix(keys::xattr_prefix(from), keys::xattr_prefix(to));
+        self.move_range(b, keys::xattr_prefix(from), keys::xattr_prefix(to));
         match found.inode.kind {
             Kind::Dir => {
                 for (f, t) in keys::subtree_prefixes(from)
                     .into_iter()
                     .zip(keys::subtree_prefixes(to))
                 {
-                    b.move_prefix(f, t);
+                    self.move_range(b, f, t);
                 }
             }
-            Kind::File => {
-                b.move_prefix(keys::data_prefix(from), keys::data_prefix(to));
-            }
+            Kind::File => self.move_range(b, keys::data_prefix(from), keys::data_prefix(to)),
             _ => {}
         }
+    }
+
+    /// Moves every key under `from` to `to`, a range that holds no key when the operation
+    /// applies (the engine refuses the batch otherwise): copied when small, by tree surgery
+    /// otherwise ([`FsOptions::rename_copy_max`](crate::FsOptions::rename_copy_max)).
+    pub(super) fn move_range(&self, b: &mut Batch, from: Vec<u8>, to: Vec<u8>) {
+        b.range_move(from, to, self.opts.rename_copy_max);
     }
 }

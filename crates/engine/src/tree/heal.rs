@@ -1,0 +1,191 @@
+//! Healing (docs/SURGERY.md §3.2, step 7): slicing leaves under-full nodes on both sides of each
+//! key it cut at, and the path flushes of a range operation can leave a node over its size. The
+//! keys are queued (in memory only: healing changes no content, and after a crash the fringes
+//! merge the usual way, when flushes reach them); a heal step walks down to each queued key and
+//! to the keys just below it, flushing each slot it passes into its child and restructuring the
+//! child (split when over its size, merge with a sibling when the two fit in one node), and
+//! drains a node on the way whose buffers hold more than a node's worth.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{Bounds, Tree};
+use crate::cache::CachedNode;
+use crate::error::Result;
+use crate::node::{child_index, Body, Node, ROOT_ID};
+
+/// Keys the heal queue holds at most (further fringes are left to the usual merges).
+const HEAL_QUEUE_MAX: usize = 4096;
+
+/// Flushes of one over-full node's heaviest buffers per heal step at most.
+const DRAIN_MAX: usize = 16;
+
+/// Walks per queued key at most (a tree is never this high).
+const MAX_HEIGHT: usize = 64;
+
+impl Tree {
+    /// Queues the fringe around `k` (a key some node was cut at) for healing.
+    pub(crate) fn queue_heal(&self, k: &[u8]) {
+        let mut q = self.heal.lock();
+        if q.len() < HEAL_QUEUE_MAX {
+            q.insert(k.to_vec());
+        }
+    }
+
+    /// Whether fringes wait to be healed.
+    pub fn heal_pending(&self) -> bool {
+        !self.heal.lock().is_empty()
+    }
+
+    /// Heals the fringes around up to `max` queued keys. Returns how many it took from the
+    /// queue. The caller holds `writers` shared and no latch.
+    pub fn heal_step(&self, max: usize) -> Result<usize> {
+        let mut done = 0;
+        while done < max {
+            let Some(k) = self.heal.lock().pop_first() else {
+                break;
+            };
+            // A merge low on the path can make room for one above it: walk again while the
+            // walks merge something (at most once per level).
+            for _ in 0..=MAX_HEIGHT {
+                let merges = self.counters.merges.load(Ordering::Relaxed);
+                self.heal_path(&k, false)?;
+                self.heal_path(&k, true)?;
+                self.make_room()?;
+                if self.counters.merges.load(Ordering::Relaxed) == merges {
+                    break;
+                }
+            }
+            done += 1;
+        }
+        Ok(done)
+    }
+
+    /// Walks down to `k` (or, with `below`, to the keys just below it); at each level, flushes
+    /// the child on the path and splits it if over its size, or merges it with a sibling if the
+    /// two fit in one node (whatever their fill: the pieces slicing cut are put back together).
+    pub(super) fn heal_path(&self, k: &[u8], below: bool) -> Result<()> {
+        let f = &self.format;
+        let root = self.pin_whole(ROOT_ID)?;
+        let mut g = root.write();
+        if !g.fully_resident() {
+            return Ok(());
+        }
+        // The root's own shape first (a root left with one child collapses).
+        for _ in 0..4 {
+            match self.fix_root(&root, &mut g)? {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(_) => return Ok(()),
+            }
+        }
+        let (mut cn, mut b) = (root, Bounds::root());
+        let mut pins: Vec<Arc<CachedNode>> = Vec::new();
+        loop {
+            // A node whose buffers hold more than a node's worth (it received a path flush):
+            // drain its heaviest buffers. Children are loaded under the parent's latch:
+            // maintenance, readers passing through wait (as in `drain_from`).
+            for _ in 0..DRAIN_MAX {
+                let (c, cid) = match &g.body {
+                    Body::Internal(n) if n.buffered_bytes() > f.node_size => {
+                        let c = n.heaviest_child();
+                        (c, n.children[c])
+                    }
+                    _ => break,
+                };
+                let ccn = self.pin_whole(cid)?;
+                let mut cg = ccn.write();
+                if !cg.fully_resident() {
+                    return Ok(());
+                }
+                self.flush_into_child(&cn, &mut g, &b, c, &ccn, &mut cg)?;
+            }
+            let path = |g: &Node| -> Option<(usize, u64)> {
+                let Body::Internal(n) = &g.body else {
+                    return None;
+                };
+                let s = b.lift_clipped(k);
+                let c = if below {
+                    n.pivots.partition_point(|p| p.as_slice() < s.as_slice())
+                } else {
+                    child_index(&n.pivots, &s)
+                };
+                Some((c, n.children[c]))
+            };
+            let Some((c, cid)) = path(&g) else {
+                return Ok(());
+            };
+            // An internal child is read whole (the walk goes on into it and may change it); a
+            // leaf only when it is changed: a 4 MiB leaf read for nothing cost a rename waiting
+            // on the heal a cold read.
+            let leaf_child = g.height == 1;
+            let ccn = if leaf_child {
+                self.pin(cid)?
+            } else {
+                self.pin_whole(cid)?
+            };
+            let Body::Internal(n) = &g.body else {
+                unreachable!()
+            };
+            let pending = !n.buffers[c].is_empty();
+            let over = {
+                let cg = ccn.read();
+                match &cg.body {
+                    Body::Leaf(l) => l.bytes() > f.node_size,
+                    Body::Internal(i) => i.children.len() > f.max_fanout,
+                }
+            };
+            // Whether the child fits with the sibling a merge takes, judged on the sibling's
+            // skeleton (sizes are known without its contents): it is read whole only to merge
+            // (reading every sibling whole was 18% of the daemon's time in directory renames).
+            let s = if c + 1 < n.children.len() {
+                Some(c + 1)
+            } else {
+                c.checked_sub(1)
+            };
+            let fits = match s {
+                Some(s) => {
+                    let scn = self.pin(n.children[s])?;
+                    let sg = scn.read();
+                    self.merge_fits(&ccn.read(), &sg, n.buffers[s].bytes())
+                }
+                None => false,
+            };
+            if fits {
+                pins.extend(self.pin_sibling(&g, c)?);
+            }
+            if pending || over || fits {
+                let ccn = if leaf_child {
+                    self.pin_whole(cid)?
+                } else {
+                    ccn
+                };
+                let mut cg = ccn.write();
+                if !cg.fully_resident() {
+                    return Ok(());
+                }
+                self.deliver_into_child(&cn, &mut g, &b, c, &ccn, &mut cg)?;
+                if !self.split_child(&mut g, &b, c, &ccn, &mut cg) {
+                    self.merge_child(&mut g, &b, c, &ccn, &mut cg)?;
+                }
+                self.end_modify(&cn, &g);
+            }
+            // Down to the child on the path as it is now (the step may have split or merged it).
+            let Some((c, cid)) = path(&g) else {
+                return Ok(());
+            };
+            let Some(ccn) = self.cache.get(cid) else {
+                return Ok(());
+            };
+            let cg = ccn.write();
+            if cg.height == 0 {
+                return Ok(());
+            }
+            if let Body::Internal(n) = &g.body {
+                b.descend(n, c);
+            }
+            g = cg;
+            cn = ccn;
+        }
+    }
+}

@@ -1,0 +1,541 @@
+//! Range move by tree surgery (docs/SURGERY.md §3.2): every key under one prefix reappears under
+//! another, at a cost in node reads and writes proportional to the tree's height.
+//!
+//! The source range is sliced into a *run* of whole child slots of one node (`tree/slice.rs`),
+//! the (logically empty) destination range into dead slots of the node the run will join, and
+//! then, after the operation's record is logged, the run's child ids and buffers are *swung* from
+//! the one node to the other. Keys are stored lifted (relative to the prefix their node's bounds
+//! imply), so the moved subtrees are renamed by their new position: not a byte of them is read
+//! or written. Only the run's pivots and buffered messages, held by its old parent, are rewritten
+//! for the new one. The dead destination subtrees are released, and the fringes the slicing left
+//! are healed later (`tree/heal.rs`).
+//!
+//! Message numbers stay right (§3.3): the slicing descents flush every buffer above the run's
+//! node and above the destination node, so no ancestor holds a message for either range; the run
+//! keeps its own slot buffers, which are newer than the subtrees below them; the destination's
+//! old messages, all for a range with no live key, go with the dead slots.
+//!
+//! Runs with `writers` held exclusive: no other modifier changes the tree. Everything the swing
+//! needs is loaded and pinned before the record is logged; from the record on, the swing works in
+//! memory.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::slice::{slots_of, Sliced};
+use super::{Bounds, Tree};
+use crate::cache::{CachedNode, WriteGuard};
+use crate::error::Result;
+use crate::msg::Msn;
+use crate::node::{
+    child_index, longest_field, Body, BufSlot, Internal, Leaf, Node, NodeId, LONGEST_UNKNOWN,
+    ROOT_ID,
+};
+use crate::ops::prefix_end;
+
+/// A run of child slots taken out of a node, in the node's stored form.
+struct Run {
+    children: Vec<NodeId>,
+    buffers: Vec<BufSlot>,
+    /// The pivots between the run's slots.
+    pivots: Vec<Vec<u8>>,
+}
+
+/// How a key in a moved run is rewritten: from the source node's stored form to the destination
+/// node's, `P s` becoming `Q s`.
+struct Rekey<'a> {
+    /// The source node's prefix (full bytes) and the moved prefix without its last byte.
+    src: &'a [u8],
+    p: &'a [u8],
+    /// The destination node's prefix and the new prefix without its last byte.
+    dst: &'a [u8],
+    q: &'a [u8],
+}
+
+impl Rekey<'_> {
+    fn key(&self, stored: &[u8]) -> Vec<u8> {
+        let full = [self.src, stored].concat();
+        assert!(
+            full.starts_with(self.p),
+            "a moved key outside the moved range"
+        );
+        let moved = [self.q, &full[self.p.len()..]].concat();
+        assert!(
+            moved.starts_with(self.dst),
+            "a moved key outside its new node's prefix"
+        );
+        moved[self.dst.len()..].to_vec()
+    }
+
+    /// A key-length bound of the source node's form in the destination node's.
+    fn bound(&self, longest: u16) -> u16 {
+        if longest == LONGEST_UNKNOWN {
+            return LONGEST_UNKNOWN;
+        }
+        let full = longest as usize + self.src.len();
+        longest_field((full + self.q.len()).saturating_sub(self.p.len() + self.dst.len()))
+    }
+
+    /// A slot with its buffer's keys and its bound rewritten.
+    fn slot(&self, mut slot: BufSlot) -> BufSlot {
+        let longest = self.bound(slot.longest);
+        let buf = slot.take().rekeyed(|k| self.key(k));
+        let mut out = BufSlot::resident(buf);
+        out.longest = longest;
+        out
+    }
+}
+
+impl Tree {
+    /// Moves every key under `from` to the same key under `to` by surgery. The destination range
+    /// must hold no live key and the operation must have been validated (same last byte below
+    /// 0xff, neither prefix of the other). `before(msn)` is called once the surgery can no longer
+    /// fail but for a bug, with the one message number the operation takes (the engine logs its
+    /// record there). Needs `writers` exclusive.
+    pub(crate) fn range_move(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        before: &mut dyn FnMut(Msn) -> Result<()>,
+    ) -> Result<()> {
+        let max = self.format.max_key_len;
+        let (slo, shi) = (from.to_vec(), prefix_end(from, max));
+        let (dlo, dhi) = (to.to_vec(), prefix_end(to, max));
+        let (p, q) = (&from[..from.len() - 1], &to[..to.len() - 1]);
+        assert_eq!(
+            from.last(),
+            to.last(),
+            "a move between prefix ranges of one kind"
+        );
+        // 1–2: the source, sliced into a run of whole subtrees of height `h`.
+        let src = self.slice(&slo, &shi, 1)?;
+        let h = src.node.read().height - 1;
+        // No moved key passes the limit (checked before the record), nor need its bound.
+        let moved = run_bound(&src, p, q).min(max);
+        // 3: the destination, sliced at the same height or above; the path down to it learns
+        // the moved keys' lengths.
+        let (xd, xb) = self.slicing_node_raising(&dlo, &dhi, h + 1, moved)?;
+        drop(src);
+        self.make_boundary(&xd, &xb, &dlo)?;
+        self.make_boundary(&xd, &xb, &dhi)?;
+        let (dead_slots, dead_roots) = {
+            let g = xd.read();
+            let Body::Internal(n) = &g.body else {
+                unreachable!()
+            };
+            let (a, b) = slots_of(n, &xb, &dlo, &dhi);
+            ((a, b), n.children[a..b].to_vec())
+        };
+        let dead = self.subtree_nodes(&dead_roots, xd.read().height - 1)?;
+        // The out-of-line blocks the dead subtrees reference lose those references with them.
+        let mut dead_refs = self.refs_held_by(&dead)?;
+        // The run again: slicing the destination may have cut the node that holds it.
+        let run = self.find_sliced(&slo, &shi, h + 1)?;
+        // The destination node is changed by the swing: wholly in memory before the record.
+        let xd = self.pin_whole(xd.id)?;
+        {
+            // And so do the messages buffered in the dead slots (they go in the swing).
+            let g = xd.read();
+            let Body::Internal(n) = &g.body else {
+                unreachable!()
+            };
+            for slot in &n.buffers[dead_slots.0..dead_slots.1] {
+                let b = slot.data().expect("the destination node is wholly loaded");
+                dead_refs.extend(b.ref_blocks());
+            }
+        }
+        // 4: the record.
+        self.take_msn(before)?;
+        // 5: the swing, then the dead subtrees go.
+        self.swing(&run, &xd, &xb, dead_slots, p, q)?;
+        drop(run);
+        drop(xd);
+        self.release(&dead)?;
+        self.release_refs(&dead_refs);
+        self.counters.range_moves.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .range_move_released
+            .fetch_add(dead.len() as u64, Ordering::Relaxed);
+        // 6–7: the fringes heal later; a destination node over its fanout is split now.
+        for k in [&slo, &shi, &dlo, &dhi] {
+            self.queue_heal(k);
+        }
+        self.fix_fanout(&dlo)
+    }
+
+    /// [`Tree::slicing_node`] for a range that is about to receive keys up to `moved` bytes long
+    /// (full length): each slot the descent enters has its key-length bound raised to that.
+    fn slicing_node_raising(
+        &self,
+        lo: &[u8],
+        hi: &[u8],
+        min_height: u32,
+        moved: usize,
+    ) -> Result<(Arc<CachedNode>, Bounds)> {
+        let (node, bounds) = self.slicing_node(lo, hi, min_height)?;
+        // The path is clear now; raise the bounds on it, top-down. Only a node whose bound is
+        // raised is changed, and it is wholly in memory first (one the descent did not flush
+        // into may have been shed since).
+        let mut cn = self.pin(ROOT_ID)?;
+        let mut b = Bounds::root();
+        while !Arc::ptr_eq(&cn, &node) {
+            let (c, need, has) = {
+                let g = cn.read();
+                let Body::Internal(n) = &g.body else {
+                    unreachable!("the destination's path ends at an internal node")
+                };
+                let c = child_index(&n.pivots, &b.lift_clipped(lo));
+                let need = if moved >= LONGEST_UNKNOWN as usize {
+                    LONGEST_UNKNOWN as usize
+                } else {
+                    moved.saturating_sub(b.prefix().len())
+                };
+                (c, need, n.buffers[c].longest as usize)
+            };
+            if has < need {
+                cn = self.pin_whole(cn.id)?;
+                let mut g = cn.write();
+                self.begin_modify(&cn, &g)?;
+                let Body::Internal(n) = &mut g.body else {
+                    unreachable!()
+                };
+                n.buffers[c].raise_longest(need);
+                self.end_modify(&cn, &g);
+            }
+            let next = {
+                let g = cn.read();
+                let Body::Internal(n) = &g.body else {
+                    unreachable!()
+                };
+                b.descend(n, c);
+                n.children[c]
+            };
+            cn = self.pin(next)?;
+        }
+        Ok((node, bounds))
+    }
+
+    /// The node at `height` on `lo`'s path, holding `[lo, hi)` as whole child slots, after the
+    /// descent asserted that no ancestor buffers a message for it.
+    fn find_sliced(&self, lo: &[u8], hi: &[u8], height: u32) -> Result<Sliced> {
+        // The ancestors' skeletons tell whether a buffer is empty; the node itself is changed.
+        let mut cn = self.pin(ROOT_ID)?;
+        let mut b = Bounds::root();
+        loop {
+            let next = {
+                let g = cn.read();
+                let Body::Internal(n) = &g.body else {
+                    unreachable!("a sliced range lies in an internal node")
+                };
+                if g.height == height {
+                    let slots = slots_of(n, &b, lo, hi);
+                    drop(g);
+                    return Ok(Sliced {
+                        node: self.pin_whole(cn.id)?,
+                        bounds: b,
+                        slots,
+                    });
+                }
+                let c = child_index(&n.pivots, &b.lift_clipped(lo));
+                assert!(
+                    n.buffers[c].is_empty(),
+                    "an ancestor of a sliced range buffers messages for it"
+                );
+                b.descend(n, c);
+                n.children[c]
+            };
+            cn = self.pin(next)?;
+        }
+    }
+
+    /// Every node of the subtrees under `roots` (of height `height`): internal nodes are read as
+    /// skeletons (from memory, or their image's header), leaves not at all.
+    fn subtree_nodes(&self, roots: &[NodeId], height: u32) -> Result<Vec<NodeId>> {
+        let mut out = Vec::new();
+        let mut stack: Vec<(NodeId, u32)> = roots.iter().map(|&id| (id, height)).collect();
+        while let Some((id, height)) = stack.pop() {
+            out.push(id);
+            if height == 0 {
+                continue;
+            }
+            let children = match self.cache.peek(id) {
+                Some(cn) => match &cn.read().body {
+                    Body::Internal(n) => n.children.clone(),
+                    Body::Leaf(_) => unreachable!("a node above height 0 is internal"),
+                },
+                None => match self.read_node(id, false)?.0.body {
+                    Body::Internal(n) => n.children,
+                    Body::Leaf(_) => unreachable!("a node above height 0 is internal"),
+                },
+            };
+            stack.extend(children.into_iter().map(|c| (c, height - 1)));
+        }
+        Ok(out)
+    }
+
+    /// Takes the operation's one message number, calling `before` with it under the root latch
+    /// (log order is application order, as for injected messages).
+    fn take_msn(&self, before: &mut dyn FnMut(Msn) -> Result<()>) -> Result<()> {
+        let root = self.pin(ROOT_ID)?;
+        let _g = root.write();
+        let first = self.next_msn.load(Ordering::Relaxed);
+        before(first)?;
+        self.next_msn.store(first + 1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Moves the run's slots from their node to the destination node `xd` (bounds `xb`), in
+    /// place of its dead slots: directly when `xd` is one level above the run's subtrees, under a
+    /// chain of new single-child nodes otherwise. The source node keeps a slot for the range: its
+    /// left neighbour widens over it, or, at either end of the node, a chain of new empty nodes
+    /// stands in.
+    fn swing(
+        &self,
+        run: &Sliced,
+        xd: &Arc<CachedNode>,
+        xb: &Bounds,
+        dead: (usize, usize),
+        p: &[u8],
+        q: &[u8],
+    ) -> Result<()> {
+        let same = Arc::ptr_eq(&run.node, xd);
+        // Latches top-down: the destination node first (it is at the run node's height, where
+        // no reader holds both, or higher, where it may be an ancestor of it).
+        let mut dg = (!same).then(|| xd.write());
+        let mut sg = run.node.write();
+        let h = sg.height - 1;
+        let dst_height = dg.as_ref().map_or(sg.height, |g| g.height);
+        self.begin_modify(&run.node, &sg)?;
+        if let Some(g) = &dg {
+            self.begin_modify(xd, g)?;
+        }
+        let (a, b) = run.slots;
+        let (taken, edge) = {
+            let Body::Internal(sn) = &mut sg.body else {
+                unreachable!()
+            };
+            let edge = a == 0 || b == sn.children.len();
+            let taken = Run {
+                children: sn.children[a..b].to_vec(),
+                buffers: (a..b)
+                    .map(|i| std::mem::replace(&mut sn.buffers[i], BufSlot::empty()))
+                    .collect(),
+                pivots: sn.pivots[a..b - 1].to_vec(),
+            };
+            (taken, edge)
+        };
+        let filler = edge.then(|| self.empty_chain(h, p));
+        // The run in its new form: in the destination node itself when it is one level above
+        // the run's subtrees, else in a new node under a chain down from the destination node.
+        let direct = dst_height == h + 1;
+        let dst_prefix: &[u8] = if direct { xb.prefix() } else { q };
+        let rekey = Rekey {
+            src: run.bounds.prefix(),
+            p,
+            dst: dst_prefix,
+            q,
+        };
+        let run_msn = taken
+            .buffers
+            .iter()
+            .map(|s| s.data().map_or(0, |d| d.max_msn()))
+            .max()
+            .unwrap_or(0);
+        let moved = Run {
+            children: taken.children,
+            buffers: taken.buffers.into_iter().map(|s| rekey.slot(s)).collect(),
+            pivots: taken.pivots.iter().map(|k| rekey.key(k)).collect(),
+        };
+        let insert = if direct {
+            moved
+        } else {
+            self.wrap(moved, h, dst_height, q, xb.prefix().len(), run_msn)
+        };
+        let (da, db) = dead;
+        match dg.as_mut() {
+            Some(g) => {
+                splice(g, da, db, insert, run_msn);
+                remove_run(&mut sg, a, b, filler);
+            }
+            // In one node, the higher slot range first, so the other's indices stay right.
+            None if da > a => {
+                splice(&mut sg, da, db, insert, run_msn);
+                remove_run(&mut sg, a, b, filler);
+            }
+            None => {
+                remove_run(&mut sg, a, b, filler);
+                splice(&mut sg, da, db, insert, run_msn);
+            }
+        }
+        self.end_modify(&run.node, &sg);
+        if let Some(g) = &dg {
+            self.end_modify(xd, g);
+        }
+        Ok(())
+    }
+
+    /// A chain of new empty nodes of height `h` down to an empty leaf, for a slot whose range
+    /// (under the full prefix `p` plus one byte) lost its keys. Returns the top's id and slot.
+    fn empty_chain(&self, h: u32, p: &[u8]) -> (NodeId, BufSlot) {
+        let mut id = self.new_node(Node {
+            height: 0,
+            max_msn: 0,
+            body: Body::Leaf(Leaf::empty()),
+            prefix: p.to_vec(),
+        });
+        for height in 1..=h {
+            id = self.new_node(Node {
+                height,
+                max_msn: 0,
+                body: Body::Internal(Internal {
+                    pivots: Vec::new(),
+                    children: vec![id],
+                    buffers: vec![BufSlot::empty().with_longest(0)],
+                }),
+                prefix: p.to_vec(),
+            });
+        }
+        (id, BufSlot::empty().with_longest(0))
+    }
+
+    /// The run (already in the form of a node with prefix `q`) under a new node at height
+    /// `h + 1`, and that under single-child nodes up to height `top - 1`: one slot of a node at
+    /// height `top` whose prefix is `top_prefix` bytes long, covering the destination's range.
+    fn wrap(&self, run: Run, h: u32, top: u32, q: &[u8], top_prefix: usize, max_msn: Msn) -> Run {
+        let mut node = Node {
+            height: h + 1,
+            max_msn,
+            body: Body::Internal(Internal {
+                pivots: run.pivots,
+                children: run.children,
+                buffers: run.buffers,
+            }),
+            prefix: q.to_vec(),
+        };
+        // Every node of the chain has the destination's bounds: one prefix, one bound.
+        let longest = node.longest_stored();
+        let mut id = self.new_node(node);
+        for height in h + 2..top {
+            node = Node {
+                height,
+                max_msn,
+                body: Body::Internal(Internal {
+                    pivots: Vec::new(),
+                    children: vec![id],
+                    buffers: vec![BufSlot::empty().with_longest(longest)],
+                }),
+                prefix: q.to_vec(),
+            };
+            id = self.new_node(node);
+        }
+        Run {
+            children: vec![id],
+            buffers: vec![BufSlot::empty().with_longest(longest + q.len() - top_prefix)],
+            pivots: Vec::new(),
+        }
+    }
+
+    /// Drops the nodes of released subtrees: resident ones as a merge drops a node (an image a
+    /// running checkpoint needs is saved first), the others from the table only.
+    fn release(&self, ids: &[NodeId]) -> Result<()> {
+        for &id in ids {
+            match self.cache.peek(id) {
+                Some(cn) => {
+                    let mut g = cn.write();
+                    self.delete_node(&cn, &mut g)?;
+                }
+                None => self.store.btt.lock().remove(id),
+            }
+        }
+        Ok(())
+    }
+
+    /// Splits the nodes on `k`'s path that a swing left over their fanout (bottom-up over at
+    /// most the tree's height of walks).
+    fn fix_fanout(&self, k: &[u8]) -> Result<()> {
+        for _ in 0..64 {
+            let splits = self.counters.internal_splits.load(Ordering::Relaxed);
+            if !self.fanout_over(k)? {
+                return Ok(());
+            }
+            self.heal_path(k, false)?;
+            if self.counters.internal_splits.load(Ordering::Relaxed) == splits {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a node on `k`'s path has more children than the format allows.
+    fn fanout_over(&self, k: &[u8]) -> Result<bool> {
+        let mut cn = self.pin(ROOT_ID)?;
+        let mut b = Bounds::root();
+        loop {
+            let next = {
+                let g = cn.read();
+                let Body::Internal(n) = &g.body else {
+                    return Ok(false);
+                };
+                if n.children.len() > self.format.max_fanout {
+                    return Ok(true);
+                }
+                let c = child_index(&n.pivots, &b.lift_clipped(k));
+                b.descend(n, c);
+                n.children[c]
+            };
+            cn = self.pin(next)?;
+        }
+    }
+}
+
+/// The length of the longest key (full) the run of `src` holds, as it will be under `q` instead
+/// of `p`; [`LONGEST_UNKNOWN`] when a slot's bound is unknown.
+fn run_bound(src: &Sliced, p: &[u8], q: &[u8]) -> usize {
+    let g = src.node.read();
+    let Body::Internal(n) = &g.body else {
+        unreachable!()
+    };
+    let plen = src.bounds.prefix().len();
+    let mut full = 0;
+    for s in &n.buffers[src.slots.0..src.slots.1] {
+        if s.longest == LONGEST_UNKNOWN {
+            return LONGEST_UNKNOWN as usize;
+        }
+        let msgs = s.data().map_or(0, |d| d.longest_point_key());
+        full = full.max(plen + (s.longest as usize).max(msgs));
+    }
+    (full + q.len()).saturating_sub(p.len())
+}
+
+/// Takes slots `a..b` out of `n` (their contents already taken): the left neighbour widens over
+/// the range (the pivot at its start goes, the one at its end stays), or `filler` takes its place.
+fn remove_run(g: &mut WriteGuard, a: usize, b: usize, filler: Option<(NodeId, BufSlot)>) {
+    let Body::Internal(n) = &mut g.body else {
+        unreachable!()
+    };
+    match filler {
+        None => {
+            assert!(a > 0 && b < n.children.len(), "a run with neighbours");
+            n.children.drain(a..b);
+            n.buffers.drain(a..b);
+            n.pivots.drain(a - 1..b - 1);
+        }
+        Some((id, slot)) => {
+            n.children.splice(a..b, [id]);
+            n.buffers.splice(a..b, [slot]);
+            n.pivots.drain(a..b - 1);
+        }
+    }
+}
+
+/// Puts `run` in place of the dead slots `a..b` of `g` (their pivots between them go, the ones
+/// bounding them stay) and raises the node's max MSN to the run's buffers'.
+fn splice(g: &mut WriteGuard, a: usize, b: usize, run: Run, run_msn: Msn) {
+    g.max_msn = g.max_msn.max(run_msn);
+    let Body::Internal(n) = &mut g.body else {
+        unreachable!()
+    };
+    n.children.splice(a..b, run.children);
+    n.buffers.splice(a..b, run.buffers);
+    n.pivots.splice(a..b - 1, run.pivots);
+}
