@@ -243,6 +243,41 @@ impl Buffer {
         r.covers(key).then_some(r)
     }
 
+    /// Removes the range delete that covers all of `[lo, hi)`, if one does (the pieces of it
+    /// outside stay, with its number); returns whether it did. For a child whose whole range the
+    /// range delete covers and that is let go instead of flushed into: the older messages the
+    /// range covered in this buffer are gone already ([`Buffer::add_range`]), so with nothing
+    /// left below it the range has no effect left.
+    pub fn remove_covering(&mut self, lo: &[u8], hi: &[u8]) -> bool {
+        let Some(start) = self
+            .ranges
+            .range::<[u8], _>((Bound::Unbounded, Bound::Included(lo)))
+            .next_back()
+            .filter(|(_, r)| r.hi.as_slice() >= hi)
+            .map(|(k, _)| k.clone())
+        else {
+            return false;
+        };
+        let r = self.ranges.remove(&start).expect("range just seen");
+        self.bytes -= r.size();
+        self.range_keys -= r.lo.len();
+        if r.lo.as_slice() < lo {
+            self.insert_range(RangeDel {
+                msn: r.msn,
+                lo: r.lo.clone(),
+                hi: lo.to_vec(),
+            });
+        }
+        if r.hi.as_slice() > hi {
+            self.insert_range(RangeDel {
+                msn: r.msn,
+                lo: hi.to_vec(),
+                hi: r.hi,
+            });
+        }
+        true
+    }
+
     /// The folded point messages for `key`, if any.
     pub fn point(&self, key: &[u8]) -> Option<&KeyMsgs> {
         self.points.get(key)

@@ -20,6 +20,7 @@ mod mode;
 mod open;
 mod range;
 mod reclaim;
+mod sharing;
 mod stats;
 mod threads;
 mod write;
@@ -358,7 +359,11 @@ impl Engine {
             let steps = (self.space().0 / (16 * node_size)).clamp(1, 32) as usize;
             let round = {
                 let _w = self.inner.tree.writers.read();
-                self.inner.tree.drain_from(&from, steps, false)
+                // And frees the subtrees range deletes let go of.
+                self.inner
+                    .tree
+                    .drain_from(&from, steps, false)
+                    .and_then(|r| self.inner.tree.collect(usize::MAX).map(|_| r))
             };
             let (_, resume) = match round {
                 Ok(r) => r,
@@ -465,7 +470,12 @@ impl Engine {
                     Err(e) => self.inner.fail(&e),
                 }
             }
-            cut.and_then(|()| self.inner.checkpoint(true))
+            // Dead nodes left are freed too: the image closes with no garbage.
+            let collected = cut.and_then(|()| {
+                let _w = self.inner.tree.writers.read();
+                self.inner.tree.collect(usize::MAX).map(drop)
+            });
+            collected.and_then(|()| self.inner.checkpoint(true))
         };
         self.inner.closed.store(true, Ordering::Release);
         r

@@ -60,6 +60,7 @@ mod load_found_tests;
 mod longest_tests;
 mod msg;
 mod node;
+mod noderefs;
 mod ops;
 mod partition;
 mod placement;

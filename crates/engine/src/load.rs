@@ -12,7 +12,8 @@ use crate::copies::Located;
 use crate::datatable::{DataTable, RunMap};
 use crate::error::{Error, Result};
 use crate::node::NodeId;
-use crate::store::{self, Allocator, Btt, Store};
+use crate::noderefs::NodeRefs;
+use crate::store::{self, Allocator, Btt, DecodedBtt, Store};
 use crate::superblock::{Extent, Superblock, LIFTED_VERSION};
 use crate::tree::Tree;
 
@@ -43,7 +44,7 @@ pub(crate) fn load_checkpoint(dev: &Arc<dyn BlockDevice>, options: &Options) -> 
     }
     let format = sb.format()?;
     options.validate(&format)?;
-    let table = read_table(dev, &sb)?;
+    let (table, counts) = read_table(dev, &sb)?;
     let data = read_data_table(dev, &sb)?;
     let alloc = build_allocator(&sb, &table, &data)?;
     let btt = Btt {
@@ -53,6 +54,8 @@ pub(crate) fn load_checkpoint(dev: &Arc<dyn BlockDevice>, options: &Options) -> 
         checkpoint_held: Default::default(),
         writing: 0,
         checkpointed_table: Some(sb.btt),
+        refs: NodeRefs::from_counts(counts),
+        refs_in_progress: None,
         alloc,
     };
     let store = Arc::new(Store::new(
@@ -73,10 +76,7 @@ pub(crate) fn load_checkpoint(dev: &Arc<dyn BlockDevice>, options: &Options) -> 
     Ok(Loaded { located, sb, tree })
 }
 
-pub(crate) fn read_table(
-    dev: &Arc<dyn BlockDevice>,
-    sb: &Superblock,
-) -> Result<HashMap<NodeId, Extent>> {
+pub(crate) fn read_table(dev: &Arc<dyn BlockDevice>, sb: &Superblock) -> Result<DecodedBtt> {
     let mut raw = amaranth_device::AlignedBuf::zeroed(sb.btt.len());
     dev.read_at(sb.btt.offset(), &mut raw)
         .map_err(|e| Error::io("reading block translation table", e))?;
@@ -94,7 +94,7 @@ pub(crate) fn read_table(
         sb.device_blocks,
         sb.btt.offset(),
     )?;
-    if !table.contains_key(&sb.root_id) {
+    if !table.0.contains_key(&sb.root_id) {
         return Err(Error::Corrupt(
             "the block translation table has no root".into(),
         ));

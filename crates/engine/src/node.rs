@@ -461,6 +461,76 @@ impl Internal {
 }
 
 impl Node {
+    /// A copy of this node, which must be wholly in memory, for another owner
+    /// (docs/SURGERY.md §4.3): the same contents, sharing the partitions and buffers (both are
+    /// copied when changed), located nowhere on disk yet.
+    pub fn copy_resident(&self) -> Node {
+        assert!(
+            self.fully_resident(),
+            "a node is copied only when wholly in memory"
+        );
+        let body = match &self.body {
+            Body::Leaf(l) => Body::Leaf(Leaf {
+                pivots: l.pivots.clone(),
+                parts: l
+                    .parts
+                    .iter()
+                    .map(|p| PartSlot {
+                        state: Mutex::new(PartState {
+                            data: p.data(),
+                            loc: None,
+                        }),
+                        bytes: p.bytes,
+                        entries: p.entries,
+                    })
+                    .collect(),
+            }),
+            Body::Internal(n) => Body::Internal(Internal {
+                pivots: n.pivots.clone(),
+                children: n.children.clone(),
+                buffers: n
+                    .buffers
+                    .iter()
+                    .map(|b| BufSlot {
+                        state: Mutex::new(BufState {
+                            data: b.data(),
+                            raw: None,
+                            loc: None,
+                        }),
+                        bytes: b.bytes,
+                        longest: b.longest,
+                    })
+                    .collect(),
+            }),
+        };
+        Node {
+            height: self.height,
+            max_msn: self.max_msn,
+            body,
+            prefix: self.prefix.clone(),
+        }
+    }
+
+    /// The out-of-line blocks this node (wholly in memory) references, one per reference: its
+    /// entries' for a leaf, its buffered messages' for an internal node.
+    pub fn ref_blocks(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        match &self.body {
+            Body::Leaf(l) => {
+                for p in &l.parts {
+                    let p = p.data().expect("a leaf wholly in memory");
+                    out.extend(p.ref_blocks(0, p.len()));
+                }
+            }
+            Body::Internal(n) => {
+                for b in &n.buffers {
+                    out.extend(b.data().expect("a node wholly in memory").ref_blocks());
+                }
+            }
+        }
+        out
+    }
+
     /// An empty leaf.
     pub fn empty_leaf() -> Node {
         Node {

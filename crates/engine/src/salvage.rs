@@ -673,6 +673,10 @@ pub(crate) fn rebuild(tree: &Tree) -> Result<SalvageReport> {
     let keep: HashSet<NodeId> = build.reused.keys().copied().collect();
     {
         let mut btt = tree.store.btt.lock();
+        // The rebuilt tree reaches each node it keeps once (a node reached twice is damage to
+        // the walk): every count is 1, and nothing is dead (the dead nodes are dropped below,
+        // with what they referenced).
+        btt.refs = Default::default();
         let old: Vec<NodeId> = btt
             .checkpointed
             .keys()

@@ -18,7 +18,8 @@ use crate::codec::{crc, crc_with_hole, Dec, Enc};
 use crate::datatable::DataTable;
 use crate::datawriter::DataWriter;
 use crate::error::{Error, Result};
-use crate::node::NodeId;
+use crate::node::{NodeId, ROOT_ID};
+use crate::noderefs::NodeRefs;
 use crate::superblock::Extent;
 
 /// Free space as extents of blocks, best-fit.
@@ -245,6 +246,10 @@ pub struct Btt {
     /// Blocks allocated for node images being written and not yet recorded in a table: the
     /// node still counts them as its next image (see `SpaceUse::writing`).
     pub writing: u64,
+    /// Every node's reference count (docs/SURGERY.md §4.2).
+    pub refs: NodeRefs,
+    /// The counts the checkpoint being written records (those of its cut), other than 1.
+    pub refs_in_progress: Option<HashMap<NodeId, u32>>,
 }
 
 /// The space held only until the next checkpoint completes: it is freed then, so the space
@@ -384,8 +389,9 @@ impl Btt {
             .sum()
     }
 
-    /// Forgets node `id` (merged away).
+    /// Forgets node `id` (merged away, or dead and collected).
     pub fn remove(&mut self, id: NodeId) {
+        self.refs.forget(id);
         self.checkpoint_held.forget_saved(id);
         let mut old = None;
         self.change_entry(id, |b| old = b.current.remove(&id));
@@ -402,6 +408,7 @@ impl Btt {
             "the images only the last checkpoint references differ from a recount"
         );
         let new = self.in_progress.take().expect("a checkpoint in progress");
+        self.refs_in_progress = None;
         let old = std::mem::replace(&mut self.checkpointed, new);
         let free_before = self.alloc.free_blocks();
         for (id, e) in old {
@@ -427,6 +434,7 @@ impl Btt {
     pub fn abort_checkpoint(&mut self, table: Option<Extent>) {
         self.checkpoint_held.saved.clear();
         self.checkpoint_held.saved_blocks = 0;
+        self.refs_in_progress = None;
         if let Some(m) = self.in_progress.take() {
             for (id, e) in m {
                 self.release(id, e);
@@ -441,18 +449,28 @@ impl Btt {
 }
 
 const BTT_MAGIC: [u8; 4] = *b"AMBT";
-const BTT_VERSION: u16 = 1;
+/// Tables whose reference counts are all 1 (nothing shared, nothing dead); what every image
+/// held before reference counts existed, and what is still written when no count differs.
+const BTT_VERSION_UNSHARED: u16 = 1;
+/// Tables with reference counts: 0 for a dead node awaiting collection, above 1 for a shared one.
+const BTT_VERSION: u16 = 2;
 const BTT_HEADER: usize = 32;
 const BTT_CRC_AT: usize = 16;
 
-/// Serializes a table: a 32-byte header, then `(node id, block, blocks, refcount)` per node.
-/// The reference count is always 1 in this version; it is reserved for shared subtrees (clones).
-pub fn encode_btt(map: &HashMap<NodeId, Extent>) -> AlignedBuf {
+/// Serializes a table: a 32-byte header, then `(node id, block, blocks, reference count)` per
+/// node; `counts` holds the counts other than 1. Version 1 when there are none (a build from
+/// before reference counts reads it), else version 2.
+pub fn encode_btt(map: &HashMap<NodeId, Extent>, counts: &HashMap<NodeId, u32>) -> AlignedBuf {
     let mut entries: Vec<(&NodeId, &Extent)> = map.iter().collect();
     entries.sort();
+    let version = if counts.keys().any(|id| map.contains_key(id)) {
+        BTT_VERSION
+    } else {
+        BTT_VERSION_UNSHARED
+    };
     let mut e = Enc::with_capacity(BTT_HEADER + entries.len() * 24);
     e.raw(&BTT_MAGIC);
-    e.u16(BTT_VERSION);
+    e.u16(version);
     e.u16(0);
     e.u64(entries.len() as u64);
     e.u32(0); // crc at 16
@@ -461,12 +479,15 @@ pub fn encode_btt(map: &HashMap<NodeId, Extent>) -> AlignedBuf {
         e.u64(*id);
         e.u64(ext.block);
         e.u32(ext.blocks as u32);
-        e.u32(1);
+        e.u32(counts.get(id).copied().unwrap_or(1));
     }
     let c = crc_with_hole(&e.buf, BTT_CRC_AT);
     e.put_u32_at(BTT_CRC_AT, c);
     AlignedBuf::from_slice(&e.buf)
 }
+
+/// A table as read: each node's extent, and the reference counts other than 1.
+pub type DecodedBtt = (HashMap<NodeId, Extent>, HashMap<NodeId, u32>);
 
 /// Parses and verifies a table read from `offset`.
 pub fn decode_btt(
@@ -475,7 +496,7 @@ pub fn decode_btt(
     data_start: u64,
     dev_blocks: u64,
     offset: u64,
-) -> Result<HashMap<NodeId, Extent>> {
+) -> Result<DecodedBtt> {
     let len = BTT_HEADER
         + usize::try_from(count)
             .ok()
@@ -501,10 +522,11 @@ pub fn decode_btt(
     if d.raw(4)? != BTT_MAGIC {
         return Err(Error::Corrupt("block translation table: bad magic".into()));
     }
-    if d.u16()? != BTT_VERSION {
-        return Err(Error::Corrupt(
-            "block translation table: unknown version".into(),
-        ));
+    let version = d.u16()?;
+    if version != BTT_VERSION && version != BTT_VERSION_UNSHARED {
+        return Err(Error::Corrupt(format!(
+            "block translation table: version {version}, this build reads 1 and 2"
+        )));
     }
     d.u16()?;
     if d.u64()? != count {
@@ -514,12 +536,14 @@ pub fn decode_btt(
     }
     d.raw(16)?;
     let mut map = HashMap::with_capacity(count as usize);
+    let mut counts = HashMap::new();
     for _ in 0..count {
         let id = d.u64()?;
         let block = d.u64()?;
         let blocks = d.u32()? as u64;
         let refcount = d.u32()?;
-        if refcount != 1 || blocks == 0 || block < data_start || block + blocks > dev_blocks {
+        let count_ok = refcount == 1 || version == BTT_VERSION && id != ROOT_ID;
+        if !count_ok || blocks == 0 || block < data_start || block + blocks > dev_blocks {
             return Err(Error::Corrupt(format!(
                 "block translation table: bad entry for node {id}"
             )));
@@ -529,8 +553,11 @@ pub fn decode_btt(
                 "block translation table: node {id} listed twice"
             )));
         }
+        if refcount != 1 {
+            counts.insert(id, refcount);
+        }
     }
-    Ok(map)
+    Ok((map, counts))
 }
 
 /// Counters of what the store did.
@@ -808,6 +835,8 @@ mod tests {
             checkpoint_held: Default::default(),
             writing: 0,
             checkpointed_table: None,
+            refs: NodeRefs::default(),
+            refs_in_progress: None,
             alloc: Allocator::new(0, 100),
         };
         let e1 = b.alloc.alloc(4).unwrap();
@@ -825,9 +854,26 @@ mod tests {
         b.complete_checkpoint(t2);
         // e1 is referenced by nothing now; the old table was freed.
         assert_eq!(b.alloc.free_blocks(), 96 - 1);
-        let enc = encode_btt(&b.checkpointed);
+        let none = HashMap::new();
+        let enc = encode_btt(&b.checkpointed, &none);
+        assert_eq!(enc[4], 1, "a table without counts is version 1");
         let back = decode_btt(&enc, 1, 0, 100, 0).unwrap();
-        assert_eq!(back, b.checkpointed);
+        assert_eq!(back, (b.checkpointed.clone(), none));
+        // A count other than 1 makes a version-2 table, read back the same.
+        let id = *b.checkpointed.keys().next().unwrap();
+        let counts: HashMap<NodeId, u32> = [(id, 0)].into();
+        let enc2 = encode_btt(&b.checkpointed, &counts);
+        assert_eq!(enc2[4], 2);
+        assert_eq!(
+            decode_btt(&enc2, 1, 0, 100, 0).unwrap(),
+            (b.checkpointed.clone(), counts)
+        );
+        let mut newer = enc2[..BTT_HEADER + 24].to_vec();
+        newer[4] = 3;
+        let c = crc_with_hole(&newer, BTT_CRC_AT);
+        newer[BTT_CRC_AT..BTT_CRC_AT + 4].copy_from_slice(&c.to_le_bytes());
+        let err = decode_btt(&newer, 1, 0, 100, 0).unwrap_err().to_string();
+        assert!(err.contains("version 3"), "{err}");
         let mut bad = enc.to_vec();
         bad[BTT_HEADER + 3] ^= 1;
         assert!(decode_btt(&bad, 1, 0, 100, 0).is_err());

@@ -8,6 +8,10 @@
 //! - `tree/split_merge.rs`: splits and merges (the root's shape and each child's after a flush);
 //! - `tree/slice.rs`: slicing a key range into whole child slots of one node (docs/SURGERY.md);
 //! - `tree/heal.rs`: merging the under-full fringe slicing leaves behind;
+//! - `tree/share.rs`: shared nodes (reference counts above 1) and taking ownership of a child
+//!   before changing it ([`Tree::own_child`]), and the test hook that shares subtrees;
+//! - `tree/collect.rs`: freeing dead nodes (count 0) and what they reference, a bounded step at a
+//!   time;
 //! - `tree/surgery.rs`: tree surgery, operations that cut and graft whole subtrees (the range
 //!   move, which moves every key under a prefix by swinging the subtrees that hold them to the
 //!   other prefix's place), built on the modification protocol below ([`Tree::begin_modify`],
@@ -42,6 +46,7 @@ use crate::store::Store;
 use crate::superblock::Extent;
 
 mod bounds;
+mod collect;
 mod flush;
 mod heal;
 mod inject;
@@ -49,6 +54,7 @@ mod load;
 mod longest;
 mod readahead;
 mod refs;
+mod share;
 mod slice;
 mod split_merge;
 mod surgery;
@@ -114,6 +120,12 @@ pub struct TreeCounters {
     pub range_moves: AtomicU64,
     /// Nodes of dead destination subtrees released by range moves.
     pub range_move_released: AtomicU64,
+    /// Shared nodes copied for one owner before a change (copy-on-write).
+    pub cow_copies: AtomicU64,
+    /// Dead nodes freed by the collector.
+    pub collected: AtomicU64,
+    /// Subtrees a range delete covered whole, let go instead of flushed into.
+    pub subtrees_dropped: AtomicU64,
     /// Messages injected at the root.
     pub messages: AtomicU64,
     /// Bytes of user data in injected messages.
@@ -159,6 +171,8 @@ pub struct Tree {
     /// The bytes that end a unit of the caller's key structure, where leaf splits prefer to cut
     /// (docs/SURGERY.md §3.5); empty: plain splits.
     pub split_boundaries: RwLock<Vec<u8>>,
+    /// Subtrees the test hook holds a reference to (`tree/share.rs`).
+    holds: Mutex<Vec<share::Hold>>,
 }
 
 impl Tree {
@@ -185,6 +199,7 @@ impl Tree {
             readahead: ReadAhead::default(),
             heal: Mutex::new(BTreeSet::new()),
             split_boundaries: RwLock::new(Vec::new()),
+            holds: Mutex::new(Vec::new()),
         }
     }
 
@@ -201,8 +216,14 @@ impl Tree {
     // ----- node residency -------------------------------------------------------------------
 
     /// Call before changing a node under its write latch: if a running checkpoint still needs the
-    /// node's current state, save its image first.
+    /// node's current state, save its image first. The node must not be shared (asserted): the
+    /// modifier took ownership of it first ([`Tree::own_child`]).
     pub fn begin_modify(&self, cn: &CachedNode, node: &Node) -> Result<()> {
+        assert!(
+            !self.is_shared(cn.id),
+            "node {} is shared: it is copied for its owner before a change (Tree::own_child)",
+            cn.id
+        );
         if !cn.meta.lock().pending {
             return Ok(());
         }

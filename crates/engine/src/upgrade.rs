@@ -191,7 +191,16 @@ pub(crate) fn rewrite(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<UpgradeReport> {
     let format = sb.format()?;
-    let table = read_table(dev, &sb)?;
+    let (table, counts) = read_table(dev, &sb)?;
+    if !counts.is_empty() {
+        // The rewrite writes each node once, as it reaches it from the root: a shared node
+        // would be written twice, a dead one lost with its children's references.
+        return Err(Error::InvalidArgument(format!(
+            "the image has {} shared or dead nodes: mount it with this build until the \
+             collector has freed the dead ones, and remove the clones, before rewriting it",
+            counts.len()
+        )));
+    }
     let mut alloc = build_allocator(&sb, &table, &RunMap::default())?;
     let from_version = sb.version;
     let to_version = if to == NODE_VERSION {
@@ -233,7 +242,7 @@ pub(crate) fn rewrite(
     let nodes = out.new_table.len() as u64;
     let (bytes, bytes_before, leaf_entry_bytes) =
         (out.bytes, out.bytes_before, out.leaf_entry_bytes);
-    let encoded = store::encode_btt(&out.new_table);
+    let encoded = store::encode_btt(&out.new_table, &HashMap::new());
     let blocks = (encoded.len() / amaranth_device::BLOCK_SIZE) as u64;
     let btt = out
         .alloc

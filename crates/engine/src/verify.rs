@@ -1,6 +1,6 @@
 //! A full check of the tree: every node read and checksummed, every invariant checked.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::datatable::RunMap;
 use crate::error::{Error, Result};
@@ -30,8 +30,15 @@ pub struct Report {
     pub buffered_ranges: u64,
     /// Bytes of pending messages.
     pub buffered_bytes: u64,
-    /// Nodes in the translation table that the tree does not reach (space leaks, harmless).
+    /// Nodes in the translation table that the tree does not reach and that are not dead
+    /// (space leaks, harmless).
     pub leaked_nodes: Vec<NodeId>,
+    /// Dead nodes (reference count 0) waiting for the collector: garbage, not leaks. Their
+    /// subtrees are walked too (they still hold their children's references and their
+    /// out-of-line blocks'), without the checks that need a node's bounds.
+    pub dead_nodes: u64,
+    /// Nodes named by more than one slot, root or holder (each visited once).
+    pub shared_nodes: u64,
     /// Where each leaf's current image lies, `(first block, blocks)`, leaves in key order (a
     /// leaf never written yet is left out).
     pub leaf_extents: Vec<(u64, u64)>,
@@ -62,26 +69,102 @@ impl Report {
     }
 }
 
-/// A node still to visit: (id, bounds, expected height, oldest message its parent buffers for
-/// it, the longest its stored keys may be by its ancestors' key-length bounds).
-type Pending = (NodeId, Bounds, Option<u32>, u64, usize);
+/// A node still to visit.
+struct Pending {
+    id: NodeId,
+    bounds: Bounds,
+    /// The height its parent expects (`None`: a root).
+    height: Option<u32>,
+    /// The oldest message its parent buffers for it.
+    msn_bound: u64,
+    /// The longest its stored keys may be by its ancestors' key-length bounds.
+    longest: usize,
+    /// Whether `bounds` are the node's (false below a dead node, whose bounds are unknown: every
+    /// bounds check passes with the root's).
+    exact: bool,
+    /// Whether this visit is a reference the node's count includes (not for a dead root).
+    counted: bool,
+}
 
 fn broken(msg: String) -> Error {
     Error::Corrupt(msg)
 }
 
-/// Walks the whole tree. Holds `writers` exclusive so the tree does not change meanwhile.
+/// Walks the whole tree, the subtrees the test hook holds and the dead subtrees waiting for the
+/// collector, visiting each node once and counting the references to it: every node's reference
+/// count must equal the slots, roots and holders that name it (no leaked and no over-freed
+/// node). Holds `writers` exclusive so the tree does not change meanwhile.
 pub fn verify(tree: &Tree) -> Result<Report> {
     let _w = tree.writers.write();
     let mut report = Report::default();
     let mut seen: HashSet<NodeId> = HashSet::new();
+    // References found per node, and the bounds (stored form) it was first reached under.
+    let mut found: HashMap<NodeId, u32> = HashMap::new();
+    let mut first: HashMap<NodeId, (Bounds, bool)> = HashMap::new();
     let mut leaves: Vec<(Vec<u8>, (u64, u64))> = Vec::new();
-    let mut stack: Vec<Pending> = vec![(ROOT_ID, Bounds::root(), None, u64::MAX, usize::MAX)];
+    let root = |id, bounds, height, exact, counted| Pending {
+        id,
+        bounds,
+        height,
+        msn_bound: u64::MAX,
+        longest: usize::MAX,
+        exact,
+        counted,
+    };
+    // The live tree is popped first (reached exactly before anything else reaches a node).
+    let mut stack: Vec<Pending> = Vec::new();
+    let dead = {
+        let btt = tree.store.btt.lock();
+        btt.refs.dead(usize::MAX)
+    };
+    report.dead_nodes = dead.len() as u64;
+    for &id in &dead {
+        stack.push(root(id, Bounds::root(), None, false, false));
+    }
+    for h in tree.holds() {
+        stack.push(root(h.id, h.bounds, Some(h.height), true, true));
+    }
+    stack.push(root(ROOT_ID, Bounds::root(), None, true, true));
     let mut refs = RunMap::default();
-    while let Some((id, bounds, height, msn_bound, longest)) = stack.pop() {
-        if !seen.insert(id) {
-            return Err(broken(format!("node {id} is reachable twice")));
+    while let Some(Pending {
+        id,
+        bounds,
+        height,
+        msn_bound,
+        longest,
+        exact,
+        counted,
+    }) = stack.pop()
+    {
+        if counted {
+            *found.entry(id).or_default() += 1;
         }
+        if !seen.insert(id) {
+            // Reached again (shared): the same node under this parent too.
+            let cn = tree.pin(id)?;
+            let g = cn.read();
+            if height.is_some_and(|h| g.height != h) {
+                return Err(broken(format!(
+                    "shared node {id} has height {} where another parent expects {height:?}",
+                    g.height
+                )));
+            }
+            if g.max_msn >= msn_bound {
+                return Err(broken(format!(
+                    "shared node {id} has applied message {} but a parent still buffers \
+                     messages from {msn_bound}",
+                    g.max_msn
+                )));
+            }
+            let (b0, exact0) = &first[&id];
+            if exact && *exact0 && (b0.lo(), b0.hi()) != (bounds.lo(), bounds.hi()) {
+                return Err(broken(format!(
+                    "shared node {id} has other stored bounds under its parents"
+                )));
+            }
+            continue;
+        }
+        first.insert(id, (bounds.clone(), exact));
         let cn = tree.pin(id)?;
         tree.load_partitions(&cn, None)?;
         let g = cn.read();
@@ -92,7 +175,7 @@ pub fn verify(tree: &Tree) -> Result<Report> {
                     g.height
                 )));
             }
-        } else {
+        } else if id == ROOT_ID {
             report.height = g.height;
         }
         if g.max_msn >= msn_bound {
@@ -103,14 +186,15 @@ pub fn verify(tree: &Tree) -> Result<Report> {
         }
         // Stored keys, compared with the node's bounds in stored form: the same as comparing the
         // full keys (the prefix put back) with the full bounds.
-        let in_bounds = |k: &[u8]| bounds.contains(k);
+        // Below a dead node the bounds are unknown: only the checks that need none.
+        let in_bounds = |k: &[u8]| !exact || bounds.contains(k);
         match &g.body {
             Body::Leaf(l) => {
                 report.leaves += 1;
                 if height.is_some() && l.bytes() < tree.format.node_size / 4 {
                     report.small_leaves += 1;
                 }
-                if let Some(e) = tree.store.location(id) {
+                if let Some(e) = tree.store.location(id).filter(|_| exact) {
                     leaves.push((bounds.full_lo(), (e.block, e.blocks)));
                 }
                 if l.pivots.len() + 1 != l.parts.len() {
@@ -191,7 +275,7 @@ pub fn verify(tree: &Tree) -> Result<Report> {
                     let (cl, ch) = n.child_bounds(i, bounds.lo(), bounds.hi());
                     let mut oldest = u64::MAX;
                     for (k, km) in b.points_in(&[], None) {
-                        if k.as_slice() < cl || ch.is_some_and(|h| k.as_slice() >= h) {
+                        if exact && (k.as_slice() < cl || ch.is_some_and(|h| k.as_slice() >= h)) {
                             return Err(broken(format!(
                                 "node {id}: buffer {i} holds a key outside its child's range"
                             )));
@@ -212,7 +296,9 @@ pub fn verify(tree: &Tree) -> Result<Report> {
                         report.buffered_keys += 1;
                     }
                     for r in b.ranges_in(&[], None) {
-                        if r.lo.as_slice() < cl || ch.is_some_and(|h| r.hi.as_slice() > h) {
+                        if exact
+                            && (r.lo.as_slice() < cl || ch.is_some_and(|h| r.hi.as_slice() > h))
+                        {
                             return Err(broken(format!(
                                 "node {id}: buffer {i} holds a range outside its child's range"
                             )));
@@ -227,16 +313,26 @@ pub fn verify(tree: &Tree) -> Result<Report> {
                     }
                     // The child's keys in its own form: this bound and the slot's, less the
                     // bytes it strips.
-                    let below = longest
-                        .min(slot.longest as usize)
-                        .saturating_sub(bounds.extra(n, i));
-                    stack.push((
-                        n.children[i],
-                        bounds.child(n, i),
-                        Some(g.height - 1),
-                        oldest,
-                        below,
-                    ));
+                    let below = if exact {
+                        longest
+                            .min(slot.longest as usize)
+                            .saturating_sub(bounds.extra(n, i))
+                    } else {
+                        usize::MAX
+                    };
+                    stack.push(Pending {
+                        id: n.children[i],
+                        bounds: if exact {
+                            bounds.child(n, i)
+                        } else {
+                            Bounds::root()
+                        },
+                        height: Some(g.height - 1),
+                        msn_bound: oldest,
+                        longest: below,
+                        exact,
+                        counted: true,
+                    });
                 }
             }
         }
@@ -250,13 +346,31 @@ pub fn verify(tree: &Tree) -> Result<Report> {
         return Err(broken(report.references.describe()));
     }
     let btt = tree.store.btt.lock();
+    for &id in &seen {
+        let (count, refs_found) = (btt.refs.count(id), found.get(&id).copied().unwrap_or(0));
+        if count != refs_found {
+            let what = if count > refs_found {
+                "leaked"
+            } else {
+                "over-freed"
+            };
+            return Err(broken(format!(
+                "node {id} has reference count {count} but {refs_found} references ({what})"
+            )));
+        }
+        if count > 1 {
+            report.shared_nodes += 1;
+        }
+    }
     let mut leaked: Vec<NodeId> = btt
         .current
         .keys()
+        .chain(btt.refs.counts().keys())
         .filter(|id| !seen.contains(id))
         .copied()
         .collect();
     leaked.sort();
+    leaked.dedup();
     report.leaked_nodes = leaked;
     // Leaves' ranges are disjoint, so their low bounds order them.
     leaves.sort_by(|a, b| a.0.cmp(&b.0));

@@ -46,6 +46,8 @@ fn run_with(seed: u64, steps: usize, surgery: bool, node_size: usize) {
     // surgery, the key limit (moves into nested prefixes lengthen keys, and a moved slot's bound,
     // which may be above its keys, is lengthened with them).
     let cap = if surgery { 256 } else { GEN_KEY_MAX };
+    // Whether the test hook holds subtrees (shared: every change below them copies them).
+    let mut holding = false;
     for step in 0..steps {
         let r = g.rng.gen_range(0..1000);
         match r {
@@ -165,7 +167,8 @@ fn run_with(seed: u64, steps: usize, surgery: bool, node_size: usize) {
                     });
                 }
             }
-            690..=699 if surgery => {
+            690..=694 if surgery => share_step(&e, &mut g, &mut holding, seed, step),
+            695..=699 if surgery => {
                 // Slice a range into whole subtrees (changes nothing a read sees), and now and
                 // then heal the fringes slicing left.
                 let (lo, hi) = g.range();
@@ -195,11 +198,13 @@ fn run_with(seed: u64, steps: usize, surgery: bool, node_size: usize) {
                     false,
                     &format!("seed {seed} step {step}"),
                 );
+                holding = false;
                 verified(&e, seed, step, "reopen");
             }
             _ => {
                 // A crash after sync: nothing acknowledged may be lost.
                 e = restart(e, &dev, &options, true, &format!("seed {seed} step {step}"));
+                holding = false;
                 verified(&e, seed, step, "recovery");
             }
         }
@@ -211,6 +216,7 @@ fn run_with(seed: u64, steps: usize, surgery: bool, node_size: usize) {
         }
     }
     assert!(dump(&e) == m, "seed {seed}: final contents differ");
+    all_collected(&e, holding, seed);
     if std::env::var("AMARANTH_SEED").is_ok() {
         eprintln!("{:#?}", e.stats());
     }
@@ -270,6 +276,7 @@ fn run_blocks(seed: u64, steps: usize) {
     let mut e = Engine::create(dev.clone(), format, options.clone()).expect("create");
     let mut m = Model::new();
     let mut g = Gen::new(seed, keys, 4096);
+    let mut holding = false;
     let write = |e: &Engine, m: &mut Model, ops: Vec<Op>, step: usize| {
         for op in &ops {
             apply_model(m, op);
@@ -301,11 +308,12 @@ fn run_blocks(seed: u64, steps: usize) {
                     .collect();
                 write(&e, &mut m, ops, step);
             }
-            650..=669 => {
+            650..=662 => {
                 if let Some(op) = g.prefix_op() {
                     write(&e, &mut m, vec![op], step);
                 }
             }
+            663..=669 => share_step(&e, &mut g, &mut holding, seed, step),
             670..=679 => {
                 // A range move (mostly by surgery) over a destination emptied in its batch: the
                 // references the dead destination held go with it.
@@ -346,8 +354,12 @@ fn run_blocks(seed: u64, steps: usize) {
                     false,
                     &format!("seed {seed} step {step}"),
                 );
+                holding = false;
             }
-            _ => e = restart(e, &dev, &options, true, &format!("seed {seed} step {step}")),
+            _ => {
+                e = restart(e, &dev, &options, true, &format!("seed {seed} step {step}"));
+                holding = false;
+            }
         }
         e.check_data_table()
             .unwrap_or_else(|err| panic!("seed {seed} step {step}: {err}"));
@@ -357,6 +369,8 @@ fn run_blocks(seed: u64, steps: usize) {
         }
     }
     assert!(dump(&e) == m, "seed {seed}: final contents differ");
+    all_collected(&e, holding, seed);
+    e.check_data_table().unwrap();
     verified(&e, seed, steps, "the end");
     let st = e.stats();
     let report = e.verify().unwrap();
@@ -413,6 +427,45 @@ fn check_longest_bound(e: &Engine, m: &Model, g: &mut Gen, cap: usize, seed: u64
     assert!(
         exact <= bound && bound <= cap,
         "seed {seed} step {step}: key-length bound {bound} of {lo:?}..{hi:?}, longest key {exact}"
+    );
+}
+
+/// Shares subtrees through the test hook (docs/SURGERY.md §7, increment 7), or lets them go
+/// (checking that none changed while shared) and sometimes collects a few dead nodes; the
+/// counts are verified either way.
+fn share_step(e: &Engine, g: &mut Gen, holding: &mut bool, seed: u64, step: usize) {
+    if *holding {
+        e.release_holds_for_tests()
+            .unwrap_or_else(|err| panic!("seed {seed} step {step}: release holds: {err}"));
+        *holding = false;
+        if g.rng.gen_bool(0.5) {
+            e.collect_garbage(g.rng.gen_range(1..16))
+                .unwrap_or_else(|err| panic!("seed {seed} step {step}: collect: {err}"));
+        }
+    } else {
+        let n = e
+            .hold_for_tests(g.rng.gen_range(0..3), g.rng.gen_range(1..4))
+            .unwrap_or_else(|err| panic!("seed {seed} step {step}: hold: {err}"));
+        *holding = n > 0;
+    }
+    verified(e, seed, step, "sharing");
+}
+
+/// Lets go of the held subtrees and collects every dead node: none is left, none leaked.
+fn all_collected(e: &Engine, holding: bool, seed: u64) {
+    if holding {
+        e.release_holds_for_tests()
+            .unwrap_or_else(|err| panic!("seed {seed}: release holds at the end: {err}"));
+    }
+    e.collect_garbage(usize::MAX)
+        .unwrap_or_else(|err| panic!("seed {seed}: collect at the end: {err}"));
+    assert_eq!(e.garbage_nodes(), 0, "seed {seed}: dead nodes left");
+    let report = e
+        .verify()
+        .unwrap_or_else(|err| panic!("seed {seed}: verify after collection: {err}"));
+    assert!(
+        report.leaked_nodes.is_empty() && report.dead_nodes == 0 && report.shared_nodes == 0,
+        "seed {seed}: after collection: {report:?}"
     );
 }
 

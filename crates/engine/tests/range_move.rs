@@ -7,29 +7,8 @@ mod common;
 use std::sync::Arc;
 
 use amaranth_device::MemDevice;
-use amaranth_engine::{prefix_end, Batch, Engine, Error, Options};
+use amaranth_engine::{prefix_end, Batch, Engine, Error};
 use common::*;
-
-fn options() -> Options {
-    Options {
-        cache_size: 64 << 20,
-        ..small_options()
-    }
-}
-
-/// Puts `n` keys of `len`-byte values under `prefix`.
-fn fill(e: &Engine, m: &mut Model, prefix: &str, n: u32, len: usize) {
-    for chunk in (0..n).collect::<Vec<_>>().chunks(100) {
-        let mut b = Batch::new();
-        for &i in chunk {
-            let k = format!("{prefix}{i:07}").into_bytes();
-            let v = vec![(i % 251) as u8; len];
-            m.insert(k.clone(), v.clone());
-            b.put(k, v);
-        }
-        e.write(&b).unwrap();
-    }
-}
 
 fn moved(m: &mut Model, from: &str, to: &str) {
     apply_model(
@@ -51,16 +30,16 @@ fn a_move_costs_the_height_not_the_size() {
     let e = Engine::create(
         Arc::new(MemDevice::new(256 << 20)),
         small_format(),
-        options(),
+        roomy_options(),
     )
     .unwrap();
     let mut m = Model::new();
     // Families of 4 KiB to 4 MiB between neighbours, in a tree several levels high.
     let sizes = [(40u32, 100usize), (400, 100), (4_000, 100), (40_000, 100)];
     for (i, &(n, len)) in sizes.iter().enumerate() {
-        fill(&e, &mut m, &format!("a{i}/"), 50, 20);
-        fill(&e, &mut m, &format!("b{i}/"), n, len);
-        fill(&e, &mut m, &format!("c{i}/"), 50, 20);
+        fill_family(&e, &mut m, &format!("a{i}/"), 50, 20);
+        fill_family(&e, &mut m, &format!("b{i}/"), n, len);
+        fill_family(&e, &mut m, &format!("c{i}/"), 50, 20);
     }
     e.flush_buffers(0, usize::MAX).unwrap();
     let height = e.stats().height as usize;
@@ -105,10 +84,10 @@ fn a_move_costs_the_height_not_the_size() {
 #[test]
 fn a_destination_holding_a_key_is_refused_whole() {
     let dev = Arc::new(MemDevice::new(64 << 20));
-    let e = Engine::create(dev, small_format(), options()).unwrap();
+    let e = Engine::create(dev, small_format(), roomy_options()).unwrap();
     let mut m = Model::new();
-    fill(&e, &mut m, "s/", 2_000, 60);
-    fill(&e, &mut m, "d/", 1, 10);
+    fill_family(&e, &mut m, "s/", 2_000, 60);
+    fill_family(&e, &mut m, "d/", 1, 10);
     let mut b = Batch::new();
     b.put(b"x".to_vec(), b"1".to_vec());
     b.range_move(b"s/".to_vec(), b"d/".to_vec(), 0);
@@ -138,12 +117,12 @@ fn a_destination_holding_a_key_is_refused_whole() {
 #[test]
 fn dead_destination_subtrees_are_released() {
     let dev = Arc::new(MemDevice::new(128 << 20));
-    let e = Engine::create(dev, small_format(), options()).unwrap();
+    let e = Engine::create(dev, small_format(), roomy_options()).unwrap();
     let mut m = Model::new();
-    fill(&e, &mut m, "a/", 100, 20);
-    fill(&e, &mut m, "d/", 20_000, 100);
-    fill(&e, &mut m, "s/", 3_000, 100);
-    fill(&e, &mut m, "z/", 100, 20);
+    fill_family(&e, &mut m, "a/", 100, 20);
+    fill_family(&e, &mut m, "d/", 20_000, 100);
+    fill_family(&e, &mut m, "s/", 3_000, 100);
+    fill_family(&e, &mut m, "z/", 100, 20);
     e.flush_buffers(0, usize::MAX).unwrap();
     e.checkpoint().unwrap();
     let nodes = e.verify().unwrap();
@@ -172,11 +151,11 @@ fn dead_destination_subtrees_are_released() {
 #[test]
 fn a_logged_move_replays_to_the_same_state() {
     let dev = Arc::new(MemDevice::new(64 << 20));
-    let e = Engine::create(dev.clone(), small_format(), options()).unwrap();
+    let e = Engine::create(dev.clone(), small_format(), roomy_options()).unwrap();
     let mut m = Model::new();
-    fill(&e, &mut m, "s/", 3_000, 60);
-    fill(&e, &mut m, "t/", 10, 60);
-    fill(&e, &mut m, "u/", 3_000, 60);
+    fill_family(&e, &mut m, "s/", 3_000, 60);
+    fill_family(&e, &mut m, "t/", 10, 60);
+    fill_family(&e, &mut m, "u/", 3_000, 60);
     e.checkpoint().unwrap();
     // By surgery (copy_max 0) and by copy (a small range under a large copy_max), in one batch
     // and in separate ones, each followed by writes, then a crash with everything in the log.
@@ -197,7 +176,7 @@ fn a_logged_move_replays_to_the_same_state() {
     assert_eq!(e.stats().range_moves, 2);
     e.sync().unwrap();
     e.abandon();
-    let e = Engine::open(dev, options()).unwrap();
+    let e = Engine::open(dev, roomy_options()).unwrap();
     assert_eq!(e.stats().skipped_records, 0);
     assert!(dump(&e) == m, "the replay reached another state");
     verified(&e);

@@ -196,6 +196,7 @@ impl Checkpointer {
             let ckpt_lsn = inner.log.next_lsn();
             let mut btt = tree.store.btt.lock();
             btt.in_progress = Some(btt.current.clone());
+            btt.refs_in_progress = Some(tree.counts_to_write(&btt.refs));
             drop(btt);
             let mut pending = Vec::new();
             for cn in tree.cache.all() {
@@ -256,7 +257,11 @@ impl Checkpointer {
             if !ip.contains_key(&ROOT_ID) {
                 return Err(Error::Corrupt("checkpoint without a root".into()));
             }
-            (store::encode_btt(ip), ip.len() as u64)
+            let counts = btt
+                .refs_in_progress
+                .as_ref()
+                .expect("checkpoint in progress");
+            (store::encode_btt(ip, counts), ip.len() as u64)
         };
         let ext = tree.store.write_new(&table, "block translation table")?;
         tables.btt = Some(ext);

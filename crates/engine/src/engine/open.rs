@@ -314,6 +314,8 @@ impl Layout {
             checkpoint_held: Default::default(),
             writing: 0,
             checkpointed_table: None,
+            refs: Default::default(),
+            refs_in_progress: None,
             alloc,
         }
     }

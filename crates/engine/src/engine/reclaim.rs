@@ -1,6 +1,7 @@
 //! Space reclaim: deleted data leaves the device only once its range deletes reach the leaves
 //! (and a checkpoint frees the old images). A pass pushes them down; the write path forces one
-//! when deleted data holds too much space, the background threads run them when idle.
+//! when deleted data holds too much space, the background threads run them when idle. Subtrees a
+//! range delete covers whole are let go rather than flushed into; a pass collects them.
 
 use std::sync::atomic::Ordering;
 
@@ -11,6 +12,10 @@ use crate::space::{DataSpace, SpaceUse};
 /// Nodes' worth of space deleted data may hold beyond 1.5 times the baseline use before a pass that
 /// pushes range deletes down and a checkpoint are forced (see `Inner::space_baseline`).
 pub(super) const GARBAGE_SLACK_NODES: u64 = 16;
+
+/// Dead nodes a round of a pass pushing range deletes down frees at most (the pass's last round
+/// frees all that are left).
+const COLLECT_PER_ROUND: usize = 256;
 
 impl Inner {
     /// Whether deleted data may hold more space than the bound allows: deletes are pending and
@@ -81,6 +86,17 @@ impl Inner {
         };
         let (_, resume) = round?;
         self.tree.make_room()?;
+        // The subtrees the range deletes covered whole were let go, not flushed into: their
+        // nodes are freed here, a bounded number per round, and all of them when the pass ends.
+        loop {
+            let freed = {
+                let _w = self.tree.writers.read();
+                self.tree.collect(COLLECT_PER_ROUND)
+            }?;
+            if freed == 0 || resume.is_some() {
+                break;
+            }
+        }
         Ok(resume)
     }
 

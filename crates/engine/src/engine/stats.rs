@@ -94,6 +94,14 @@ pub struct Stats {
     pub range_moves: u64,
     /// Nodes of dead destination subtrees that range moves released.
     pub range_move_released: u64,
+    /// Shared nodes copied for one owner before a change (copy-on-write).
+    pub cow_copies: u64,
+    /// Dead nodes freed by the collector.
+    pub nodes_collected: u64,
+    /// Dead nodes waiting for the collector.
+    pub garbage_nodes: u64,
+    /// Subtrees range deletes covered whole and let go instead of flushing into them.
+    pub subtrees_dropped: u64,
     /// Completed checkpoints (this session).
     pub checkpoints: u64,
     /// Requests for a checkpoint (log past its checkpoint fraction, deleted data over its bound)
@@ -209,6 +217,10 @@ impl Engine {
             merges: tc.merges.load(Ordering::Relaxed),
             range_moves: tc.range_moves.load(Ordering::Relaxed),
             range_move_released: tc.range_move_released.load(Ordering::Relaxed),
+            cow_copies: tc.cow_copies.load(Ordering::Relaxed),
+            nodes_collected: tc.collected.load(Ordering::Relaxed),
+            garbage_nodes: i.tree.garbage_nodes() as u64,
+            subtrees_dropped: tc.subtrees_dropped.load(Ordering::Relaxed),
             checkpoints: i.ckpt.count.load(Ordering::Relaxed),
             checkpoint_requests_dropped: i
                 .counters

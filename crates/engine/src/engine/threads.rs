@@ -1,7 +1,7 @@
 //! The background threads: the log flusher (group commit at `Options::log_flush_interval`), the
 //! checkpointer (at `Options::checkpoint_interval` or when asked) and the cleaner (flushes an
-//! overfull root, drains heavy buffers and pushes range deletes down while idle, gives free
-//! memory back).
+//! overfull root, drains heavy buffers and pushes range deletes down while idle, heals fringes,
+//! collects dead nodes, gives free memory back).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -12,6 +12,9 @@ use crate::apply::flush_root;
 
 /// Threads reading ahead (each has one leaf read in flight).
 const READ_AHEAD_WORKERS: usize = 2;
+
+/// Dead nodes the cleaner frees per tick (docs/SURGERY.md §4.4: bounded work per step).
+const COLLECT_PER_TICK: usize = 64;
 
 /// Fringes the cleaner heals per tick.
 const HEAL_PER_TICK: usize = 8;
@@ -170,6 +173,11 @@ impl Inner {
         }
     }
 
+    /// Whether dead nodes wait for the cleaner, and it may free them.
+    fn collecting(&self) -> bool {
+        self.tree.garbage_nodes() > 0 && !self.tree.is_read_only() && self.failure().is_none()
+    }
+
     fn background_cleaner(self: &Arc<Inner>) {
         let node_size = self.tree.format.node_size;
         // Where the running pass that pushes range deletes down resumes, and how many deletes
@@ -180,7 +188,11 @@ impl Inner {
             let (flush, idle) = {
                 let mut w = self.wake_state.lock();
                 // A pass pushing range deletes down goes on without pausing while idle.
-                if !self.stop.load(Ordering::Acquire) && !w.flush_wanted && reclaim.is_none() {
+                if !self.stop.load(Ordering::Acquire)
+                    && !w.flush_wanted
+                    && reclaim.is_none()
+                    && !self.collecting()
+                {
                     self.wake.wait_for(&mut w, Duration::from_secs(1));
                 }
                 let idle = w
@@ -248,6 +260,17 @@ impl Inner {
                     self.tree.heal_step(HEAL_PER_TICK)
                 };
                 if let Err(e) = healed {
+                    self.fail(&e);
+                }
+            }
+            if self.collecting() {
+                // Dead nodes (a bounded step per tick; the next tick comes at once while
+                // garbage is left, as for a pass pushing range deletes down).
+                let collected = {
+                    let _w = self.tree.writers.read();
+                    self.tree.collect(COLLECT_PER_TICK)
+                };
+                if let Err(e) = collected {
                     self.fail(&e);
                 }
             }

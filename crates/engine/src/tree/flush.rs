@@ -41,13 +41,11 @@ impl Tree {
             // The bounds of the node `pg` latches.
             let mut pb = Bounds::root();
             loop {
-                let (c, cid) = match &pg.body {
-                    Body::Internal(n) if n.buffered_bytes() > threshold => {
-                        let c = n.heaviest_child();
-                        (c, n.children[c])
-                    }
+                let c = match &pg.body {
+                    Body::Internal(n) if n.buffered_bytes() > threshold => n.heaviest_child(),
                     _ => return Ok(did),
                 };
+                let cid = self.own_child(&pcn, &mut pg, c)?;
                 // Below the root the child is loaded while this node stays latched (only readers
                 // passing through this node wait); at the root, let go and start again instead.
                 let at_root = pcn.id == ROOT_ID;
@@ -139,14 +137,14 @@ impl Tree {
             Body::Leaf(_) => return Ok(None),
         };
         loop {
-            let (cid, pending, cb) = match &g.body {
+            let (pending, cb) = match &g.body {
                 Body::Internal(n) if i < n.children.len() => {
                     let pending = if work.deletes_only {
                         n.buffers[i].data().is_some_and(|b| b.counts().1 > 0)
                     } else {
                         !n.buffers[i].is_empty()
                     };
-                    (n.children[i], pending, bounds.child(n, i))
+                    (pending, bounds.child(n, i))
                 }
                 _ => return Ok(None),
             };
@@ -159,6 +157,7 @@ impl Tree {
                 i += 1;
                 continue;
             }
+            let cid = self.own_child(cn, g, i)?;
             let ccn = match self.cache.get(cid) {
                 Some(c) => c,
                 None => self.load_with(cid, true)?,
@@ -268,10 +267,14 @@ impl Tree {
         cb: &Bounds,
         extra: usize,
     ) -> Result<()> {
+        let ranges = buf.counts().1 > 0;
         let released = deliver(buf, node, cb, extra, &self.format, &mut |l, r, p, rel| {
             self.inline_heavy_refs(l, r, p, rel)
         })?;
         self.release_refs(&released);
+        if ranges {
+            self.drop_covered(node, cb);
+        }
         Ok(())
     }
 }

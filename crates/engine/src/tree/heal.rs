@@ -86,13 +86,11 @@ impl Tree {
             // drain its heaviest buffers. Children are loaded under the parent's latch:
             // maintenance, readers passing through wait (as in `drain_from`).
             for _ in 0..DRAIN_MAX {
-                let (c, cid) = match &g.body {
-                    Body::Internal(n) if n.buffered_bytes() > f.node_size => {
-                        let c = n.heaviest_child();
-                        (c, n.children[c])
-                    }
+                let c = match &g.body {
+                    Body::Internal(n) if n.buffered_bytes() > f.node_size => n.heaviest_child(),
                     _ => break,
                 };
+                let cid = self.own_child(&cn, &mut g, c)?;
                 let ccn = self.pin_whole(cid)?;
                 let mut cg = ccn.write();
                 if !cg.fully_resident() {
@@ -112,9 +110,10 @@ impl Tree {
                 };
                 Some((c, n.children[c]))
             };
-            let Some((c, cid)) = path(&g) else {
+            let Some((c, _)) = path(&g) else {
                 return Ok(());
             };
+            let cid = self.own_child(&cn, &mut g, c)?;
             // An internal child is read whole (the walk goes on into it and may change it); a
             // leaf only when it is changed: a 4 MiB leaf read for nothing cost a rename waiting
             // on the heal a cold read.
@@ -171,9 +170,10 @@ impl Tree {
                 self.end_modify(&cn, &g);
             }
             // Down to the child on the path as it is now (the step may have split or merged it).
-            let Some((c, cid)) = path(&g) else {
+            let Some((c, _)) = path(&g) else {
                 return Ok(());
             };
+            let cid = self.own_child(&cn, &mut g, c)?;
             let Some(ccn) = self.cache.get(cid) else {
                 return Ok(());
             };

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{Msg, Tree};
+use super::{Bounds, Msg, Tree};
 use crate::buffer::Buffer;
 use crate::error::Result;
 use crate::msg::Msn;
@@ -34,6 +34,7 @@ impl Tree {
             before_apply(first)?;
             let count = msgs.len() as u64;
             let bytes: usize = msgs.iter().map(|m| m.size()).sum();
+            let ranges = msgs.iter().any(|m| matches!(m, Msg::Range { .. }));
             let node = &mut *g;
             let mut released = Vec::new();
             match &mut node.body {
@@ -59,6 +60,9 @@ impl Tree {
             self.release_refs(&released);
             if count > 0 {
                 node.max_msn = first + count - 1;
+            }
+            if ranges {
+                self.drop_covered(node, &Bounds::root());
             }
             self.next_msn.store(first + count, Ordering::Relaxed);
             self.end_modify(&root, &g);

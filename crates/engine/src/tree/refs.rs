@@ -3,19 +3,29 @@
 //! patches would pass [`REF_PATCH_LIMIT`] into an inline value (the block read once, here, so
 //! that applying the messages to the leaf reads nothing and cannot fail).
 
+use std::collections::HashSet;
+
 use super::Tree;
 use crate::dataref::{DataRef, Stored, Val, REF_PATCH_LIMIT};
 use crate::datatable::RunMap;
 use crate::error::Result;
 use crate::msg::{KeyMsgs, RangeDel};
-use crate::node::{child_index, Body, Leaf, NodeId, ROOT_ID};
+use crate::node::{child_index, Body, Leaf, ROOT_ID};
 
 impl Tree {
-    /// Counts the references to out-of-line blocks the whole tree holds (every node read).
+    /// Counts the references to out-of-line blocks the whole tree holds (every node read once,
+    /// a shared one too; the subtrees the test hook holds and dead ones waiting for the
+    /// collector included: their references are counted until they are freed).
     pub(crate) fn recount_refs(&self) -> Result<RunMap> {
         let mut refs = RunMap::default();
-        let mut stack = vec![ROOT_ID];
+        let mut stack = self.store.btt.lock().refs.dead(usize::MAX);
+        stack.extend(self.holds().iter().map(|h| h.id));
+        stack.push(ROOT_ID);
+        let mut seen = HashSet::new();
         while let Some(id) = stack.pop() {
+            if !seen.insert(id) {
+                continue;
+            }
             let cn = self.pin(id)?;
             self.load_partitions(&cn, None)?;
             let g = cn.read();
@@ -42,39 +52,6 @@ impl Tree {
             self.make_room()?;
         }
         Ok(refs)
-    }
-
-    /// The references to out-of-line blocks that the nodes `ids` hold (leaf entries and buffered
-    /// messages, one per reference): what a range move's dead destination subtrees take with them
-    /// when they are released. Nothing is read when the data table holds no reference; otherwise
-    /// every node is read whole (the dead range is logically empty, so this is what its deleted
-    /// contents left, e.g. the replaced file of a rename).
-    pub(super) fn refs_held_by(&self, ids: &[NodeId]) -> Result<Vec<u64>> {
-        if self.store.data.lock().refs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut out = Vec::new();
-        for &id in ids {
-            let cn = self.pin_whole(id)?;
-            let g = cn.read();
-            match &g.body {
-                Body::Leaf(l) => {
-                    for p in l.resident_parts() {
-                        out.extend(p.ref_blocks(0, p.len()));
-                    }
-                }
-                Body::Internal(n) => {
-                    for slot in &n.buffers {
-                        let b = slot.data().expect("buffers just loaded");
-                        out.extend(b.ref_blocks());
-                    }
-                }
-            }
-            drop(g);
-            drop(cn);
-            self.make_room()?;
-        }
-        Ok(out)
     }
 
     /// Drops one reference to each of `blocks` in the data table.

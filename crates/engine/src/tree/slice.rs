@@ -82,6 +82,14 @@ impl Tree {
                 }
                 (c0, n.children[c0], n.buffers[c0].is_empty())
             };
+            // Something below will change: a shared child is made this node's own first.
+            let cid = if self.is_shared(cid) {
+                cn = self.pin_whole(cn.id)?;
+                let mut pg = cn.write();
+                self.own_child(&cn, &mut pg, c)?
+            } else {
+                cid
+            };
             // A node is read whole only to be changed: a child receiving the path's messages (and
             // its parent); one passed through on the way down needs only its skeleton.
             let ccn = if empty {
@@ -150,6 +158,13 @@ impl Tree {
                 return Ok(());
             }
             (c, n.children[c], b.child(n, c))
+        };
+        let cid = if self.is_shared(cid) {
+            let cn = self.pin_whole(cn.id)?;
+            let mut pg = cn.write();
+            self.own_child(&cn, &mut pg, c)?
+        } else {
+            cid
         };
         let ccn = self.pin_whole(cid)?;
         if ccn.read().height > 0 {

@@ -122,6 +122,12 @@ impl Tree {
                 Ok(Ok(true))
             }
             Fix::Collapse(cid) => {
+                // The root takes the child's contents: a shared child is copied first.
+                let cid = if self.is_shared(cid) {
+                    self.own_child(root, rg, 0)?
+                } else {
+                    cid
+                };
                 let Some(ccn) = self.cache.get(cid) else {
                     return Ok(Err(Need::Node(cid)));
                 };
@@ -215,6 +221,10 @@ impl Tree {
         } else {
             c - 1
         };
+        // A shared sibling is left as it is (merging is never needed).
+        if self.is_shared(pn.children[s]) {
+            return Ok(true);
+        }
         let Some(scn) = self.cache.get(pn.children[s]) else {
             return Ok(true);
         };

@@ -126,15 +126,14 @@ impl Tree {
             let (a, b) = slots_of(n, &xb, &dlo, &dhi);
             ((a, b), n.children[a..b].to_vec())
         };
-        let dead = self.subtree_nodes(&dead_roots, xd.read().height - 1)?;
-        // The out-of-line blocks the dead subtrees reference lose those references with them.
-        let mut dead_refs = self.refs_held_by(&dead)?;
         // The run again: slicing the destination may have cut the node that holds it.
         let run = self.find_sliced(&slo, &shi, h + 1)?;
         // The destination node is changed by the swing: wholly in memory before the record.
         let xd = self.pin_whole(xd.id)?;
+        // The out-of-line blocks the messages buffered in the dead slots reference lose those
+        // references with them (the slots go in the swing).
+        let mut dead_refs = Vec::new();
         {
-            // And so do the messages buffered in the dead slots (they go in the swing).
             let g = xd.read();
             let Body::Internal(n) = &g.body else {
                 unreachable!()
@@ -146,16 +145,26 @@ impl Tree {
         }
         // 4: the record.
         self.take_msn(before)?;
-        // 5: the swing, then the dead subtrees go.
+        // 5: the swing; the dead subtrees lose the slots that named them.
         self.swing(&run, &xd, &xb, dead_slots, p, q)?;
         drop(run);
         drop(xd);
-        self.release(&dead)?;
         self.release_refs(&dead_refs);
+        for &id in &dead_roots {
+            self.drop_node_ref(id);
+        }
+        // They are collected now (what they alone held: their nodes, and the blocks their
+        // entries and buffers reference), as far as that succeeds: the operation is logged and
+        // applied, and what a failure leaves dead the cleaner collects later.
+        match self.collect(usize::MAX) {
+            Ok(freed) => {
+                self.counters
+                    .range_move_released
+                    .fetch_add(freed as u64, Ordering::Relaxed);
+            }
+            Err(e) => log::warn!("amaranth engine: collecting after a range move: {e}"),
+        }
         self.counters.range_moves.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .range_move_released
-            .fetch_add(dead.len() as u64, Ordering::Relaxed);
         // 6–7: the fringes heal later; a destination node over its fanout is split now.
         for k in [&slo, &shi, &dlo, &dhi] {
             self.queue_heal(k);
@@ -246,31 +255,6 @@ impl Tree {
             };
             cn = self.pin(next)?;
         }
-    }
-
-    /// Every node of the subtrees under `roots` (of height `height`): internal nodes are read as
-    /// skeletons (from memory, or their image's header), leaves not at all.
-    fn subtree_nodes(&self, roots: &[NodeId], height: u32) -> Result<Vec<NodeId>> {
-        let mut out = Vec::new();
-        let mut stack: Vec<(NodeId, u32)> = roots.iter().map(|&id| (id, height)).collect();
-        while let Some((id, height)) = stack.pop() {
-            out.push(id);
-            if height == 0 {
-                continue;
-            }
-            let children = match self.cache.peek(id) {
-                Some(cn) => match &cn.read().body {
-                    Body::Internal(n) => n.children.clone(),
-                    Body::Leaf(_) => unreachable!("a node above height 0 is internal"),
-                },
-                None => match self.read_node(id, false)?.0.body {
-                    Body::Internal(n) => n.children,
-                    Body::Leaf(_) => unreachable!("a node above height 0 is internal"),
-                },
-            };
-            stack.extend(children.into_iter().map(|c| (c, height - 1)));
-        }
-        Ok(out)
     }
 
     /// Takes the operation's one message number, calling `before` with it under the root latch
@@ -376,7 +360,7 @@ impl Tree {
 
     /// A chain of new empty nodes of height `h` down to an empty leaf, for a slot whose range
     /// (under the full prefix `p` plus one byte) lost its keys. Returns the top's id and slot.
-    fn empty_chain(&self, h: u32, p: &[u8]) -> (NodeId, BufSlot) {
+    pub(super) fn empty_chain(&self, h: u32, p: &[u8]) -> (NodeId, BufSlot) {
         let mut id = self.new_node(Node {
             height: 0,
             max_msn: 0,
@@ -433,21 +417,6 @@ impl Tree {
             buffers: vec![BufSlot::empty().with_longest(longest + q.len() - top_prefix)],
             pivots: Vec::new(),
         }
-    }
-
-    /// Drops the nodes of released subtrees: resident ones as a merge drops a node (an image a
-    /// running checkpoint needs is saved first), the others from the table only.
-    fn release(&self, ids: &[NodeId]) -> Result<()> {
-        for &id in ids {
-            match self.cache.peek(id) {
-                Some(cn) => {
-                    let mut g = cn.write();
-                    self.delete_node(&cn, &mut g)?;
-                }
-                None => self.store.btt.lock().remove(id),
-            }
-        }
-        Ok(())
     }
 
     /// Splits the nodes on `k`'s path that a swing left over their fanout (bottom-up over at

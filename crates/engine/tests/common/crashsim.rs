@@ -58,6 +58,7 @@ pub fn workload_in(
     let mut g = Gen::new(seed, if range_moves { 40 } else { 400 }, max_value);
     let mut states = vec![hash_model(&m)];
     let mut syncs = Vec::new();
+    let mut holding = false;
     for step in 0..steps {
         let mut b = Batch::new();
         let n = if g.rng.gen_bool(0.2) {
@@ -110,12 +111,31 @@ pub fn workload_in(
                 syncs.push((dev.trace_len(), states.len() - 1));
             }
             12..=14 => e.checkpoint().unwrap(),
+            // With range moves, subtrees are shared now and then (the test hook, as a snapshot
+            // would hold them) and dead nodes collected: checkpoints write reference counts,
+            // held-only subtrees as dead (holds do not survive a crash).
+            15..=16 if range_moves => {
+                if holding {
+                    e.release_holds_for_tests()
+                        .unwrap_or_else(|err| panic!("seed {seed} step {step}: {err}"));
+                    holding = false;
+                } else {
+                    holding = e.hold_for_tests(g.rng.gen_range(0..2), 2).unwrap() > 0;
+                }
+            }
+            17 if range_moves => {
+                e.collect_garbage(8).unwrap();
+            }
             _ => {}
         }
     }
     if range_moves {
         let moved = e.stats().range_moves;
-        eprintln!("{moved} range moves by surgery");
+        let st = e.stats();
+        eprintln!(
+            "{moved} range moves by surgery, {} copies of shared nodes, {} subtrees dropped, {} nodes collected",
+            st.cow_copies, st.subtrees_dropped, st.nodes_collected
+        );
         assert!(moved > 0, "seed {seed}: no range move took the surgery");
     }
     e.abandon();

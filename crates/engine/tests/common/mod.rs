@@ -7,7 +7,7 @@ pub mod crashsim;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use amaranth_engine::{BlockData, Engine, Format, Op, Options, Patch};
+use amaranth_engine::{Batch, BlockData, Engine, Format, Op, Options, Patch};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -37,6 +37,29 @@ pub fn small_options() -> Options {
         background_threads: false,
         check_invariants: true,
         ..Options::default()
+    }
+}
+
+/// [`small_options`] with a cache that holds the whole tree of a test (64 MiB).
+pub fn roomy_options() -> Options {
+    Options {
+        cache_size: 64 << 20,
+        ..small_options()
+    }
+}
+
+/// Puts `n` keys `{prefix}{i:07}` of `len`-byte values, in batches of 100, in the engine and the
+/// model.
+pub fn fill_family(e: &Engine, m: &mut Model, prefix: &str, n: u32, len: usize) {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(100) {
+        let mut b = Batch::new();
+        for &i in chunk {
+            let k = format!("{prefix}{i:07}").into_bytes();
+            let v = vec![(i % 251) as u8; len];
+            m.insert(k.clone(), v.clone());
+            b.put(k, v);
+        }
+        e.write(&b).unwrap();
     }
 }
 
