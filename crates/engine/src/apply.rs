@@ -156,18 +156,23 @@ fn expand(tree: &Tree, ops: &[Op], before: &mut dyn FnMut(u64) -> Result<()>) ->
         let (from, to, keep) = match op {
             Op::MovePrefix { from, to } => (from, to, false),
             Op::CopyPrefix { from, to } => (from, to, true),
-            Op::RangeMove { from, to, copy_max } => {
+            Op::RangeMove { from, to, copy_max } | Op::RangeClone { from, to, copy_max } => {
                 if !simple.is_empty() {
                     inject(std::mem::take(&mut simple), before)?;
                 }
+                let clone = matches!(op, Op::RangeClone { .. });
                 // The choice depends on the source's contents only, so a replay makes the same
                 // one, with the same message numbers (docs/SURGERY.md §3.1).
                 if holds_more_than(tree, from, *copy_max as usize)? {
-                    tree.range_move(from, to, before)?;
+                    if clone {
+                        tree.range_clone(from, to, before)?;
+                    } else {
+                        tree.range_move(from, to, before)?;
+                    }
                     go_on_without_space(tree.make_room())?;
                     continue;
                 }
-                (from, to, false)
+                (from, to, clone)
             }
             other => {
                 other.clone().into_msgs(&mut simple);

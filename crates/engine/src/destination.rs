@@ -33,11 +33,16 @@ pub(crate) fn check_destinations(
         memo: HashMap::new(),
     };
     for (i, op) in ops.iter().enumerate() {
-        if let Op::RangeMove { to, .. } = op {
+        if let Op::RangeMove { to, .. } | Op::RangeClone { to, .. } = op {
             if o.occupied(to, i)? {
-                return Err(Error::InvalidArgument(
-                    "range move into a non-empty range".into(),
-                ));
+                let what = if matches!(op, Op::RangeMove { .. }) {
+                    "move"
+                } else {
+                    "clone"
+                };
+                return Err(Error::InvalidArgument(format!(
+                    "range {what} into a non-empty range"
+                )));
             }
         }
     }

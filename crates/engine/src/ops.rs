@@ -77,6 +77,21 @@ pub enum Op {
         /// The most bytes of keys and values a range is copied at rather than moved by surgery.
         copy_max: u32,
     },
+    /// Copy every key that starts with `from` to the same key with `to` in place of the prefix,
+    /// into a range that must hold no key (the batch is refused otherwise): by grafting the
+    /// source's subtrees, shared, under the destination (each gains a reference; a change to
+    /// either side copies the shared nodes it reaches), at a cost proportional to the tree's
+    /// height, when the keys and values under `from` take more than `copy_max` bytes; by copying
+    /// them, as [`Op::CopyPrefix`] does, otherwise (docs/SURGERY.md §4.1). The prefixes follow
+    /// the rules of [`Op::RangeMove`].
+    RangeClone {
+        /// Source prefix.
+        from: Vec<u8>,
+        /// Destination prefix.
+        to: Vec<u8>,
+        /// The most bytes of keys and values a range is copied at rather than cloned by surgery.
+        copy_max: u32,
+    },
 }
 
 impl Op {
@@ -85,7 +100,10 @@ impl Op {
     pub fn reads_tree(&self) -> bool {
         matches!(
             self,
-            Op::MovePrefix { .. } | Op::CopyPrefix { .. } | Op::RangeMove { .. }
+            Op::MovePrefix { .. }
+                | Op::CopyPrefix { .. }
+                | Op::RangeMove { .. }
+                | Op::RangeClone { .. }
         )
     }
 
@@ -99,7 +117,9 @@ impl Op {
             | Op::MovePrefix { from: lo, to: hi }
             | Op::CopyPrefix { from: lo, to: hi } => lo.len() + hi.len(),
             Op::PutBlocks { keys, data } => keys.iter().map(Vec::len).sum::<usize>() + data.len(),
-            Op::RangeMove { from, to, .. } => from.len() + to.len() + 4,
+            Op::RangeMove { from, to, .. } | Op::RangeClone { from, to, .. } => {
+                from.len() + to.len() + 4
+            }
         }
     }
 
@@ -196,7 +216,7 @@ impl Op {
                     ));
                 }
             }
-            Op::RangeMove { from, to, .. } => {
+            Op::RangeMove { from, to, .. } | Op::RangeClone { from, to, .. } => {
                 key(from)?;
                 key(to)?;
                 if from.starts_with(to) || to.starts_with(from) {
@@ -208,7 +228,8 @@ impl Op {
                 // in the same byte (docs/SURGERY.md §2.1, the move lemma).
                 if from.last() != to.last() || from.last() == Some(&0xff) {
                     return Err(Error::InvalidArgument(
-                        "a range move needs prefixes ending in the same byte, below 0xff".into(),
+                        "a range move or clone needs prefixes ending in the same byte, below 0xff"
+                            .into(),
                     ));
                 }
             }
@@ -401,6 +422,21 @@ impl Batch {
         });
         self
     }
+    /// Adds a range clone (see [`Op::RangeClone`]).
+    pub fn range_clone(
+        &mut self,
+        from: impl Into<Vec<u8>>,
+        to: impl Into<Vec<u8>>,
+        copy_max: u32,
+    ) -> &mut Batch {
+        self.ops.push(Op::RangeClone {
+            from: from.into(),
+            to: to.into(),
+            copy_max,
+        });
+        self
+    }
+
     /// Adds `op` (any operation; the builders above are shorthands for it).
     pub fn push(&mut self, op: Op) -> &mut Batch {
         self.ops.push(op);
@@ -476,6 +512,7 @@ const TAG_PUT_BLOCKS: u8 = 13;
 /// Log bytes per block of a [`Op::PutBlocks`] beyond its key: the key's length and the crc.
 const PUT_BLOCKS_PER_KEY: usize = 8;
 const TAG_RANGE_MOVE: u8 = 9;
+const TAG_RANGE_CLONE: u8 = 10;
 /// Bytes a group mark adds to a record (its tag and the group id).
 pub(crate) const MARK_BYTES: usize = 9;
 
@@ -563,6 +600,12 @@ pub(crate) fn encode_marked_record(ops: &[Op], mark: Option<GroupMark>) -> Vec<u
                 e.bytes(to);
                 e.u32(*copy_max);
             }
+            Op::RangeClone { from, to, copy_max } => {
+                e.u8(TAG_RANGE_CLONE);
+                e.bytes(from);
+                e.bytes(to);
+                e.u32(*copy_max);
+            }
         }
     }
     e.buf
@@ -646,6 +689,11 @@ pub fn decode_record(payload: &[u8], f: &Format) -> Result<(u64, Vec<Op>)> {
                 to: d.bytes(mk)?.to_vec(),
                 copy_max: d.u32()?,
             },
+            TAG_RANGE_CLONE => Op::RangeClone {
+                from: d.bytes(mk)?.to_vec(),
+                to: d.bytes(mk)?.to_vec(),
+                copy_max: d.u32()?,
+            },
             t => return Err(d.corrupt(format!("unknown operation tag {t}"))),
         };
         op.validate(f)
@@ -720,6 +768,11 @@ mod tests {
                 to: b"ij/".to_vec(),
                 copy_max: 4 << 20,
             },
+            Op::RangeClone {
+                from: b"k/".to_vec(),
+                to: b"lm/".to_vec(),
+                copy_max: 7,
+            },
         ];
         let mut rec = encode_record(&ops);
         rec[..8].copy_from_slice(&42u64.to_le_bytes());
@@ -775,6 +828,11 @@ mod tests {
                 to: b"bcd".to_vec(),
             },
             Op::RangeMove {
+                from: b"a/".to_vec(),
+                to: b"bcd/".to_vec(),
+                copy_max: u32::MAX,
+            },
+            Op::RangeClone {
                 from: b"a/".to_vec(),
                 to: b"bcd/".to_vec(),
                 copy_max: u32::MAX,

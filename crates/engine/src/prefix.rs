@@ -29,7 +29,7 @@ pub(crate) type LongestInTree<'a> = dyn FnMut(&[u8]) -> Result<Option<usize>> + 
 pub(crate) fn moving(op: &Op) -> Option<(&[u8], &[u8], bool)> {
     match op {
         Op::MovePrefix { from, to } | Op::RangeMove { from, to, .. } => Some((from, to, true)),
-        Op::CopyPrefix { from, to } => Some((from, to, false)),
+        Op::CopyPrefix { from, to } | Op::RangeClone { from, to, .. } => Some((from, to, false)),
         _ => None,
     }
 }
@@ -116,7 +116,10 @@ impl<'a, 'b> Check<'a, 'b> {
                         return Ok(best);
                     }
                 }
-                Op::MovePrefix { .. } | Op::CopyPrefix { .. } | Op::RangeMove { .. } => {
+                Op::MovePrefix { .. }
+                | Op::CopyPrefix { .. }
+                | Op::RangeMove { .. }
+                | Op::RangeClone { .. } => {
                     let (from, to, empties) = moving(&ops[j]).expect("a moving operation");
                     // The keys it wrote under `p` came from its source's keys under this prefix.
                     let source = if to.starts_with(p) {

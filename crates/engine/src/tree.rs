@@ -120,6 +120,8 @@ pub struct TreeCounters {
     pub range_moves: AtomicU64,
     /// Nodes of dead destination subtrees released by range moves.
     pub range_move_released: AtomicU64,
+    /// Range clones done by surgery (shared subtrees grafted).
+    pub range_clones: AtomicU64,
     /// Shared nodes copied for one owner before a change (copy-on-write).
     pub cow_copies: AtomicU64,
     /// Dead nodes freed by the collector.

@@ -252,6 +252,8 @@ fn short_counts_cover_the_whole_write_when_the_caller_loops() {
     let (g, gh) = fs
         .create(ROOT_INO, b"g", 0o644, libc::O_RDWR, Ctx::default())
         .unwrap();
+    // Not empty: a whole file copied into an empty one is cloned in one call instead.
+    assert_eq!(fs.write(g.ino, gh, 0, b"x", false).unwrap(), 1);
     let n = fs.copy_file_range(f.ino, 0, g.ino, 0, 301_000).unwrap();
     assert!(n > 0 && n < COPY_MAX && (n as usize) < max, "copied {n}");
     let mut copied = n;

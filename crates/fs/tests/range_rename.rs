@@ -1,6 +1,7 @@
 //! Renames by tree surgery (docs/SURGERY.md §5.1, §6.3): a directory of 100,000 entries, a
 //! sparse file past 4 GiB, hard links inside a moved directory, a file written while its
-//! directory moves, an exchange of two directories. Each ends with the checker clean and the
+//! directory moves, an exchange of two directories; and a whole-file `copy_file_range` as a
+//! range clone (§5.3). Each ends with the checker clean and the
 //! contents where they belong, after a remount too.
 
 mod common;
@@ -286,5 +287,57 @@ fn two_directories_exchange_their_subtrees() {
         img.fs().getxattr(b, b"user.side").unwrap(),
         b"a".to_vec(),
         "extended attributes go with their directory"
+    );
+}
+
+/// `copy_file_range` of a whole file into an empty one clones it (docs/SURGERY.md §5.3): one
+/// range clone; the copy reads back the same, with the source's size and block count; writes to
+/// either side (in the tree and out of line) stay on their side; deleting the source keeps the
+/// copy; the checker is clean after a remount.
+#[test]
+fn a_whole_file_copied_into_an_empty_one_is_a_clone() {
+    let mut img = Img::new(512 << 20);
+    let data: Vec<u8> = (0..(3usize << 20) + 1234)
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
+    let f = img.file(ROOT_INO, b"f", &data);
+    let g = img.file(ROOT_INO, b"g", &[]);
+    let clones = img.fs().engine().stats().range_clones;
+    let len = data.len() as u64;
+    assert_eq!(img.fs().copy_file_range(f, 0, g, 0, len).unwrap(), len);
+    assert_eq!(
+        img.fs().engine().stats().range_clones,
+        clones + 1,
+        "a clone"
+    );
+    let (fa, ga) = (img.fs().getattr(f).unwrap(), img.fs().getattr(g).unwrap());
+    assert_eq!((ga.size, ga.blocks), (fa.size, fa.blocks));
+    assert!(img.read(g, 0, len as u32 + 10) == data);
+    // Writes to either side: a few bytes, and a run of blocks stored out of line.
+    let write = |ino: u64, off: u64, bytes: &[u8]| {
+        let fh = img.fs().open(ino, libc::O_RDWR, Ctx::default()).unwrap();
+        common::write_all(img.fs(), ino, fh, off, bytes).unwrap();
+        img.fs().release(ino, fh).unwrap();
+    };
+    let (mut fd, mut gd) = (data.clone(), data.clone());
+    write(g, 5000, b"gg");
+    gd[5000..5002].copy_from_slice(b"gg");
+    write(f, 1 << 20, &[9u8; 256 << 10]);
+    fd[1 << 20..(1 << 20) + (256 << 10)].fill(9);
+    write(g, 2 << 20, &[8u8; 128 << 10]);
+    gd[2 << 20..(2 << 20) + (128 << 10)].fill(8);
+    assert!(img.read(f, 0, len as u32) == fd, "the source");
+    assert!(img.read(g, 0, len as u32) == gd, "the copy");
+    // Into a file that is not empty: a copy, not a clone.
+    let h = img.file(ROOT_INO, b"h", b"x");
+    let before = img.fs().engine().stats().range_clones;
+    img.fs().copy_file_range(f, 0, h, 0, len).unwrap();
+    assert_eq!(img.fs().engine().stats().range_clones, before);
+    img.fs().unlink(ROOT_INO, b"f").unwrap();
+    img.remount_checked();
+    let g = img.lookup(ROOT_INO, b"g");
+    assert!(
+        img.read(g, 0, len as u32) == gd,
+        "the copy after the source went"
     );
 }

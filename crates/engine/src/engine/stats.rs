@@ -94,6 +94,8 @@ pub struct Stats {
     pub range_moves: u64,
     /// Nodes of dead destination subtrees that range moves released.
     pub range_move_released: u64,
+    /// Range clones done by surgery (the others copied their range).
+    pub range_clones: u64,
     /// Shared nodes copied for one owner before a change (copy-on-write).
     pub cow_copies: u64,
     /// Dead nodes freed by the collector.
@@ -217,6 +219,7 @@ impl Engine {
             merges: tc.merges.load(Ordering::Relaxed),
             range_moves: tc.range_moves.load(Ordering::Relaxed),
             range_move_released: tc.range_move_released.load(Ordering::Relaxed),
+            range_clones: tc.range_clones.load(Ordering::Relaxed),
             cow_copies: tc.cow_copies.load(Ordering::Relaxed),
             nodes_collected: tc.collected.load(Ordering::Relaxed),
             garbage_nodes: i.tree.garbage_nodes() as u64,

@@ -98,6 +98,30 @@ impl Tree {
         to: &[u8],
         before: &mut dyn FnMut(Msn) -> Result<()>,
     ) -> Result<()> {
+        self.graft(from, to, before, false)
+    }
+
+    /// Copies every key under `from` to the same key under `to` by surgery (docs/SURGERY.md
+    /// §4.1): as [`Tree::range_move`], except that the source keeps its run and the destination
+    /// receives the same subtrees, shared (each gains a reference), with copies of their slot
+    /// buffers. Needs `writers` exclusive.
+    pub(crate) fn range_clone(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        before: &mut dyn FnMut(Msn) -> Result<()>,
+    ) -> Result<()> {
+        self.graft(from, to, before, true)
+    }
+
+    /// A range move, or with `clone` a range clone.
+    fn graft(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        before: &mut dyn FnMut(Msn) -> Result<()>,
+        clone: bool,
+    ) -> Result<()> {
         let max = self.format.max_key_len;
         let (slo, shi) = (from.to_vec(), prefix_end(from, max));
         let (dlo, dhi) = (to.to_vec(), prefix_end(to, max));
@@ -146,7 +170,7 @@ impl Tree {
         // 4: the record.
         self.take_msn(before)?;
         // 5: the swing; the dead subtrees lose the slots that named them.
-        self.swing(&run, &xd, &xb, dead_slots, p, q)?;
+        self.swing(&run, &xd, &xb, dead_slots, (p, q), clone)?;
         drop(run);
         drop(xd);
         self.release_refs(&dead_refs);
@@ -164,7 +188,11 @@ impl Tree {
             }
             Err(e) => log::warn!("amaranth engine: collecting after a range move: {e}"),
         }
-        self.counters.range_moves.fetch_add(1, Ordering::Relaxed);
+        if clone {
+            self.counters.range_clones.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.counters.range_moves.fetch_add(1, Ordering::Relaxed);
+        }
         // 6–7: the fringes heal later; a destination node over its fanout is split now.
         for k in [&slo, &shi, &dlo, &dhi] {
             self.queue_heal(k);
@@ -272,15 +300,18 @@ impl Tree {
     /// place of its dead slots: directly when `xd` is one level above the run's subtrees, under a
     /// chain of new single-child nodes otherwise. The source node keeps a slot for the range: its
     /// left neighbour widens over it, or, at either end of the node, a chain of new empty nodes
-    /// stands in.
+    /// stands in. With `clone` the source keeps the run, and the destination gets the same
+    /// subtrees (one more reference each) with copies of their buffers (one more reference to
+    /// each block the copies name). `(p, q)` are the source and destination prefixes without
+    /// their last byte.
     fn swing(
         &self,
         run: &Sliced,
         xd: &Arc<CachedNode>,
         xb: &Bounds,
         dead: (usize, usize),
-        p: &[u8],
-        q: &[u8],
+        (p, q): (&[u8], &[u8]),
+        clone: bool,
     ) -> Result<()> {
         let same = Arc::ptr_eq(&run.node, xd);
         // Latches top-down: the destination node first (it is at the run node's height, where
@@ -299,16 +330,33 @@ impl Tree {
                 unreachable!()
             };
             let edge = a == 0 || b == sn.children.len();
+            let buffers = if clone {
+                (a..b)
+                    .map(|i| {
+                        let buf = sn.buffers[i]
+                            .data()
+                            .expect("the run's node is wholly loaded");
+                        let mut slot = BufSlot::resident((*buf).clone());
+                        slot.longest = sn.buffers[i].longest;
+                        slot
+                    })
+                    .collect()
+            } else {
+                (a..b)
+                    .map(|i| std::mem::replace(&mut sn.buffers[i], BufSlot::empty()))
+                    .collect()
+            };
             let taken = Run {
                 children: sn.children[a..b].to_vec(),
-                buffers: (a..b)
-                    .map(|i| std::mem::replace(&mut sn.buffers[i], BufSlot::empty()))
-                    .collect(),
+                buffers,
                 pivots: sn.pivots[a..b - 1].to_vec(),
             };
             (taken, edge)
         };
-        let filler = edge.then(|| self.empty_chain(h, p));
+        if clone {
+            self.share_run(&taken);
+        }
+        let filler = (edge && !clone).then(|| self.empty_chain(h, p));
         // The run in its new form: in the destination node itself when it is one level above
         // the run's subtrees, else in a new node under a chain down from the destination node.
         let direct = dst_height == h + 1;
@@ -337,6 +385,8 @@ impl Tree {
         };
         let (da, db) = dead;
         match dg.as_mut() {
+            Some(g) if clone => splice(g, da, db, insert, run_msn),
+            None if clone => splice(&mut sg, da, db, insert, run_msn),
             Some(g) => {
                 splice(g, da, db, insert, run_msn);
                 remove_run(&mut sg, a, b, filler);
@@ -356,6 +406,33 @@ impl Tree {
             self.end_modify(xd, g);
         }
         Ok(())
+    }
+
+    /// The references a cloned run adds: one to each of its subtrees (now also named by the
+    /// destination), one to each out-of-line block its buffers' copies name.
+    fn share_run(&self, run: &Run) {
+        {
+            let mut btt = self.store.btt.lock();
+            for &c in &run.children {
+                btt.refs.add(c);
+            }
+        }
+        let blocks: Vec<u64> = run
+            .buffers
+            .iter()
+            .flat_map(|s| {
+                s.data()
+                    .expect("a copied buffer")
+                    .ref_blocks()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        if !blocks.is_empty() {
+            let mut d = self.store.data.lock();
+            for b in blocks {
+                d.refs.add(b, 1);
+            }
+        }
     }
 
     /// A chain of new empty nodes of height `h` down to an empty leaf, for a slot whose range

@@ -56,6 +56,8 @@ pub fn workload_in(
     let mut m = Model::new();
     // Fewer key families with range moves: they hold more keys, and most moves take the surgery.
     let mut g = Gen::new(seed, if range_moves { 40 } else { 400 }, max_value);
+    // Range clones among the range moves: shared subtrees written through and dropped.
+    g.clones = 0.3;
     let mut states = vec![hash_model(&m)];
     let mut syncs = Vec::new();
     let mut holding = false;
@@ -69,7 +71,9 @@ pub fn workload_in(
         for _ in 0..n {
             if range_moves && g.rng.gen_bool(0.25) {
                 if let Some(mut mv) = g.range_move() {
-                    let Op::RangeMove { to, copy_max, .. } = &mut mv else {
+                    let (Op::RangeMove { to, copy_max, .. } | Op::RangeClone { to, copy_max, .. }) =
+                        &mut mv
+                    else {
                         unreachable!()
                     };
                     if g.rng.gen_bool(0.8) {
@@ -130,11 +134,11 @@ pub fn workload_in(
         }
     }
     if range_moves {
-        let moved = e.stats().range_moves;
+        let moved = e.stats().range_moves + e.stats().range_clones;
         let st = e.stats();
         eprintln!(
-            "{moved} range moves by surgery, {} copies of shared nodes, {} subtrees dropped, {} nodes collected",
-            st.cow_copies, st.subtrees_dropped, st.nodes_collected
+            "{moved} range moves and clones by surgery ({} clones), {} copies of shared nodes, {} subtrees dropped, {} nodes collected",
+            st.range_clones, st.cow_copies, st.subtrees_dropped, st.nodes_collected
         );
         assert!(moved > 0, "seed {seed}: no range move took the surgery");
     }

@@ -97,13 +97,14 @@ pub fn apply_model(m: &mut Model, op: &Op) {
         }
         Op::MovePrefix { from, to }
         | Op::CopyPrefix { from, to }
-        | Op::RangeMove { from, to, .. } => {
+        | Op::RangeMove { from, to, .. }
+        | Op::RangeClone { from, to, .. } => {
             let moved: Vec<(Vec<u8>, Vec<u8>)> = m
                 .iter()
                 .filter(|(k, _)| k.starts_with(from))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect();
-            if !matches!(op, Op::CopyPrefix { .. }) {
+            if !matches!(op, Op::CopyPrefix { .. } | Op::RangeClone { .. }) {
                 for (k, _) in &moved {
                     m.remove(k);
                 }
@@ -125,6 +126,8 @@ pub struct Gen {
     pub rng: SmallRng,
     pub keys: u32,
     pub max_value: usize,
+    /// The share of [`Gen::range_move`]'s operations that are range clones (0: none).
+    pub clones: f64,
 }
 
 impl Gen {
@@ -133,6 +136,7 @@ impl Gen {
             rng: SmallRng::seed_from_u64(seed),
             keys,
             max_value,
+            clones: 0.0,
         }
     }
 
@@ -224,7 +228,11 @@ impl Gen {
         } else {
             self.rng.gen_range(0..4000)
         };
-        Some(Op::RangeMove { from, to, copy_max })
+        Some(if self.clones > 0.0 && self.rng.gen_bool(self.clones) {
+            Op::RangeClone { from, to, copy_max }
+        } else {
+            Op::RangeMove { from, to, copy_max }
+        })
     }
 
     pub fn simple_op(&mut self) -> Op {

@@ -449,12 +449,51 @@ impl Fs {
         }
     }
 
+    /// A whole file copied into an empty one (no data, no reservation, either side): a clone
+    /// of its data keys (docs/SURGERY.md §5.3), one record, by tree surgery when the data holds
+    /// more than [`FsOptions::rename_copy_max`] bytes: the copy shares the source's subtrees
+    /// until either is written, at a cost proportional to the tree's height, not the file's
+    /// size. `None` when the destination is not empty (the caller copies).
+    ///
+    /// [`FsOptions::rename_copy_max`]: super::FsOptions::rename_copy_max
+    fn clone_file(
+        &self,
+        ino_in: u64,
+        src: &[u8],
+        shared: &Arc<Mutex<Inode>>,
+        dst: &[u8],
+        dst_meta: &[u8],
+    ) -> Result<Option<u64>> {
+        let source = self.node_inode(ino_in)?.lock().clone();
+        let mut inode = shared.lock();
+        let empty = |i: &Inode| i.size == 0 && i.blocks == 0;
+        if !empty(&inode) || !inode.reserved.is_empty() || !source.reserved.is_empty() {
+            return Ok(None);
+        }
+        let (from, to) = (keys::data_prefix(src), keys::data_prefix(dst));
+        let mut b = Batch::new();
+        // No key may lie in a clone's destination: whatever an empty file left there goes.
+        b.range_delete(to.clone(), amaranth_engine::prefix_end(&to, self.max_key()));
+        b.range_clone(from, to, self.opts.rename_copy_max);
+        let mut next = inode.clone();
+        next.size = source.size;
+        next.blocks = source.blocks;
+        let now = Time::now();
+        next.mtime = now;
+        next.ctime = now;
+        b.put(dst_meta.to_vec(), next.encode());
+        self.commit(&mut b)?;
+        *inode = next;
+        Ok(Some(source.size))
+    }
+
     /// Copies up to `len` bytes between files inside the daemon (no data crosses to the kernel)
     /// as one batch: after a crash, all of what the call reports copied or none of it. One call
     /// copies at most [`COPY_MAX`] bytes (less if a batch that large would not fit in one log
     /// record) and returns the count, short when `len` was larger: the caller (the kernel hands
     /// the count to the application, `cp` loops) asks again for the rest. Block-aligned copies
-    /// move whole blocks and keep holes.
+    /// move whole blocks and keep holes. A whole file into an empty file is cloned instead
+    /// (`Fs::clone_file`): the copy shares the source's data until either is written.
     pub fn copy_file_range(
         &self,
         ino_in: u64,
@@ -478,6 +517,11 @@ impl Fs {
         let len = len.min(size_in - off_in);
         if ino_in == ino_out && off_in < off_out.saturating_add(len) && off_out < off_in + len {
             return Err(Errno::EINVAL);
+        }
+        if off_in == 0 && off_out == 0 && len == size_in && ino_in != ino_out {
+            if let Some(n) = self.clone_file(ino_in, &src, &shared, &dst, &dst_meta)? {
+                return Ok(n);
+            }
         }
         let len = len.min(self.copy_limit(&dst));
         let end = off_out.checked_add(len).ok_or(Errno::EFBIG)?;
