@@ -31,6 +31,7 @@
 
 mod apply;
 mod blockdata;
+mod btt;
 mod buffer;
 mod bufpool;
 mod cache;

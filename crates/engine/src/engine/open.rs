@@ -307,17 +307,7 @@ impl Layout {
                 "backup block {b} outside the free data area"
             );
         }
-        Btt {
-            current: HashMap::new(),
-            checkpointed: HashMap::new(),
-            in_progress: None,
-            checkpoint_held: Default::default(),
-            writing: 0,
-            checkpointed_table: None,
-            refs: Default::default(),
-            refs_in_progress: None,
-            alloc,
-        }
+        Btt::empty(alloc)
     }
 }
 
