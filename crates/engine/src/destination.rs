@@ -82,6 +82,14 @@ impl Occupancy<'_, '_> {
                         return Ok(true);
                     }
                 }
+                Op::PutBlocks { keys, .. } => {
+                    let live = |k: &[u8]| {
+                        k.starts_with(p) && !gone.iter().any(|(a, b)| a.as_slice() <= k && k < b)
+                    };
+                    if keys.iter().any(|k| live(k)) {
+                        return Ok(true);
+                    }
+                }
                 Op::Delete { .. } => {}
                 Op::RangeDelete { lo, hi } => {
                     if lo.as_slice() <= p && hi.as_slice() >= end.as_slice() {

@@ -203,3 +203,28 @@ fn a_logged_move_replays_to_the_same_state() {
     verified(&e);
     e.close().unwrap();
 }
+
+/// Out-of-line blocks put earlier in a move's batch count in its destination check (the check
+/// panicked on them: it took every other operation for a prefix move).
+#[test]
+fn blocks_put_earlier_in_the_batch_count_in_the_destination_check() {
+    let e = Engine::create(
+        Arc::new(MemDevice::new(64 << 20)),
+        blocks_format(),
+        small_options(),
+    )
+    .unwrap();
+    e.put(b"s/a", b"1").unwrap();
+    let mut b = Batch::new();
+    b.put_blocks(vec![b"d/0".to_vec()], &[7u8; 4096]);
+    b.range_move(b"s/".to_vec(), b"d/".to_vec(), 0);
+    assert!(matches!(e.write(&b), Err(Error::InvalidArgument(_))));
+    let mut b = Batch::new();
+    b.put_blocks(vec![b"x/0".to_vec()], &[7u8; 4096]);
+    b.range_move(b"s/".to_vec(), b"d/".to_vec(), 0);
+    e.write(&b).unwrap();
+    assert_eq!(e.get(b"d/a").unwrap().as_deref(), Some(&b"1"[..]));
+    assert_eq!(e.get(b"x/0").unwrap(), Some(vec![7u8; 4096]));
+    e.verify().unwrap();
+    e.close().unwrap();
+}
