@@ -817,6 +817,22 @@ mod tests {
 
     const REGION: u64 = 64 * 4096;
 
+    /// A log over `dev` (region after its first block), starting at offset 0 with `epoch` and
+    /// `next_lsn`.
+    fn test_log(dev: Arc<FaultDevice>, epoch: u64, next_lsn: Lsn) -> Log {
+        Log::new(
+            dev,
+            4096,
+            REGION,
+            0.5,
+            LogPosition {
+                epoch,
+                voff: 0,
+                next_lsn,
+            },
+        )
+    }
+
     fn replay(dev: &dyn BlockDevice, epoch: u64, tail: u64, lsn: Lsn) -> Vec<(Lsn, Vec<u8>)> {
         let mut out = Vec::new();
         let r = recover(dev, 4096, REGION, epoch, tail, lsn, true, |l, p| {
@@ -832,17 +848,7 @@ mod tests {
     /// bytes as one in a fresh buffer: the padding after its records is zeroed, not left over.
     #[test]
     fn a_chunk_in_a_reused_buffer_is_the_same_bytes() {
-        let log = Log::new(
-            Arc::new(FaultDevice::new(4096 + REGION)),
-            4096,
-            REGION,
-            0.5,
-            LogPosition {
-                epoch: 2,
-                voff: 0,
-                next_lsn: 5,
-            },
-        );
+        let log = test_log(Arc::new(FaultDevice::new(4096 + REGION)), 2, 5);
         log.append(&[7u8; 1000]).unwrap();
         let records = log.state.lock().buf.clone();
         let fresh = encode_chunk(2, 8192, 5, 1, 3, &records);
@@ -866,17 +872,7 @@ mod tests {
     #[test]
     fn append_flush_recover_and_wrap() {
         let dev = Arc::new(FaultDevice::new(4096 + REGION));
-        let log = Log::new(
-            dev.clone(),
-            4096,
-            REGION,
-            0.5,
-            LogPosition {
-                epoch: 3,
-                voff: 0,
-                next_lsn: 10,
-            },
-        );
+        let log = test_log(dev.clone(), 3, 10);
         for i in 0..50u32 {
             log.append(&vec![i as u8; 3000]).unwrap();
             if i % 7 == 0 {
@@ -914,17 +910,7 @@ mod tests {
     #[test]
     fn a_deferred_end_marker_is_written_later_or_superseded() {
         let dev = Arc::new(FaultDevice::new(4096 + REGION));
-        let log = Log::new(
-            dev.clone(),
-            4096,
-            REGION,
-            0.5,
-            LogPosition {
-                epoch: 1,
-                voff: 0,
-                next_lsn: 1,
-            },
-        );
+        let log = test_log(dev.clone(), 1, 1);
         log.defer_end_markers();
         log.append(b"a").unwrap();
         log.flush(true).unwrap();
@@ -956,17 +942,7 @@ mod tests {
     #[test]
     fn torn_and_lost_chunks_give_a_prefix() {
         let dev = Arc::new(FaultDevice::new(4096 + REGION));
-        let log = Log::new(
-            dev.clone(),
-            4096,
-            REGION,
-            0.5,
-            LogPosition {
-                epoch: 1,
-                voff: 0,
-                next_lsn: 1,
-            },
-        );
+        let log = test_log(dev.clone(), 1, 1);
         log.append(b"a").unwrap();
         log.flush(true).unwrap();
         for i in 0..5 {
