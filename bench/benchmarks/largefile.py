@@ -18,6 +18,7 @@ PARAMS = {
     "seq_read_block": Param(10 * M, size=True),
     "rand_reads": Param(8192, quick=1024),
     "rand_read_size": Param(4096, size=True),
+    "rand_read_threads": Param(16),
     "rand_writes": Param(262_144, quick=8192),
     "rand_write_size": Param(4),
 }
@@ -44,12 +45,18 @@ INFO = {
         "randread", "Random 4 KiB reads (cold)",
         "cold cache, then `rand_reads` pread()s of `rand_read_size` bytes at block-aligned offsets drawn "
         "uniformly from the file (xorshift64* seeded with `rand_seed`, drawn before the clock starts) after "
-        "POSIX_FADV_RANDOM; reads/s and device bytes read per read (C helper `seqio randread`)",
+        "POSIX_FADV_RANDOM, by one thread (QD1); then cold again, the same offsets shared by "
+        "`rand_read_threads` threads (up to that many reads in flight); reads/s and device bytes read per read "
+        "(C helper `seqio randread`)",
         "not in the BetrFS scripts; the point-read case of the engine benchmark (docs/benchmarks/engine.md) on "
         "the mount",
-        [Metric("randread", "reads_per_s", "cold random reads", "reads/s", True)], ["randread"],
+        [Metric("randread", "reads_per_s", "cold random reads, QD1", "reads/s", True),
+         Metric("randread_mt", "reads_per_s", "cold random reads, threads", "reads/s", True)],
+        ["randread", "randread_mt"],
         secondary=[Metric("randread", "dev_bytes_per_read", "device bytes read per read", "B", False),
-                   Metric("randread", "read_s", "reads", "s", False)]),
+                   Metric("randread", "read_s", "reads", "s", False),
+                   Metric("randread_mt", "dev_bytes_per_read", "device bytes read per read, threads", "B",
+                          False)]),
     "randwrite": Info(
         "randwrite", "Random 4-byte writes (cold)",
         "cold cache, then `rand_writes` pwrite()s of `rand_write_size` bytes at offsets "
@@ -104,6 +111,19 @@ def run(ctx, names):
         ctx.record("randread", "randread", "reads_per_s", j["reads"] / j["read_s"], "reads/s")
         ctx.record("randread", "randread", "read_s", j["read_s"], "s")
         ctx.record("randread", "randread", "dev_bytes_per_read", dev_read / j["reads"], "B")
+        t = p.rand_read_threads
+        r = ctx.timed("randread", "randread_mt",
+                      [seqio, "randread", str(f), str(p.rand_reads), str(p.rand_read_size), str(p.rand_seed),
+                       str(t)],
+                      cold=True, record_seconds=False,
+                      label=f"cold {p.rand_reads:,} random {p.rand_read_size >> 10} KiB reads, {t} threads")
+        j = ctx.helper_json(r)
+        if j["file_bytes"] != p.large_file or j["threads"] != t:
+            raise RuntimeError(f"randread with {t} threads: unexpected answer {j}")
+        dev_read = r.extra["trace"].read_bytes
+        ctx.record("randread", "randread_mt", "reads_per_s", j["reads"] / j["read_s"], "reads/s")
+        ctx.record("randread", "randread_mt", "read_s", j["read_s"], "s")
+        ctx.record("randread", "randread_mt", "dev_bytes_per_read", dev_read / j["reads"], "B")
     if "randwrite" in names:
         r = ctx.timed("randwrite", "randwrite",
                       [str(ctx.helpers["randwrite"]), str(f), str(p.rand_writes), str(p.rand_write_size),

@@ -5,16 +5,21 @@
  *                                  writes (taken at rotating offsets from one random pool, so no two
  *                                  blocks are identical), then one fsync.
  *   seqio read FILE BLOCK                 read the whole file in BLOCK-sized reads.
- *   seqio randread FILE COUNT BLOCK SEED  COUNT preads of BLOCK bytes at BLOCK-aligned offsets drawn
+ *   seqio randread FILE COUNT BLOCK SEED [THREADS]
+ *                                  COUNT preads of BLOCK bytes at BLOCK-aligned offsets drawn
  *                                  uniformly from the file (xorshift64* seeded with SEED, offsets
  *                                  drawn before the clock starts), after POSIX_FADV_RANDOM so the
- *                                  kernel reads no more than each call asks for.
+ *                                  kernel reads no more than each call asks for; with THREADS
+ *                                  (default 1), that many threads on one descriptor share the
+ *                                  offsets (thread t takes every THREADS-th one from t), so up to
+ *                                  THREADS reads are in flight.
  *
  * Prints one JSON object on stdout: bytes, seconds for the writes/reads, seconds for the fsync.
  * Buffer generation happens before the clock starts.
  */
 #include "common.h"
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -85,8 +90,33 @@ static uint64_t xorshift64s(uint64_t *x) {
     return *x * 0x2545F4914F6CDD1Dull;
 }
 
-static int do_randread(const char *path, unsigned long long count, size_t block, unsigned long long seed) {
+struct rr_job {
+    int fd;
+    const off_t *offs;
+    unsigned long long count, first, step;
+    size_t block;
+    const char *path;
+};
+
+static void *rr_worker(void *arg) {
+    struct rr_job *j = arg;
+    char *buf = xmalloc(j->block);
+    for (unsigned long long i = j->first; i < j->count; i += j->step) {
+        ssize_t n = pread(j->fd, buf, j->block, j->offs[i]);
+        if (n < 0 && errno == EINTR) {
+            i -= j->step;
+            continue;
+        }
+        if (n != (ssize_t)j->block) die("pread %s at %lld returned %zd", j->path, (long long)j->offs[i], n);
+    }
+    free(buf);
+    return NULL;
+}
+
+static int do_randread(const char *path, unsigned long long count, size_t block, unsigned long long seed,
+                       unsigned long long threads) {
     if (block == 0 || count == 0) die("randread: COUNT and BLOCK must be positive");
+    if (threads == 0 || threads > 1024) die("randread: THREADS must be 1 to 1024");
     int fd = open(path, O_RDONLY);
     if (fd < 0) die("open %s", path);
     struct stat st;
@@ -101,20 +131,22 @@ static int do_randread(const char *path, unsigned long long count, size_t block,
     off_t *offs = xmalloc(count * sizeof *offs);
     uint64_t x = seed ? seed : 1;
     for (unsigned long long i = 0; i < count; i++) offs[i] = (off_t)((xorshift64s(&x) % blocks) * block);
-    char *buf = xmalloc(block);
+    struct rr_job *jobs = xmalloc(threads * sizeof *jobs);
+    pthread_t *tids = xmalloc(threads * sizeof *tids);
+    for (unsigned long long t = 0; t < threads; t++)
+        jobs[t] = (struct rr_job){fd, offs, count, t, threads, block, path};
     double t0 = now_s();
-    for (unsigned long long i = 0; i < count; i++) {
-        ssize_t n = pread(fd, buf, block, offs[i]);
-        if (n < 0 && errno == EINTR) {
-            i--;
-            continue;
-        }
-        if (n != (ssize_t)block) die("pread %s at %lld returned %zd", path, (long long)offs[i], n);
+    if (threads == 1) {
+        rr_worker(&jobs[0]);
+    } else {
+        for (unsigned long long t = 0; t < threads; t++)
+            if (pthread_create(&tids[t], NULL, rr_worker, &jobs[t])) die("pthread_create");
+        for (unsigned long long t = 0; t < threads; t++) pthread_join(tids[t], NULL);
     }
     double t1 = now_s();
     close(fd);
-    printf("{\"reads\": %llu, \"block\": %zu, \"file_bytes\": %lld, \"read_s\": %.6f}\n", count, block,
-           (long long)st.st_size, t1 - t0);
+    printf("{\"reads\": %llu, \"block\": %zu, \"threads\": %llu, \"file_bytes\": %lld, \"read_s\": %.6f}\n",
+           count, block, threads, (long long)st.st_size, t1 - t0);
     return 0;
 }
 
@@ -122,9 +154,10 @@ int main(int argc, char **argv) {
     if (argc == 5 && !strcmp(argv[1], "write"))
         return do_write(argv[2], parse_u64(argv[3]), (size_t)parse_u64(argv[4]));
     if (argc == 4 && !strcmp(argv[1], "read")) return do_read(argv[2], (size_t)parse_u64(argv[3]));
-    if (argc == 6 && !strcmp(argv[1], "randread"))
-        return do_randread(argv[2], parse_u64(argv[3]), (size_t)parse_u64(argv[4]), parse_u64(argv[5]));
+    if ((argc == 6 || argc == 7) && !strcmp(argv[1], "randread"))
+        return do_randread(argv[2], parse_u64(argv[3]), (size_t)parse_u64(argv[4]), parse_u64(argv[5]),
+                           argc == 7 ? parse_u64(argv[6]) : 1);
     fprintf(stderr, "usage: seqio write FILE SIZE BLOCK | seqio read FILE BLOCK | "
-                    "seqio randread FILE COUNT BLOCK SEED\n");
+                    "seqio randread FILE COUNT BLOCK SEED [THREADS]\n");
     return 2;
 }

@@ -726,47 +726,73 @@ fn the_mount_reads_ahead_4_mib_unless_told_otherwise() {
 }
 
 /// A cold sequential read through the mount (10 MiB `read`s, sent by the kernel as 1 MiB FUSE
-/// reads) is read ahead by the engine: the daemon's counters show leaves read ahead and then used,
-/// the bytes read from the device stay near the file's size, and the data is right.
+/// reads). With the data in the tree (`out_of_line_min=0`), the engine reads its leaves ahead:
+/// the daemon's counters show leaves read ahead and then used, and the node bytes read stay near
+/// the file's size. Written out of line (the default for 1 MiB writes), the leaves hold only
+/// references and the data is read straight from its blocks: data bytes read near the file's
+/// size, node bytes a small fraction of it. The data is right either way.
 #[test]
 fn a_cold_sequential_read_is_read_ahead() {
     if !can_mount() {
         return;
     }
     let s = Scratch::new("readahead");
-    let img = s.mkfs("fs.img", "512M");
-    let m = s.mount(&img, "mnt", &[]);
     let len = 48 << 20;
     let data = pattern(len, 7);
-    fs::write(m.mp.join("big"), &data).unwrap();
-    m.umount();
-    let m = s.mount(&img, "mnt", &[]);
-    let mut f = fs::File::open(m.mp.join("big")).unwrap();
-    let mut got = Vec::with_capacity(len);
-    let mut buf = vec![0u8; 10 << 20];
-    loop {
-        let n = f.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
+    for inline in [true, false] {
+        let img = s.mkfs(
+            if inline {
+                "inline.img"
+            } else {
+                "outofline.img"
+            },
+            "512M",
+        );
+        let opts: &[&str] = if inline {
+            &["-o", "out_of_line_min=0"]
+        } else {
+            &[]
+        };
+        let m = s.mount(&img, "mnt", opts);
+        fs::write(m.mp.join("big"), &data).unwrap();
+        m.umount();
+        let m = s.mount(&img, "mnt", opts);
+        let mut f = fs::File::open(m.mp.join("big")).unwrap();
+        let mut got = Vec::with_capacity(len);
+        let mut buf = vec![0u8; 10 << 20];
+        loop {
+            let n = f.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
         }
-        got.extend_from_slice(&buf[..n]);
+        assert!(got == data, "the file read back differs (inline: {inline})");
+        let out = s.run(&["stat", m.mp.to_str().unwrap(), "--json"]);
+        assert!(out.status.success());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let n = |k: &str| v[k].as_u64().unwrap();
+        let (loads, hits) = (n("prefetch_loads"), n("prefetch_hits"));
+        let (nodes, blocks) = (n("node_bytes_read"), n("data_bytes_read"));
+        eprintln!(
+            "inline {inline}: {loads} leaves read ahead, {hits} used, {nodes} node bytes and \
+             {blocks} data bytes read for {len}"
+        );
+        if inline {
+            assert!(
+                hits >= 4,
+                "{hits} leaves read ahead were used ({loads} read)"
+            );
+            assert!(hits <= loads);
+            assert!(nodes < len as u64 * 12 / 10, "{nodes} bytes read for {len}");
+        } else {
+            assert!(
+                blocks >= len as u64 && blocks < len as u64 * 11 / 10,
+                "{blocks} data bytes read for {len}"
+            );
+            assert!(nodes < len as u64 / 20, "{nodes} node bytes read for {len}");
+        }
+        drop(f);
+        m.umount();
     }
-    assert!(got == data, "the file read back differs");
-    let out = s.run(&["stat", m.mp.to_str().unwrap(), "--json"]);
-    assert!(out.status.success());
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let (loads, hits) = (
-        v["prefetch_loads"].as_u64().unwrap(),
-        v["prefetch_hits"].as_u64().unwrap(),
-    );
-    let read = v["node_bytes_read"].as_u64().unwrap();
-    eprintln!("{loads} leaves read ahead, {hits} used, {read} node bytes read for {len}");
-    assert!(
-        hits >= 4,
-        "{hits} leaves read ahead were used ({loads} read)"
-    );
-    assert!(hits <= loads);
-    assert!(read < len as u64 * 12 / 10, "{read} bytes read for {len}");
-    drop(f);
-    m.umount();
 }

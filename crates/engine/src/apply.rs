@@ -285,13 +285,20 @@ fn has_key_in(tree: &Tree, lo: &[u8], hi: &[u8]) -> Result<bool> {
     Ok(found)
 }
 
-/// Whether the keys and stored values under `prefix` take more than `max` bytes (an out-of-line
-/// block counts as its reference; read until they do).
+/// Whether the keys and values under `prefix` take more than `max` bytes (read until they do).
+/// Values count at their logical length: an out-of-line block as the value it holds, not as its
+/// reference. How a value is stored depends on when flushes ran (a leaf turns a reference with
+/// many patches into an inline value), which a replay does not repeat, and the choice this makes
+/// must be the same at replay (docs/SURGERY.md §3.1).
 fn holds_more_than(tree: &Tree, prefix: &[u8], max: usize) -> Result<bool> {
     let end = ops::prefix_end(prefix, tree.format.max_key_len);
     let mut bytes = 0usize;
     scan_tree(tree, prefix, Some(&end), &mut |k, v| {
-        bytes += k.len() + v.raw().len();
+        let len = match v {
+            Stored::Bytes(b) => b.len(),
+            Stored::Ref(r) => DataRef::decode_checked(r).value_len(),
+        };
+        bytes += k.len() + len;
         bytes <= max
     })?;
     Ok(bytes > max)

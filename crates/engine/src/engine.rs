@@ -114,6 +114,8 @@ struct WakeState {
     checkpoint_wanted: bool,
     /// The log buffer is past its write threshold: the log thread writes it.
     log_write_wanted: bool,
+    /// A durable flush left its end marker to the log thread.
+    marker_wanted: bool,
     last_write: Option<Instant>,
 }
 
@@ -258,7 +260,9 @@ impl Engine {
         self.inner
             .log
             .flush_to(target, true)
-            .inspect_err(|e| self.inner.fail(e))
+            .inspect_err(|e| self.inner.fail(e))?;
+        self.inner.wake_for_marker();
+        Ok(())
     }
 
     /// Writes a checkpoint now (every dirty node, the table, a superblock), freeing log space.

@@ -409,6 +409,14 @@ impl<'t> Walker<'t> {
                 (a, b) => a.or(b),
             };
             if ch.is_some_and(|c| c <= cl) {
+                if !placed {
+                    // An adopted orphan's range runs from its first intact key to the next
+                    // orphan's (`adopt`): a child wholly outside it holds no intact key (its
+                    // leaves are empty, or emptied by deletes). Its buffered messages, if any,
+                    // have no place and are counted as dropped; the node is not damaged.
+                    self.report.messages_dropped += h.sublocs[i].count as u64;
+                    continue;
+                }
                 // A pivot outside the node's range: nothing of this child can be placed.
                 let msg = "a pivot outside the node's range".to_string();
                 let d = dmg(
@@ -673,10 +681,6 @@ pub(crate) fn rebuild(tree: &Tree) -> Result<SalvageReport> {
     let keep: HashSet<NodeId> = build.reused.keys().copied().collect();
     {
         let mut btt = tree.store.btt.lock();
-        // The rebuilt tree reaches each node it keeps once (a node reached twice is damage to
-        // the walk): every count is 1, and nothing is dead (the dead nodes are dropped below,
-        // with what they referenced).
-        btt.refs = Default::default();
         let old: Vec<NodeId> = btt
             .checkpointed
             .keys()

@@ -11,6 +11,7 @@
 //! first LSN are the expected ones and its header checksum holds; inside a chunk it stops at the first
 //! record whose checksum or LSN is wrong. What remains is the longest valid prefix.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use amaranth_device::{round_up, AlignedBuf, BlockDevice, BLOCK_SIZE};
@@ -59,6 +60,9 @@ struct State {
     written_lsn: Lsn,
     durable_lsn: Lsn,
     leader: bool,
+    /// With deferred end markers: where the end marker after the last durable chunk goes, and
+    /// the LSN it names, until it is written or a later chunk takes its place.
+    marker_due: Option<(u64, Lsn)>,
     failed: Option<Error>,
     bytes_written: u64,
     chunks_written: u64,
@@ -95,6 +99,9 @@ pub struct Log {
     dev: Arc<dyn BlockDevice>,
     /// Waited for before every device flush: the writes of out-of-line data the records name.
     flush_barrier: std::sync::OnceLock<FlushBarrier>,
+    /// Whether the end marker after a durable chunk is left to [`Log::write_due_marker`] (the
+    /// engine's log thread) instead of being written before the flush returns.
+    defer_markers: AtomicBool,
     region_start: u64,
     region_len: u64,
     checkpoint_fraction: f64,
@@ -134,6 +141,7 @@ impl Log {
         Log {
             dev,
             flush_barrier: std::sync::OnceLock::new(),
+            defer_markers: AtomicBool::new(false),
             region_start,
             region_len,
             checkpoint_fraction,
@@ -151,6 +159,7 @@ impl Log {
                 written_lsn: pos.next_lsn,
                 durable_lsn: pos.next_lsn,
                 leader: false,
+                marker_due: None,
                 failed: None,
                 bytes_written: 0,
                 chunks_written: 0,
@@ -158,6 +167,56 @@ impl Log {
             }),
             cond: Condvar::new(),
         }
+    }
+
+    /// Leaves the end marker that follows a durable chunk to [`Log::write_due_marker`], so that a
+    /// durable flush returns after its chunk's write and the device flush, without a third
+    /// request. The marker only lets recovery tell damage to that chunk from a torn tail, and it
+    /// was never flushed, so writing it a moment later changes no guarantee.
+    pub fn defer_end_markers(&self) {
+        self.defer_markers.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether an end marker is waiting for [`Log::write_due_marker`].
+    pub fn marker_due(&self) -> bool {
+        self.state.lock().marker_due.is_some()
+    }
+
+    /// Writes the end marker a deferred durable flush left, if no chunk has taken its place
+    /// since and no record waits for one (which would). Takes the leader's turn, so no chunk is
+    /// written at its place meanwhile.
+    pub fn write_due_marker(&self) {
+        let mut s = self.state.lock();
+        while s.leader {
+            self.cond.wait(&mut s);
+        }
+        let Some((at, lsn)) = s.marker_due.take() else {
+            return;
+        };
+        if s.failed.is_some() || s.buf_records > 0 {
+            // Records are waiting: their chunk goes where the marker would.
+            return;
+        }
+        assert_eq!(at, s.head_voff, "a due end marker behind the head");
+        s.leader = true;
+        self.write_marker(s, at, lsn);
+    }
+
+    /// Writes an end marker at `at` naming `lsn`, as the leader (`s` its state, let go during the
+    /// write), then gives the leader's turn back.
+    fn write_marker<'a>(&'a self, mut s: parking_lot::MutexGuard<'a, State>, at: u64, lsn: Lsn) {
+        debug_assert!(s.leader, "an end marker is written by the leader");
+        if at + BLOCK_SIZE as u64 - s.tail_voff <= self.region_len {
+            let marker = encode_chunk(s.epoch, at, lsn, 0, lsn, &[]);
+            drop(s);
+            let phys = self.region_start + at % self.region_len;
+            if let Err(e) = self.dev.write_at(phys, &marker) {
+                log::warn!("amaranth: writing the log end marker failed: {e}");
+            }
+            s = self.state.lock();
+        }
+        s.leader = false;
+        self.cond.notify_all();
     }
 
     /// Has every device flush of the log first call `barrier` (the engine waits there for the
@@ -340,6 +399,8 @@ impl Log {
                 }
                 s.inflight = Some((voff, first));
                 s.head_voff = voff + len;
+                // This chunk goes where a due end marker would have: it takes the marker's place.
+                s.marker_due = None;
                 let head = ChunkHead {
                     epoch: s.epoch,
                     voff,
@@ -383,25 +444,8 @@ impl Log {
                     .dev
                     .flush()
                     .map_err(|e| Error::io("flushing the redo log", e));
-                if result.is_ok() && chunk.is_some() {
-                    // An end marker after the chunk says "everything before me was durable", so
-                    // damage to this chunk is detected instead of looking like a torn tail.
-                    // It is not flushed: losing it only loses that detection. The next chunk
-                    // overwrites it.
-                    let s = self.state.lock();
-                    let at = s.head_voff;
-                    if at + BLOCK_SIZE as u64 - s.tail_voff <= self.region_len {
-                        let marker = encode_chunk(s.epoch, at, end_lsn, 0, end_lsn, &[]);
-                        drop(s);
-                        let phys = self.region_start + at % self.region_len;
-                        if let Err(e) = self.dev.write_at(phys, &marker) {
-                            log::warn!("amaranth: writing the log end marker failed: {e}");
-                        }
-                    }
-                }
             }
             s = self.state.lock();
-            s.leader = false;
             s.inflight = None;
             if let Some(b) = spare_buf {
                 if b.len() <= SPARE_MAX + CHUNK_HEADER + BLOCK_SIZE {
@@ -412,6 +456,7 @@ impl Log {
             if records.capacity() <= SPARE_MAX {
                 s.spare = records;
             }
+            let mut marker = false;
             match result {
                 Ok(()) => {
                     s.written_lsn = end_lsn;
@@ -422,12 +467,29 @@ impl Log {
                     if durable {
                         s.durable_lsn = end_lsn;
                         s.device_flushes += 1;
+                        // An end marker after the chunk says "everything before me was durable",
+                        // so damage to this chunk is detected instead of looking like a torn
+                        // tail. It is not flushed: losing it only loses that detection. The next
+                        // chunk overwrites it.
+                        marker = chunk.is_some();
                     }
                 }
                 Err(e) => {
                     s.failed = Some(e);
                 }
             }
+            if marker && self.defer_markers.load(Ordering::Relaxed) {
+                s.marker_due = Some((s.head_voff, end_lsn));
+                marker = false;
+            }
+            if marker {
+                // Written now, still as the leader: the waiters go on after it.
+                let at = s.head_voff;
+                self.write_marker(s, at, end_lsn);
+                s = self.state.lock();
+                continue;
+            }
+            s.leader = false;
             self.cond.notify_all();
         }
     }
@@ -755,6 +817,22 @@ mod tests {
 
     const REGION: u64 = 64 * 4096;
 
+    /// A log over `dev` (region after its first block), starting at offset 0 with `epoch` and
+    /// `next_lsn`.
+    fn test_log(dev: Arc<FaultDevice>, epoch: u64, next_lsn: Lsn) -> Log {
+        Log::new(
+            dev,
+            4096,
+            REGION,
+            0.5,
+            LogPosition {
+                epoch,
+                voff: 0,
+                next_lsn,
+            },
+        )
+    }
+
     fn replay(dev: &dyn BlockDevice, epoch: u64, tail: u64, lsn: Lsn) -> Vec<(Lsn, Vec<u8>)> {
         let mut out = Vec::new();
         let r = recover(dev, 4096, REGION, epoch, tail, lsn, true, |l, p| {
@@ -770,17 +848,7 @@ mod tests {
     /// bytes as one in a fresh buffer: the padding after its records is zeroed, not left over.
     #[test]
     fn a_chunk_in_a_reused_buffer_is_the_same_bytes() {
-        let log = Log::new(
-            Arc::new(FaultDevice::new(4096 + REGION)),
-            4096,
-            REGION,
-            0.5,
-            LogPosition {
-                epoch: 2,
-                voff: 0,
-                next_lsn: 5,
-            },
-        );
+        let log = test_log(Arc::new(FaultDevice::new(4096 + REGION)), 2, 5);
         log.append(&[7u8; 1000]).unwrap();
         let records = log.state.lock().buf.clone();
         let fresh = encode_chunk(2, 8192, 5, 1, 3, &records);
@@ -804,17 +872,7 @@ mod tests {
     #[test]
     fn append_flush_recover_and_wrap() {
         let dev = Arc::new(FaultDevice::new(4096 + REGION));
-        let log = Log::new(
-            dev.clone(),
-            4096,
-            REGION,
-            0.5,
-            LogPosition {
-                epoch: 3,
-                voff: 0,
-                next_lsn: 10,
-            },
-        );
+        let log = test_log(dev.clone(), 3, 10);
         for i in 0..50u32 {
             log.append(&vec![i as u8; 3000]).unwrap();
             if i % 7 == 0 {
@@ -846,20 +904,45 @@ mod tests {
         }
     }
 
+    /// With deferred end markers, a durable flush leaves its marker due; the marker is written by
+    /// `write_due_marker` (one write, where recovery then stops at it), and a chunk written before
+    /// that takes its place (nothing left to write).
+    #[test]
+    fn a_deferred_end_marker_is_written_later_or_superseded() {
+        let dev = Arc::new(FaultDevice::new(4096 + REGION));
+        let log = test_log(dev.clone(), 1, 1);
+        log.defer_end_markers();
+        log.append(b"a").unwrap();
+        log.flush(true).unwrap();
+        assert!(log.marker_due(), "a durable flush leaves its marker due");
+        let stop = |dev: &dyn BlockDevice| {
+            recover(dev, 4096, REGION, 1, 0, 1, true, |_, _| Ok(None))
+                .unwrap()
+                .stop_reason
+        };
+        assert_ne!(stop(&*dev), "end marker", "the marker is not written yet");
+        let before = dev.trace_len();
+        log.write_due_marker();
+        assert!(!log.marker_due());
+        assert_eq!(dev.trace_len(), before + 1, "one write: the marker");
+        assert_eq!(stop(&*dev), "end marker");
+        // A chunk written while a marker is due takes its place.
+        log.append(b"b").unwrap();
+        log.flush(true).unwrap();
+        assert!(log.marker_due());
+        log.append(b"c").unwrap();
+        log.flush(false).unwrap();
+        assert!(!log.marker_due(), "the next chunk took the marker's place");
+        let before = dev.trace_len();
+        log.write_due_marker();
+        assert_eq!(dev.trace_len(), before, "nothing left to write");
+        assert_eq!(replay(&*dev, 1, 0, 1).len(), 3);
+    }
+
     #[test]
     fn torn_and_lost_chunks_give_a_prefix() {
         let dev = Arc::new(FaultDevice::new(4096 + REGION));
-        let log = Log::new(
-            dev.clone(),
-            4096,
-            REGION,
-            0.5,
-            LogPosition {
-                epoch: 1,
-                voff: 0,
-                next_lsn: 1,
-            },
-        );
+        let log = test_log(dev.clone(), 1, 1);
         log.append(b"a").unwrap();
         log.flush(true).unwrap();
         for i in 0..5 {

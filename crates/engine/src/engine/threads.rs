@@ -22,6 +22,11 @@ const HEAL_PER_TICK: usize = 8;
 /// How often the cleaner hands the allocator's free pages back to the system.
 const TRIM_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How long after the last durable flush that left an end marker the log thread writes it: a
+/// sync that follows sooner writes its chunk there instead (the marker would cost each of a
+/// stream of syncs a third device request).
+const MARKER_DELAY: Duration = Duration::from_millis(5);
+
 impl Engine {
     pub(super) fn start_threads(&self) {
         if !self.inner.tree.is_read_only() {
@@ -35,6 +40,8 @@ impl Engine {
             return;
         }
         self.inner.stop.store(false, Ordering::Release);
+        // The log thread writes the end markers after durable flushes (`sync` wakes it).
+        self.inner.log.defer_end_markers();
         let mut t = self.threads.lock();
         let spawn = |name: &str, f: fn(&Arc<Inner>)| {
             let inner = self.inner.clone();
@@ -141,22 +148,37 @@ impl Inner {
         }
     }
 
-    /// Makes the log durable every `log_flush_interval` (and when woken for another reason), and
-    /// writes (without a device flush) a log buffer that a writer found past its threshold.
+    /// Makes the log durable every `log_flush_interval` (and when woken for another reason),
+    /// writes (without a device flush) a log buffer that a writer found past its threshold, and
+    /// writes the end marker a durable flush left ([`MARKER_DELAY`] after the last one asked for
+    /// it, so that under a stream of syncs the next chunk takes the marker's place instead).
     fn background_log_flusher(self: &Arc<Inner>) {
         let mut last_sync = Instant::now();
+        let mut marker_at: Option<Instant> = None;
         loop {
             let (write_wanted, sync_due) = {
                 let mut w = self.wake_state.lock();
-                let deadline = last_sync + self.options.log_flush_interval;
-                if !self.stop.load(Ordering::Acquire) && !w.log_write_wanted {
+                let sync_at = last_sync + self.options.log_flush_interval;
+                let deadline = marker_at.map_or(sync_at, |m| m.min(sync_at));
+                if !self.stop.load(Ordering::Acquire) && !w.log_write_wanted && !w.marker_wanted {
                     self.wake.wait_until(&mut w, deadline);
                 }
                 let write_wanted = std::mem::take(&mut w.log_write_wanted);
-                (write_wanted, !write_wanted || Instant::now() >= deadline)
+                let marker_wanted = std::mem::take(&mut w.marker_wanted);
+                if marker_wanted {
+                    marker_at = Some(Instant::now() + MARKER_DELAY);
+                }
+                let now = Instant::now();
+                let timer = marker_at.is_some_and(|m| now >= m) && now < sync_at;
+                let early = write_wanted || marker_wanted || timer;
+                (write_wanted, !early || now >= sync_at)
             };
             if self.stop.load(Ordering::Acquire) {
                 return;
+            }
+            if marker_at.is_some_and(|m| Instant::now() >= m) {
+                marker_at = None;
+                self.log.write_due_marker();
             }
             if write_wanted && self.failure().is_none() {
                 if let Err(e) = self.log.flush(false) {

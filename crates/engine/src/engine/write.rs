@@ -232,9 +232,21 @@ impl Inner {
         }
         self.counters.syncs.fetch_add(1, Ordering::Relaxed);
         let r = self.log.flush(true);
-        if let Err(e) = &r {
-            self.fail(e);
+        match &r {
+            Err(e) => self.fail(e),
+            Ok(()) => self.wake_for_marker(),
         }
         r
+    }
+
+    /// Wakes the log thread when a durable flush left it an end marker to write.
+    pub(super) fn wake_for_marker(&self) {
+        if self.log.marker_due() {
+            let mut w = self.wake_state.lock();
+            if !w.marker_wanted {
+                w.marker_wanted = true;
+                self.wake.notify_all();
+            }
+        }
     }
 }
