@@ -15,6 +15,14 @@
 //! Nodes store their keys lifted (docs/SURGERY.md §2): the walk reads every node under the prefix
 //! hint its image records, so that an orphan, whose parent is lost, is placed by its full keys.
 //! The new tree is re-lifted to the bounds it gives each node ([`crate::rebuild`]).
+//!
+//! Nodes may be shared (range clones, docs/SURGERY.md §4): a node whose reference count is above
+//! 1, and everything below it, is walked once under each parent, at each of its places; reaching
+//! any other node twice is damage. A rebuild keeps a shared leaf at its first place and writes
+//! copies of it for the others (the new tree shares nothing). Orphans are found by their counts:
+//! an intact node is one when fewer intact nodes name it than its count says (a damaged node
+//! named it), so a shared node can be the orphan of a damaged parent while an intact one reaches
+//! it, and a dead node (count 0, its keys deleted) is never adopted.
 
 use std::collections::{HashMap, HashSet};
 
@@ -133,6 +141,9 @@ pub(crate) struct Walker<'t> {
     tree: &'t Tree,
     report: SalvageReport,
     visited: HashSet<NodeId>,
+    /// Shared nodes (count above 1) on the path being walked: below one, every node may be
+    /// reached again (through the shared node's other parents).
+    shared_above: u32,
     /// Headers of every table node (read once, when a damaged internal node needs orphans).
     headers: Option<HashMap<NodeId, HeaderRead>>,
     /// Orphans not adopted yet, by first key.
@@ -163,6 +174,7 @@ impl<'t> Walker<'t> {
             tree,
             report: SalvageReport::default(),
             visited: HashSet::new(),
+            shared_above: 0,
             headers: None,
             pool: Vec::new(),
             build: build.then(|| Builder::new(tree)),
@@ -230,7 +242,8 @@ impl<'t> Walker<'t> {
     ) -> Result<()> {
         let ext = self.tree.store.location(id);
         let range = Some((lo, hi));
-        if !self.visited.insert(id) {
+        let shared = self.count(id) > 1;
+        if !self.visited.insert(id) && !shared && self.shared_above == 0 {
             let d = dmg(
                 id,
                 ext,
@@ -274,11 +287,19 @@ impl<'t> Walker<'t> {
             let plen = lift_len(lo, hi);
             h.prefix = lo[..plen].to_vec();
         }
-        if h.is_leaf {
+        self.shared_above += u32::from(shared);
+        let r = if h.is_leaf {
             self.leaf(id, &h, &img, ext, lo, hi, stack)
         } else {
             self.internal(&h, &img, ext, lo, hi, placed, stack)
-        }
+        };
+        self.shared_above -= u32::from(shared);
+        r
+    }
+
+    /// Node `id`'s reference count in the checkpoint's table.
+    fn count(&self, id: NodeId) -> u32 {
+        self.tree.store.btt.lock().refs.count(id)
     }
 
     /// The range of a damaged node: a lost leaf's range becomes an empty leaf; a lost internal
@@ -370,9 +391,10 @@ impl<'t> Walker<'t> {
         let (pending, dropped) = merge_levels(stack, lo, hi);
         self.report.messages_dropped += dropped;
         // A kept leaf must be older than every message its new parent buffers for it (queries
-        // skip messages at or below a leaf's max MSN); otherwise rebuild it.
+        // skip messages at or below a leaf's max MSN); otherwise rebuild it. A shared leaf is
+        // kept at its first place only (every count in the new tree is 1): copied at the others.
         let older = min_msn(&pending).is_none_or(|m| m > h.max_msn);
-        if intact && older {
+        if intact && older && !build.reused.contains_key(&id) {
             self.report.leaves_kept += 1;
             self.report.entries += entries;
             return build.reuse(id, lo.to_vec(), h.max_msn, pending, h.prefix.clone());
@@ -543,17 +565,26 @@ impl<'t> Walker<'t> {
             };
             headers.insert(id, h);
         }
-        let referenced: HashSet<NodeId> = headers
+        // How many intact nodes (live or dead) name each node. A node named less often than its
+        // count says was named by a damaged one: an orphan, even if an intact parent reaches it
+        // too (shared). A dead node (count 0) is no orphan, and neither is what only it names.
+        let mut named: HashMap<NodeId, u32> = HashMap::new();
+        for c in headers
             .values()
             .filter_map(|h| h.as_ref().ok())
-            .flat_map(|h| h.children.iter().copied())
-            .collect();
-        let mut tops: Vec<NodeId> = headers
-            .iter()
-            .filter(|(id, h)| h.is_ok() && **id != ROOT_ID && !referenced.contains(id))
-            .map(|(id, _)| *id)
-            .filter(|id| !self.visited.contains(id))
-            .collect();
+            .flat_map(|h| h.children.iter())
+        {
+            *named.entry(*c).or_default() += 1;
+        }
+        let mut tops: Vec<NodeId> = {
+            let btt = self.tree.store.btt.lock();
+            headers
+                .iter()
+                .filter(|(id, h)| h.is_ok() && **id != ROOT_ID)
+                .filter(|(id, _)| named.get(id).copied().unwrap_or(0) < btt.refs.count(**id))
+                .map(|(id, _)| *id)
+                .collect()
+        };
         tops.sort_unstable();
         self.headers = Some(headers);
         let mut pool = Vec::new();
@@ -681,6 +712,10 @@ pub(crate) fn rebuild(tree: &Tree) -> Result<SalvageReport> {
     let keep: HashSet<NodeId> = build.reused.keys().copied().collect();
     {
         let mut btt = tree.store.btt.lock();
+        // The rebuilt tree reaches each node it keeps once (a shared leaf is kept at one place
+        // and copied for the others): every count is 1, and nothing is dead (the dead nodes are
+        // dropped below, with what they referenced).
+        btt.refs = Default::default();
         let old: Vec<NodeId> = btt
             .checkpointed
             .keys()
