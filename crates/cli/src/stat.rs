@@ -79,6 +79,17 @@ pub fn engine_json(s: &Stats) -> Value {
             "dirty_current_bytes": s.space.dirty_current,
             "out_of_line_bytes": s.space.data,
         },
+        "sharing": {
+            "shared_nodes": s.sharing.shared_nodes,
+            "shared_node_bytes": s.sharing.shared_node_bytes,
+            "shared_data_bytes": s.sharing.shared_data_bytes,
+            "dead_nodes": s.sharing.dead_nodes,
+            "dead_node_bytes": s.sharing.dead_node_bytes,
+            "range_clones": s.range_clones,
+            "range_moves": s.range_moves,
+            "cow_copies": s.cow_copies,
+            "nodes_collected": s.nodes_collected,
+        },
         "free_extents": s.free_extents,
         "device_size": s.device_bytes,
         "opened_after_crash": s.opened_after_crash,
@@ -296,6 +307,7 @@ fn print_live(v: &Value) {
         human(v["space"]["dirty_next_bytes"].as_u64().unwrap_or(0)),
         human(v["space"]["dirty_current_bytes"].as_u64().unwrap_or(0))
     );
+    print_sharing(&v["sharing"]);
     let fs = &v["fs"];
     say!(
         "file system:     {} inodes, {} operations, {} written, {} read, {} inodes cached",
@@ -325,6 +337,22 @@ fn print_live(v: &Value) {
     if let Some(f) = v["failure"].as_str() {
         say!("FAILURE:         {f}");
     }
+}
+
+/// The `shared:` line (docs/SURGERY.md §4.5): the roots of shared subtrees (nodes with a
+/// reference count above 1; what lies below them is shared through them and not counted), the
+/// out-of-line data named more than once, and the dead nodes the collector has not freed yet.
+fn print_sharing(v: &Value) {
+    let g = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+    say!(
+        "shared:          {} subtrees (root nodes {}), {} of out-of-line data referenced twice \
+         or more; {} dead nodes ({}) awaiting collection",
+        g("shared_nodes"),
+        human(g("shared_node_bytes")),
+        human(g("shared_data_bytes")),
+        g("dead_nodes"),
+        human(g("dead_node_bytes"))
+    );
 }
 
 fn offline(image: &Path, as_json: bool) -> CliResult {
@@ -431,6 +459,7 @@ fn offline(image: &Path, as_json: bool) -> CliResult {
         human(s.data_bytes),
         s.free_extents
     );
+    print_sharing(&v["sharing"]);
     if let Some(n) = inodes {
         say!("inodes:          {n}");
     }

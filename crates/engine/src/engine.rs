@@ -53,6 +53,7 @@ pub(crate) use checkpoint::write_primary;
 pub(crate) use checkpoint::Checkpointer;
 pub use data::{BlockRead, BlockRef, StoredValue};
 pub use range::RangeIter;
+pub use sharing::Sharing;
 pub use stats::Stats;
 
 /// A write-optimized key-value store on a block device.

@@ -84,7 +84,7 @@ mod writeback;
 pub use config::{Compression, Format, Options};
 #[doc(hidden)]
 pub use copies::Located;
-pub use engine::{BlockRead, BlockRef, Engine, RangeIter, Stats, StoredValue};
+pub use engine::{BlockRead, BlockRef, Engine, RangeIter, Sharing, Stats, StoredValue};
 pub use error::{Error, Result};
 pub use info::ImageInfo;
 pub use msg::Patch;

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use amaranth_device::{IoStats, BLOCK_SIZE};
 
-use super::Engine;
+use super::{Engine, Sharing};
 use crate::node::ROOT_ID;
 use crate::space::SpaceUse;
 use crate::wal::LogStats;
@@ -104,6 +104,8 @@ pub struct Stats {
     pub garbage_nodes: u64,
     /// Subtrees range deletes covered whole and let go instead of flushing into them.
     pub subtrees_dropped: u64,
+    /// What range clones share now, and what waits for the collector.
+    pub sharing: Sharing,
     /// Completed checkpoints (this session).
     pub checkpoints: u64,
     /// Requests for a checkpoint (log past its checkpoint fraction, deleted data over its bound)
@@ -224,6 +226,7 @@ impl Engine {
             nodes_collected: tc.collected.load(Ordering::Relaxed),
             garbage_nodes: i.tree.garbage_nodes() as u64,
             subtrees_dropped: tc.subtrees_dropped.load(Ordering::Relaxed),
+            sharing: self.sharing(),
             checkpoints: i.ckpt.count.load(Ordering::Relaxed),
             checkpoint_requests_dropped: i
                 .counters
