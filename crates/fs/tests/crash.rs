@@ -70,13 +70,21 @@ fn long_random_workloads() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(4);
-    let mut states = 0;
+    let (mut states, mut clones) = (0, 0);
     for seed in 0..runs {
         let ops = random_ops(seed, 400);
         let run = record(&ops);
+        clones += run.clones;
         states += check_run(&run, seed, 60, &format!("random workload seed {seed}"));
     }
-    eprintln!("long random workloads: {runs} workloads, {states} crash states checked");
+    eprintln!(
+        "long random workloads: {runs} workloads, {clones} whole-file clones, {states} crash \
+         states checked"
+    );
+    assert!(
+        clones > 0,
+        "no workload cloned a file (random_ops copies into empty files)"
+    );
 }
 
 /// Hard links whose count returns to one (the file moves from its home back to its remaining

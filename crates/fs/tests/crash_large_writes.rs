@@ -9,19 +9,9 @@ mod common;
 use std::sync::Arc;
 
 use amaranth_device::MemDevice;
-use amaranth_engine::{Engine, Format};
+use amaranth_engine::Engine;
 use amaranth_fs::{Ctx, Fs, FsOptions, SetAttr, COPY_MAX, ROOT_INO};
 use common::*;
-
-/// The crash format with a 12 MiB log: its largest record (1.5 MiB) holds a 1 MiB request, and
-/// it wraps (with checkpoints) within a few such requests. Its images are 52 MiB: the log must
-/// fit in the first quarter of the device (the first backup superblock follows it).
-fn twelve_mib_log() -> Format {
-    Format {
-        log_size: Some(12 << 20),
-        ..format()
-    }
-}
 
 const MIB: usize = 1 << 20;
 

@@ -48,6 +48,16 @@ pub fn format() -> Format {
     }
 }
 
+/// The crash format with a 12 MiB log: its largest record (1.5 MiB) holds a 1 MiB request, and
+/// it wraps (with checkpoints) within a few such requests. Its images are 52 MiB: the log must
+/// fit in the first quarter of the device (the first backup superblock follows it).
+pub fn twelve_mib_log() -> Format {
+    Format {
+        log_size: Some(12 << 20),
+        ..format()
+    }
+}
+
 pub fn engine_options() -> Options {
     Options {
         cache_size: 256 << 10,
@@ -475,6 +485,8 @@ pub struct Run {
     pub syncs: Vec<(usize, usize)>,
     /// Trace position after each operation.
     pub after_op: Vec<usize>,
+    /// Range clones the workload made by surgery (whole files copied into empty ones).
+    pub clones: u64,
 }
 
 /// Runs `ops` (after the setup) and records everything needed to judge crash states.
@@ -510,12 +522,14 @@ pub fn record_with(ops: &[FsOp], f: Format, dev_bytes: u64) -> Run {
         after_op.push(dev.trace_len());
         states.push(normalize(&snapshot(&fs)));
     }
+    let clones = fs.engine().stats().range_clones;
     drop(fs);
     Run {
         dev,
         states,
         syncs,
         after_op,
+        clones,
     }
 }
 
@@ -669,6 +683,14 @@ pub fn alphabet() -> Vec<FsOp> {
             name: "user.a",
         },
         FsOp::Rmdir("A/C"),
+        // Into the empty file of the setup: a clone (docs/SURGERY.md §5.3).
+        FsOp::Copy {
+            from: "A/foo",
+            off_in: 0,
+            to: "A/C/baz",
+            off_out: 0,
+            len: 1 << 20,
+        },
     ]
 }
 
@@ -685,10 +707,28 @@ pub fn random_ops(seed: u64, n: usize) -> Vec<FsOp> {
         x ^= x << 17;
         x % m
     };
-    (0..n)
-        .map(|_| {
-            let f = FILES[r(8) as usize];
-            let g = FILES[r(8) as usize];
+    let mut ops = Vec::with_capacity(n);
+    while ops.len() < n {
+        let f = FILES[r(8) as usize];
+        let g = FILES[r(8) as usize];
+        // `cp f g`: a whole file copied into a new one (or truncated to nothing), which clones
+        // it; writes, truncates and unlinks of either side follow at random.
+        if r(12) == 0 {
+            if r(2) == 0 {
+                ops.push(FsOp::Creat(g));
+            } else {
+                ops.push(FsOp::Truncate { path: g, size: 0 });
+            }
+            ops.push(FsOp::Copy {
+                from: f,
+                off_in: 0,
+                to: g,
+                off_out: 0,
+                len: 1 << 20,
+            });
+            continue;
+        }
+        let op = {
             match r(20) {
                 0..=2 => FsOp::Creat(f),
                 3 => FsOp::Mkdir(DIRS[r(4) as usize]),
@@ -727,6 +767,9 @@ pub fn random_ops(seed: u64, n: usize) -> Vec<FsOp> {
                 _ if r(4) == 0 => FsOp::Checkpoint,
                 _ => FsOp::Sync,
             }
-        })
-        .collect()
+        };
+        ops.push(op);
+    }
+    ops.truncate(n);
+    ops
 }
