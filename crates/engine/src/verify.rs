@@ -158,8 +158,18 @@ pub fn verify(tree: &Tree) -> Result<Report> {
             }
             let (b0, exact0) = &first[&id];
             if exact && *exact0 && (b0.lo(), b0.hi()) != (bounds.lo(), bounds.hi()) {
+                let show = |b: &Bounds| {
+                    format!(
+                        "[{:?}, {:?}) under {:?}",
+                        String::from_utf8_lossy(b.lo()),
+                        b.hi().map(String::from_utf8_lossy),
+                        String::from_utf8_lossy(b.prefix())
+                    )
+                };
                 return Err(broken(format!(
-                    "shared node {id} has other stored bounds under its parents"
+                    "shared node {id} has other stored bounds under its parents: {} and {}",
+                    show(b0),
+                    show(&bounds)
                 )));
             }
             continue;

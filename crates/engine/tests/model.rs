@@ -527,6 +527,19 @@ fn random_sequences_with_surgery_match_the_model() {
 
 /// The surgery fuzzer (docs/SURGERY.md §6.4): the surgery mix with 8 KiB nodes, seed after seed
 /// for `AMARANTH_FUZZ_SECONDS` (default 600) from `AMARANTH_SEED_BASE`; `make fuzz-surgery`.
+/// Regression cases the surgery fuzzer found (`make fuzz-surgery`), replayed as it ran them.
+/// 15818805793745617695 (step 2112): a range moved out of the middle of its node while the
+/// slot to its left was shared (a clone's): the neighbour widened over the moved range under
+/// one parent and not under the other, and `verify` found the shared node's stored bounds
+/// differing under its parents. A shared neighbour now gets a chain of empty nodes beside it.
+#[test]
+fn surgery_fuzz_regressions() {
+    const CASES: &[(u64, usize)] = &[(15818805793745617695, 2150)];
+    for &(seed, steps) in CASES {
+        run_with(seed, steps, true, 8 << 10);
+    }
+}
+
 #[test]
 #[ignore]
 fn surgery_fuzz() {

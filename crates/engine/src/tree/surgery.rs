@@ -299,8 +299,8 @@ impl Tree {
     /// Moves the run's slots from their node to the destination node `xd` (bounds `xb`), in
     /// place of its dead slots: directly when `xd` is one level above the run's subtrees, under a
     /// chain of new single-child nodes otherwise. The source node keeps a slot for the range: its
-    /// left neighbour widens over it, or, at either end of the node, a chain of new empty nodes
-    /// stands in. With `clone` the source keeps the run, and the destination gets the same
+    /// left neighbour widens over it, or, at either end of the node or when that neighbour is
+    /// shared, a chain of new empty nodes stands in. With `clone` the source keeps the run, and the destination gets the same
     /// subtrees (one more reference each) with copies of their buffers (one more reference to
     /// each block the copies name). `(p, q)` are the source and destination prefixes without
     /// their last byte.
@@ -325,11 +325,16 @@ impl Tree {
             self.begin_modify(xd, g)?;
         }
         let (a, b) = run.slots;
-        let (taken, edge) = {
+        let (taken, filled) = {
             let Body::Internal(sn) = &mut sg.body else {
                 unreachable!()
             };
+            // The left neighbour widens over the source's range, unless the run is at an end of
+            // its node, or the neighbour is shared: its stored bounds must stay the same under
+            // every parent that names it (another parent would not widen them), so a chain of
+            // empty nodes takes the range instead (docs/SURGERY.md §4.6).
             let edge = a == 0 || b == sn.children.len();
+            let filled = edge || self.is_shared(sn.children[a - 1]);
             let buffers = if clone {
                 (a..b)
                     .map(|i| {
@@ -351,12 +356,12 @@ impl Tree {
                 buffers,
                 pivots: sn.pivots[a..b - 1].to_vec(),
             };
-            (taken, edge)
+            (taken, filled)
         };
         if clone {
             self.share_run(&taken);
         }
-        let filler = (edge && !clone).then(|| self.empty_chain(h, p));
+        let filler = (filled && !clone).then(|| self.empty_chain(h, p));
         // The run in its new form: in the destination node itself when it is one level above
         // the run's subtrees, else in a new node under a chain down from the destination node.
         let direct = dst_height == h + 1;
