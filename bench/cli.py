@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 from dataclasses import asdict, replace
@@ -110,6 +111,18 @@ def do_cleanup(workdir: Path) -> int:
     for dev in leftover_loops(wd, skip=cleanup.owned_by_live_run):
         print(f"detaching {dev}")
         run(["losetup", "-d", dev], check=False)
+        n += 1
+    # the run directories of dead harness runs (images of a fresh copy, mount points), once nothing is mounted
+    # in them and no loop device uses a file in them
+    mounts = [line.split()[4] for line in open("/proc/self/mountinfo").read().splitlines()]
+    for d in sorted(wd.glob("run-*")):
+        if not d.is_dir() or cleanup.owned_by_live_run(d.name):
+            continue
+        if any(m == str(d) or m.startswith(str(d) + "/") for m in mounts) or leftover_loops(d):
+            print(f"keeping {d}: still mounted or attached")
+            continue
+        print(f"removing {d}")
+        shutil.rmtree(d, ignore_errors=True)
         n += 1
     stale = [c for c in leftovers() if not cleanup.owned_by_live_run(c.name)]
     for cg in sorted(stale, key=lambda p: -len(p.parts)):

@@ -169,19 +169,32 @@ def _rows(csv_path: Path) -> list[dict]:
                      "end-to-end: needs root, mkfs.ext4 and Dovecot, and BENCH_E2E=1 (bench/smoke.sh sets it)")
 class ResumeEndToEnd(unittest.TestCase):
     CYCLES = 3
+    FS = os.environ.get("BENCH_E2E_FS", "ext4")
 
     def setUp(self):
         self.tmp = Path(tempfile.mkdtemp(prefix="amaranth-bench-resume-test.", dir="/var/tmp"))
+        self.tmp.chmod(0o755)  # Dovecot runs as the mail user, in the mount under the work dir
         self.workdir = Path(os.environ.get("BENCH_E2E_WORKDIR") or self.tmp / "work")
         self.procs: list[subprocess.Popen] = []
+        # the harness runs in sessions of its own (so that the test can kill all it started): if the test itself
+        # is stopped (bench/smoke.sh's timeout), stop them and undo their mounts first
+        self.old_term = signal.signal(signal.SIGTERM, self.on_term)
 
-    def tearDown(self):
+    def on_term(self, signum, frame):  # noqa: ARG002
+        self.stop_all()
+        raise SystemExit(128 + signum)
+
+    def stop_all(self):
+        signal.signal(signal.SIGTERM, self.old_term)
         for p in self.procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
         subprocess.run([sys.executable, "-m", "bench", "--cleanup", "--workdir", str(self.workdir)], cwd=REPO,
                        capture_output=True)
+
+    def tearDown(self):
+        self.stop_all()
         left = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
         if os.environ.get("BENCH_E2E_KEEP") == "1":
             print(f"kept: {self.tmp}", file=sys.stderr)
@@ -197,12 +210,16 @@ class ResumeEndToEnd(unittest.TestCase):
         return p
 
     def run_args(self, out: str) -> list[str]:
-        return ["--quick", "--bench", "aging-mail", "--fs", "ext4", "--no-fio", "--workdir", str(self.workdir),
-                "--out", str(self.tmp / out), "--set", f"aging_mail_cycles={self.CYCLES}"]
+        # BENCH_E2E_FS=amaranth BENCH_E2E_AMARANTH_BIN=PATH: the same test on Amaranth
+        extra = ["--amaranth-bin", os.environ["BENCH_E2E_AMARANTH_BIN"]] if "BENCH_E2E_AMARANTH_BIN" in os.environ else []
+        return ["--quick", "--bench", "aging-mail", "--fs", self.FS, "--no-fio", "--workdir", str(self.workdir),
+                "--out", str(self.tmp / out), "--set", f"aging_mail_cycles={self.CYCLES}"] + extra
 
-    def finish(self, p: subprocess.Popen, log: str) -> None:
+    def finish(self, p: subprocess.Popen, log: str, out: str) -> None:
         rc = p.wait(timeout=900)
         self.assertEqual(rc, 0, f"harness exit {rc}:\n" + (self.tmp / log).read_text()[-3000:])
+        errors = [r["error"] for r in _rows(self.tmp / out / "results.csv") if r["error"]]
+        self.assertEqual(errors, [], (self.tmp / log).read_text()[-3000:])
 
     def wait_for_row(self, p: subprocess.Popen, csv_path: Path, phase: str, x: int, timeout: float = 600) -> None:
         t0 = time.monotonic()
@@ -215,12 +232,12 @@ class ResumeEndToEnd(unittest.TestCase):
         self.fail(f"no {phase} row at x={x} after {timeout} s")
 
     def state(self, out: str) -> dict:
-        return json.loads((self.tmp / out / "resume" / "aging-mail-ext4-disk-r1.json").read_text())
+        return json.loads((self.tmp / out / "resume" / f"aging-mail-{self.FS}-disk-r1.json").read_text())
 
     def test_killed_and_stopped_run_resumes_to_the_uninterrupted_result(self):
         # the reference: uninterrupted
         ref = self.start(*self.run_args("ref"), log="ref.log")
-        self.finish(ref, "ref.log")
+        self.finish(ref, "ref.log", "ref")
         # killed with SIGKILL (the harness and everything it started, as when a session ends) once cycle 2 is
         # measured: point 2 is half done, the state is the one after point 1
         out = self.tmp / "cut"
@@ -238,7 +255,7 @@ class ResumeEndToEnd(unittest.TestCase):
         os.killpg(p.pid, signal.SIGTERM)
         self.assertEqual(p.wait(timeout=300), 130)
         log2 = (self.tmp / "cut-2.log").read_text()
-        self.assertIn("aging-mail on ext4: points 0–1 kept (2 of 4), continuing at cycle 2 from "
+        self.assertIn(f"aging-mail on {self.FS}: points 0–1 kept (2 of 4), continuing at cycle 2 from "
                       f"{st['image']}", log2)
         st = self.state("cut")
         self.assertEqual((st["point"], st["kind"]), (2, "snapshot"))
@@ -246,13 +263,12 @@ class ResumeEndToEnd(unittest.TestCase):
         self.assertEqual(live, [], "SIGTERM: the live image is removed, the copy of point 2 kept")
         # resumed to the end
         p = self.start("--resume", str(out), log="cut-3.log")
-        self.finish(p, "cut-3.log")
+        self.finish(p, "cut-3.log", "cut")
         self.assertIn("points 0–2 kept (3 of 4), continuing at cycle 3", (self.tmp / "cut-3.log").read_text())
 
         ref_rows, rows = _rows(self.tmp / "ref" / "results.csv"), _rows(out / "results.csv")
         fx = lambda r: float(r["x"]) if r["x"] else None  # noqa: E731  (kept rows are written back as 1.0, new as 1)
         key = lambda r: (r["phase"], r["metric"], fx(r))  # noqa: E731
-        self.assertEqual([r for r in rows if r["error"]], [])
         count = collections.Counter(key(r) for r in rows)
         self.assertEqual({k: n for k, n in count.items() if n != 1}, {}, "a measurement recorded twice")
         self.assertEqual(set(count), {key(r) for r in ref_rows}, "not the measurements of the uninterrupted run")
