@@ -128,6 +128,8 @@ pub struct TreeCounters {
     pub collected: AtomicU64,
     /// Subtrees a range delete covered whole, let go instead of flushed into.
     pub subtrees_dropped: AtomicU64,
+    /// Run slots queued to be flushed into their subtrees after a range move.
+    pub range_move_drains: AtomicU64,
     /// Messages injected at the root.
     pub messages: AtomicU64,
     /// Bytes of user data in injected messages.

@@ -106,6 +106,9 @@ pub struct Stats {
     pub subtrees_dropped: u64,
     /// What range clones share now, and what waits for the collector.
     pub sharing: Sharing,
+    /// Run slots a range move queued to be flushed into their subtrees after it (their buffers
+    /// held more than a sixteenth of a node).
+    pub range_move_drains: u64,
     /// Completed checkpoints (this session).
     pub checkpoints: u64,
     /// Requests for a checkpoint (log past its checkpoint fraction, deleted data over its bound)
@@ -227,6 +230,7 @@ impl Engine {
             garbage_nodes: i.tree.garbage_nodes() as u64,
             subtrees_dropped: tc.subtrees_dropped.load(Ordering::Relaxed),
             sharing: self.sharing(),
+            range_move_drains: tc.range_move_drains.load(Ordering::Relaxed),
             checkpoints: i.ckpt.count.load(Ordering::Relaxed),
             checkpoint_requests_dropped: i
                 .counters
