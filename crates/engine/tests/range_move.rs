@@ -223,13 +223,13 @@ fn back_and_forth(moves: u32, buffered: bool) -> ((u64, u64, u64), u64) {
     } else {
         small_format()
     };
-    let e = Engine::create(Arc::new(MemDevice::new(256 << 20)), format, options()).unwrap();
+    let e = Engine::create(Arc::new(MemDevice::new(256 << 20)), format, roomy_options()).unwrap();
     let mut m = Model::new();
     // A few small keys on each side of a family of many leaves (a directory beside the few
     // entries of its parent).
-    fill(&e, &mut m, "a/", 5, 20);
-    fill(&e, &mut m, "k/", 20_000, 60);
-    fill(&e, &mut m, "z/", 5, 20);
+    fill_family(&e, &mut m, "a/", 5, 20);
+    fill_family(&e, &mut m, "k/", 20_000, 60);
+    fill_family(&e, &mut m, "z/", 5, 20);
     e.flush_buffers(0, usize::MAX).unwrap();
     if buffered {
         // Messages for the family left in the root's buffers (a fresh untar leaves megabytes
