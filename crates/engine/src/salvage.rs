@@ -488,8 +488,11 @@ impl<'t> Walker<'t> {
                 Err(e) => return Err(e),
             };
             stack.push(level);
-            // An orphan's edge children have bounds clipped to its adopted range, not their own.
-            let inner = placed || (i > 0 && i + 1 < n);
+            // An orphan's edge children have bounds clipped to its adopted range, not their own;
+            // so has an inner child when the next orphan's first key (found under a hint that
+            // may be stale: a clone's chain nodes keep their source's) cuts into the orphan.
+            let clipped = cl != plo || ch != phi;
+            let inner = placed || (i > 0 && i + 1 < n && !clipped);
             let r = self.walk(h.children[i], cl, ch, Some(h.height - 1), inner, stack);
             stack.pop();
             r?;
