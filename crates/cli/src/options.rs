@@ -138,6 +138,13 @@ impl Parsed {
                 }
             }
             "read_ahead_kb" => m.read_ahead_kb = Some(number(key, val)?),
+            "ring_threads" => {
+                let n: usize = number(key, val)?;
+                if n == 0 || n > 64 {
+                    return Err(Failure::new("mount option ring_threads must be 1 to 64"));
+                }
+                m.ring_threads = n;
+            }
             "out_of_line_min" => {
                 self.out_of_line_min =
                     Some(parse_size(need(key, val)?).map_err(Failure::new)? as usize)
@@ -266,6 +273,14 @@ mod tests {
             Some(64 << 10)
         );
         assert_eq!(parse(Origin::Cli, "rw").unwrap().rename_copy_max, None);
+        assert_eq!(
+            parse(Origin::Cli, "ring_threads=3")
+                .unwrap()
+                .mount
+                .ring_threads,
+            3
+        );
+        assert!(parse(Origin::Cli, "ring_threads=0").is_err());
         let p = parse(Origin::Cli, "noatime,strictatime").unwrap();
         assert!(!p.mount.noatime && p.mount.strictatime);
         let p = parse(Origin::Cli, "strictatime,relatime,dirsync").unwrap();

@@ -362,6 +362,38 @@ fn a_blocked_request_does_not_stall_its_cpu() {
     }
 }
 
+/// The names of the daemon's threads that serve ring queue 0.
+fn queue0_threads(pid: i32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|c| c.trim().starts_with("amaranth-q0-"))
+        .count()
+}
+
+/// Each CPU's ring queue has 8 threads by default (so that 8 READs of one CPU, a sequential
+/// reader's read-ahead, are served at once), and `-o ring_threads=N` sets another number.
+#[test]
+fn each_ring_queue_has_8_threads_unless_told_otherwise() {
+    if !mount_env_ok() || !uring_in_kernel() {
+        return;
+    }
+    let _g = serial();
+    let s = Scratch::new("ringthreads");
+    let img = s.mkfs("a.img", "1G");
+    for (opts, want) in [
+        (vec![], 8),
+        (vec!["-o".to_string(), "ring_threads=3".into()], 3),
+    ] {
+        let mut o = with_transport("uring");
+        o.extra.extend(opts);
+        let m = s.mount(&img, "mnt", &o);
+        assert_eq!(stat_json(&s, &m.mp)["fuse"]["transport"], "uring");
+        assert_eq!(queue0_threads(m.pid()), want, "{:?}", o.extra);
+        m.umount();
+    }
+}
+
 fn inodes_used(v: &serde_json::Value) -> u64 {
     v["fs"]["inodes_used"].as_u64().expect("fs.inodes_used")
 }

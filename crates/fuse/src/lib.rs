@@ -138,7 +138,10 @@ pub struct MountOptions {
     pub transport: Transport,
     /// Threads per io_uring queue (one queue per CPU), each with one registered entry: the
     /// requests one CPU serves at once. A request that blocks (an fsync waiting for the log's
-    /// flush, a read from the device) holds one thread; the others keep serving that CPU.
+    /// flush, a read from the device) holds one thread; the others keep serving that CPU. The
+    /// default, 8, lets a sequential reader's read-ahead (its READs all come from its CPU) and 16
+    /// random readers on two CPUs each have a device read in flight (with 4, READs waited for a
+    /// thread while the device idled; docs/BENCHMARKS.md, 2026-11-27).
     pub ring_threads: usize,
     /// Let other users use the mount (`allow_other`).
     pub allow_other: bool,
@@ -179,7 +182,7 @@ impl Default for MountOptions {
             subtype: SUBTYPE.into(),
             threads: 2,
             transport: Transport::Auto,
-            ring_threads: 4,
+            ring_threads: 8,
             allow_other: true,
             default_permissions: true,
             read_only: false,
