@@ -371,10 +371,10 @@ fn queue0_threads(pid: i32) -> usize {
         .count()
 }
 
-/// Each CPU's ring queue has 8 threads by default (so that 8 READs of one CPU, a sequential
+/// Each CPU's ring queue has 16 threads by default (so that 16 READs of one CPU, a sequential
 /// reader's read-ahead, are served at once), and `-o ring_threads=N` sets another number.
 #[test]
-fn each_ring_queue_has_8_threads_unless_told_otherwise() {
+fn each_ring_queue_has_16_threads_unless_told_otherwise() {
     if !mount_env_ok() || !uring_in_kernel() {
         return;
     }
@@ -382,7 +382,7 @@ fn each_ring_queue_has_8_threads_unless_told_otherwise() {
     let s = Scratch::new("ringthreads");
     let img = s.mkfs("a.img", "1G");
     for (opts, want) in [
-        (vec![], 8),
+        (vec![], 16),
         (vec!["-o".to_string(), "ring_threads=3".into()], 3),
     ] {
         let mut o = with_transport("uring");
