@@ -252,7 +252,16 @@ fn sqe(
 /// is never handed another request).
 const ENTRIES_PER_THREAD: usize = 1;
 
-/// Starts `per_queue` pinned threads per possible CPU, each registering its entries with payload
+/// Threads of a queue pinned to its CPU; the others run where the scheduler puts them. A request
+/// is served on its CPU while at most this many of that CPU's are in flight (the common case: no
+/// cross-CPU wake-up); past that, as when a sequential reader's read-ahead keeps 16 READs in
+/// flight, the extra threads' checksums and reply copies can run on another CPU instead of
+/// queueing behind the pinned ones (2 GiB cold reads, four alternating pairs each way: 1,435 →
+/// 1,613 and 1,574 → 1,693 MiB/s, all threads pinned against 8; 100-byte writes 11.3–11.9 µs
+/// either way; docs/BENCHMARKS.md, 2026-11-27).
+pub(crate) const PINNED_PER_QUEUE: usize = 8;
+
+/// Starts `per_queue` threads per possible CPU (the first [`PINNED_PER_QUEUE`] pinned to it), each registering its entries with payload
 /// buffers of `payload_len` bytes. Returns once every thread has registered (or the first error:
 /// then the threads that started wind down when the connection ends).
 pub(crate) fn start(
@@ -276,7 +285,7 @@ pub(crate) fn start(
             let t = std::thread::Builder::new()
                 .name(format!("amaranth-q{qid}-{k}"))
                 .spawn(move || {
-                    if qid < online {
+                    if qid < online && k < PINNED_PER_QUEUE {
                         pin_to(qid);
                     }
                     let slots = (k * ENTRIES_PER_THREAD, arena);
