@@ -22,6 +22,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use amaranth_device::AlignedBuf;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 use crate::abi::{self, op, InHeader, OutHeader};
@@ -51,23 +52,23 @@ fn cmd_req(commit_id: u64, qid: u16) -> [u8; 80] {
     c
 }
 
-/// The size of a transparent huge page on x86-64 and arm64 (4 KiB base pages).
-const HUGE_PAGE: usize = 2 << 20;
-
-/// The payload buffers of one queue's entries: one anonymous mapping (pages are touched only when
-/// used) at a huge-page boundary, offered to transparent huge pages (`MADV_HUGEPAGE`), and cut
-/// into one slot per entry. A READ's out-of-line blocks are read with `O_DIRECT` straight into its
-/// slot, and a buffer of physically contiguous memory is one device request of a few segments:
-/// into 4 KiB pages a 1 MiB direct read is two requests of up to 128 one-page segments each (the
-/// loop device's limit), and reading the loop device that way went 0.7–1.0 GB/s against 1.6–1.9
-/// GB/s into huge pages (four threads; docs/BENCHMARKS.md, 2026-11-27). Slots of 1 MiB share
-/// huge pages two by two, so the memory the slots can take is what separate buffers took.
+/// The payload buffers of one queue's entries: one [`AlignedBuf`] (an anonymous mapping, touched
+/// only when used, at a huge-page boundary and advised for transparent huge pages when it is 2 MiB
+/// or more), cut into one slot per entry. A READ's out-of-line blocks are read with `O_DIRECT`
+/// straight into its slot, and a buffer of physically contiguous memory is one device request of
+/// a few segments: into 4 KiB pages a 1 MiB direct read is two requests of up to 128 one-page
+/// segments each (the loop device's limit), and reading the loop device that way went 0.7–1.0
+/// GB/s against 1.6–1.9 GB/s into huge pages (four threads; docs/BENCHMARKS.md, 2026-11-27).
+/// Slots of 1 MiB share huge pages two by two, so the memory the slots can take is what separate
+/// buffers took.
 struct Arena {
+    /// The start of the buffer, taken once while it was borrowed mutably (slots are written
+    /// through it by their threads; the buffer itself is not touched again).
     ptr: *mut u8,
-    /// The whole mapping (aligned, a multiple of [`HUGE_PAGE`]).
     len: usize,
     /// Bytes per slot (a multiple of 4 KiB).
     slot: usize,
+    _buf: AlignedBuf,
 }
 
 // SAFETY: plain memory; each slot is used by the one thread that owns its entry.
@@ -76,61 +77,22 @@ unsafe impl Send for Arena {}
 unsafe impl Sync for Arena {}
 
 impl Arena {
-    fn new(slots: usize, slot_len: usize) -> io::Result<Arena> {
+    fn new(slots: usize, slot_len: usize) -> Arena {
         let slot = slot_len.next_multiple_of(4096);
-        let len = (slot * slots).next_multiple_of(HUGE_PAGE);
-        // Over-allocate by one huge page, then trim the unaligned head and the tail.
-        let raw_len = len + HUGE_PAGE;
-        // SAFETY: an anonymous private mapping, checked below.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                raw_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let start = raw as usize;
-        let aligned = start.next_multiple_of(HUGE_PAGE);
-        let head = aligned - start;
-        let tail = raw_len - head - len;
-        // SAFETY: unmaps the parts of our own mapping outside [aligned, aligned + len); the
-        // advice only asks for huge pages (without them the slots are ordinary pages).
-        unsafe {
-            if head > 0 {
-                libc::munmap(raw, head);
-            }
-            if tail > 0 {
-                libc::munmap((aligned + len) as *mut libc::c_void, tail);
-            }
-            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
-        }
-        Ok(Arena {
-            ptr: aligned as *mut u8,
-            len,
+        let mut buf = AlignedBuf::zeroed(slot * slots);
+        Arena {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
             slot,
-        })
+            _buf: buf,
+        }
     }
 
     /// The start of slot `i`.
     fn slot(&self, i: usize) -> *mut u8 {
         assert!((i + 1) * self.slot <= self.len, "slot outside the arena");
-        // SAFETY: inside the mapping (checked above).
+        // SAFETY: inside the buffer (checked above).
         unsafe { self.ptr.add(i * self.slot) }
-    }
-}
-
-impl Drop for Arena {
-    fn drop(&mut self) {
-        // SAFETY: unmaps our own mapping once, after every entry using it is gone.
-        unsafe {
-            libc::munmap(self.ptr.cast(), self.len);
-        }
     }
 }
 
@@ -278,7 +240,7 @@ pub(crate) fn start(
     let (tx, rx) = mpsc::channel();
     let mut threads = Vec::new();
     for qid in 0..queues {
-        let arena = Arc::new(Arena::new(per_queue * ENTRIES_PER_THREAD, payload_len)?);
+        let arena = Arc::new(Arena::new(per_queue * ENTRIES_PER_THREAD, payload_len));
         for k in 0..per_queue {
             let (fd, adapter, tx) = (fd.clone(), adapter.clone(), tx.clone());
             let arena = arena.clone();
@@ -446,44 +408,24 @@ fn serve_entry(adapter: &Adapter, ent: &mut Entry, header: usize, reply: &mut Re
 mod tests {
     use super::*;
 
-    /// The `VmFlags` of the mapping that starts at `addr`, from `/proc/self/smaps` (a mapping's
-    /// lines start with its range, `lo-hi perms ...`, and end with `VmFlags:`).
-    fn vm_flags(addr: usize) -> Option<String> {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-        let mut ours = false;
-        for line in smaps.lines() {
-            let range = line.split(' ').next().unwrap_or("");
-            let bounds = range
-                .split_once('-')
-                .map(|(lo, hi)| (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)));
-            if let Some((Ok(lo), Ok(_))) = bounds {
-                ours = lo == addr;
-            } else if let Some(f) = line.strip_prefix("VmFlags:").filter(|_| ours) {
-                return Some(f.trim().to_string());
-            }
-        }
-        None
-    }
-
     #[test]
     fn payload_slots_are_one_huge_page_aligned_mapping_advised_huge() {
-        let arena = Arena::new(8, 1 << 20).unwrap();
+        let arena = Arena::new(8, 1 << 20);
         assert_eq!(
-            arena.ptr as usize % HUGE_PAGE,
+            arena.ptr as usize % (2 << 20),
             0,
             "arena not huge-page aligned"
         );
         // Eight 1 MiB slots take 8 MiB: two slots per huge page, no more than separate buffers.
         assert_eq!(arena.len, 8 << 20);
         assert_eq!(arena.slot(3) as usize - arena.ptr as usize, 3 << 20);
-        let flags = vm_flags(arena.ptr as usize).expect("the arena's mapping in smaps");
         assert!(
-            flags.split(' ').any(|f| f == "hg"),
-            "arena not advised for huge pages: {flags}"
+            amaranth_device::advised_huge_for_tests(arena.ptr as usize),
+            "arena not advised for huge pages"
         );
-        // An odd payload size is rounded to whole pages, and the mapping to whole huge pages.
-        let odd = Arena::new(3, (1 << 20) + 100).unwrap();
+        // An odd payload size is rounded to whole pages.
+        let odd = Arena::new(3, (1 << 20) + 100);
         assert_eq!(odd.slot, (1 << 20) + 4096);
-        assert_eq!(odd.len, 4 << 20);
+        assert_eq!(odd.len, 3 * ((1 << 20) + 4096));
     }
 }
