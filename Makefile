@@ -42,7 +42,8 @@ bench-quick:
 ## make aging: the FAST'17 aging experiments (git pulls, mail server, intrafile, interfile) on all four file
 ## systems at full size, one repetition (AGING_REPEAT; many hours; docs/AGING.md). AGING_ARGS e.g. "--quick",
 ## "--fs ext4,amaranth", "--set aging_mail_cycles=20", "--set aging_git_gc=1", "--hdd-throttle 150",
-## "--resume bench/results/DIR" (continues an interrupted run with its own options).
+## "--resume bench/results/DIR" (continues an interrupted run with its own options, each aging run after its
+## last completed point, on a copy of its aged image).
 AGING_ARGS ?=
 AGING_REPEAT ?= 1
 aging:

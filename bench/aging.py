@@ -115,10 +115,24 @@ def save_trace(ctx, bench: str, phase: str, x: float, reqs) -> None:
         json.dump({"fields": ["rwbs", "sector", "sectors"], "requests": reqs}, f)
 
 
-def grep_point(ctx, bench: str, phase: str, root: Path, x: float, rng: random.Random) -> dict:
+def point_rng(ctx, bench: str, what: str, x: float) -> random.Random:
+    """The random numbers of one point, derived from (rand_seed, repetition, benchmark, what, point) alone and not
+    drawn from a stream shared by the points, so that a run resumed at a point draws what the uninterrupted run
+    drew there. (Before per-point resume, one stream seeded with rand_seed + repetition served every point in
+    turn: the strings and random bytes differ from that version's, their distribution does not.)"""
+    return random.Random(f"{ctx.p.rand_seed}/{ctx.rep}/{bench}/{what}/{x:g}")
+
+
+def needle(ctx, bench: str, phase: str, x: float) -> str:
+    rng = point_rng(ctx, bench, f"grep-{phase}", x)
+    return "AMARANTH-AGING-" + "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ23456789") for _ in range(20))
+
+
+def grep_point(ctx, bench: str, phase: str, root: Path, x: float) -> dict:
     """The grep test: remount (cold cache), wait for the FS to quiesce, then `grep -r` of `root` for a random
-    string that occurs nowhere (so every byte is read). Records the suite's metrics for the phase plus the
-    data size and the grep cost per GiB (measured and on the modeled hard disk)."""
+    string that occurs nowhere (so every byte is read; the string is drawn from the point's own seed, see
+    `point_rng`). Records the suite's metrics for the phase plus the data size and the grep cost per GiB
+    (measured and on the modeled hard disk)."""
     p = ctx.p
     # what the FS reads while remounting and settling, before the grep, is traced too: a FS that loads much at
     # mount would otherwise look faster at the grep than it is
@@ -135,8 +149,7 @@ def grep_point(ctx, bench: str, phase: str, root: Path, x: float, rng: random.Ra
     ctx.record(bench, phase, "mount_read_bytes", mount.bytes, "B", x)
     ctx.record(bench, phase, "mount_read_requests", mount.requests, "", x)
     ctx.record(bench, phase, "mount_hdd_model_s", mount.hdd_model_s, "s", x)
-    needle = "AMARANTH-AGING-" + "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ23456789") for _ in range(20))
-    r = ctx.timed(bench, phase, f"grep -r -q -F {needle} {root}; test $? -eq 1", x=x,
+    r = ctx.timed(bench, phase, f"grep -r -q -F {needle(ctx, bench, phase, x)} {root}; test $? -eq 1", x=x,
                   label=f"{phase} @ {x:g}: cold grep -r")
     files, size = tree_size(root)
     if size <= 0:
@@ -155,15 +168,15 @@ def grep_point(ctx, bench: str, phase: str, root: Path, x: float, rng: random.Ra
             "read_requests": tr.read_requests, "s_per_gib": r.elapsed / (size / GiB)}
 
 
-def aged_and_unaged(ctx, bench: str, root: Path, x: float, rng: random.Random) -> tuple[dict, dict]:
+def aged_and_unaged(ctx, bench: str, root: Path, x: float) -> tuple[dict, dict]:
     """Grep `root` on the aged FS, then `cp -a` it onto a freshly made FS of the same kind and grep it there."""
-    aged = grep_point(ctx, bench, "aged", root, x, rng)
+    aged = grep_point(ctx, bench, "aged", root, x)
     with fresh_fs(ctx, f"unaged-{int(x)}") as f:
         dst = f.mnt / root.name
         f.untimed(["cp", "-a", str(root), str(dst)], f"copy {root.name} onto a fresh {ctx.fs} (untimed): cp -a")
         f.sync()
         f.phase = "unaged"
-        unaged = grep_point(f, bench, "unaged", dst, x, rng)
+        unaged = grep_point(f, bench, "unaged", dst, x)
     if unaged["bytes"] != aged["bytes"] or unaged["files"] != aged["files"]:
         raise RuntimeError(f"the fresh copy differs: {unaged['files']} files / {unaged['bytes']} B vs "
                            f"{aged['files']} / {aged['bytes']} on the aged FS")
@@ -171,16 +184,19 @@ def aged_and_unaged(ctx, bench: str, root: Path, x: float, rng: random.Random) -
 
 
 class Eta:
-    """Progress of a long series: 'point k/n, elapsed, about T left'."""
+    """Progress of a long series: 'point k/n, elapsed, about T left'. `before`: points done by an interrupted
+    run that this one resumes (not in this process's elapsed time)."""
 
-    def __init__(self, total: int):
-        self.total, self.t0 = max(1, total), time.monotonic()
+    def __init__(self, total: int, before: int = 0):
+        self.total, self.before, self.t0 = max(1, total), before, time.monotonic()
 
     def line(self, done: int) -> str:
         el = time.monotonic() - self.t0
-        left = el / done * (self.total - done) if done else float("nan")
+        here = done - self.before
+        left = el / here * (self.total - done) if here > 0 else float("nan")
         return f"{done}/{self.total} done, {fmt_secs(el)} elapsed" + (
-            f", about {fmt_secs(left)} left" if done else "")
+            f" (resumed after {self.before})" if self.before else "") + (
+            f", about {fmt_secs(left)} left" if here > 0 else "")
 
 
 def point_log(bench: str, x: float, aged: dict, unaged: dict | None, eta: Eta, done: int) -> None:

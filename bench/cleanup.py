@@ -103,8 +103,8 @@ def install() -> None:
 
 
 # leftovers carry the harness pid in their names: run-<pid>/, src-tmpfs-<pid>, amaranth-bench-<pid>-*
-# (cgroups), amaranth_bench_<pid> (tracing instances)
-_PID_IN_NAME = re.compile(r"(?:run-|src-tmpfs-|amaranth-bench-|amaranth_bench_)(\d+)")
+# (cgroups), amaranth_bench_<pid> (tracing instances), aged-live-<pid>.img (an aging run's image kept for --resume)
+_PID_IN_NAME = re.compile(r"(?:run-|src-tmpfs-|amaranth-bench-|amaranth_bench_|aged-live-)(\d+)")
 
 
 def owned_by_live_run(name: str) -> bool:

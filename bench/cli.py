@@ -5,12 +5,14 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from . import benchmarks, cleanup, datasets
+from . import resume as resume_points
 from .config import describe as describe_params, make_params, set_param
 from .device import Tracer, leftover_loops, leftover_trace_instances, measure_fio
 from .results import ResultWriter
@@ -64,7 +66,8 @@ def parse_args(argv):
                          "amaranth-bench cgroups, tracing instances), then exit")
     ap.add_argument("--resume", type=Path, metavar="RESULTS_DIR",
                     help="continue an interrupted run in RESULTS_DIR with its original options: runs (benchmark x "
-                         "FS x view x repetition) that completed are kept, the others are run again")
+                         "FS x view x repetition) that completed are kept, an aging run continues after its last "
+                         "completed point (on a copy of its aged image), the others are run again")
     ap.add_argument("--report-only", type=Path, metavar="RESULTS_DIR",
                     help="regenerate report.md and figures from an existing results directory")
     return ap.parse_args(argv)
@@ -108,6 +111,18 @@ def do_cleanup(workdir: Path) -> int:
     for dev in leftover_loops(wd, skip=cleanup.owned_by_live_run):
         print(f"detaching {dev}")
         run(["losetup", "-d", dev], check=False)
+        n += 1
+    # the run directories of dead harness runs (images of a fresh copy, mount points), once nothing is mounted
+    # in them and no loop device uses a file in them
+    mounts = [line.split()[4] for line in open("/proc/self/mountinfo").read().splitlines()]
+    for d in sorted(wd.glob("run-*")):
+        if not d.is_dir() or cleanup.owned_by_live_run(d.name):
+            continue
+        if any(m == str(d) or m.startswith(str(d) + "/") for m in mounts) or leftover_loops(d):
+            print(f"keeping {d}: still mounted or attached")
+            continue
+        print(f"removing {d}")
+        shutil.rmtree(d, ignore_errors=True)
         n += 1
     stale = [c for c in leftovers() if not cleanup.owned_by_live_run(c.name)]
     for cg in sorted(stale, key=lambda p: -len(p.parts)):
@@ -234,11 +249,23 @@ def main(argv=None) -> int:
                  f"memory limit {params.mem_limit >> 20} MiB; image {params.image_size >> 30} GiB")
     done: set = set()
     if resume:
+        # a killed run leaves mounts, loop devices and cgroups: remove those of harness runs no longer alive (as
+        # --cleanup does) before their images are used again
+        do_cleanup(args.workdir)
         done = completed_runs(out / "results.csv")
         meta["started"] = before.get("started")
         meta["resumed"] = before.get("resumed", []) + [time.strftime("%Y-%m-%d %H:%M:%S %Z")]
-        PROGRESS.log(f"resuming {out}: {len(done)} completed run(s) kept, the rest is run again")
-    writer = ResultWriter(out / "results.csv", keep=lambda r: (r.benchmark, r.fs, r.view, r.repetition) in done)
+    # per-point resume of the aging runs (bench/resume.py): the state after each one's last completed point
+    params_dict = json.loads(json.dumps(asdict(params), default=str))
+    states = resume_points.prepare(out, args.workdir, params_dict, args, done, bool(resume))
+    if resume:
+        PROGRESS.log(f"resuming {out}: {len(done)} completed run(s) kept, {len(states)} aging run(s) continue from "
+                     f"their last completed point, the rest is run again")
+        for st in states.values():
+            PROGRESS.log(f"    {resume_points.describe(st)}")
+    key = lambda r: (r.benchmark, r.fs, r.view, r.repetition)  # noqa: E731
+    writer = ResultWriter(out / "results.csv", keep=lambda r: key(r) in done or resume_points.keeps_row(
+        states.get(key(r)), r))
     rc = 0
     tracer = None
     try:
@@ -297,7 +324,7 @@ def main(argv=None) -> int:
             meta["trace_error"] = str(e)
             PROGRESS.log(f"block tracing unavailable: {e}")
             raise
-        env = Env(params, args.workdir, out, writer, tracer, helpers, data, args)
+        env = Env(params, args.workdir, out, writer, tracer, helpers, data, args, states, params_dict)
         groups = benchmarks.groups(names)
         total = len(groups) * params.repeat * len(views) * len(fs_list)
         k = 0

@@ -34,6 +34,10 @@ SHARED: dict[str, Param] = {
     # aging (FAST'17), shared: after each cold remount wait until the device was idle this long (at most max)
     "aging_quiesce_s": Param(5.0, quick=1.0),
     "aging_quiesce_max_s": Param(90.0, quick=10.0),
+    # aging-git / aging-mail: after every point, unmount the aged FS, copy its image (sparse) beside the work dir's
+    # images and mount it again, so that --resume continues after the last completed point (bench/resume.py);
+    # 0 = no copies: an interrupted run starts over
+    "aging_snapshot": Param(1),
 }
 
 _ALL_PARAMS: dict[str, Param] = dict(SHARED)

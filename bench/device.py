@@ -23,16 +23,24 @@ TRACE_PREFIX = "amaranth_bench"
 
 
 class LoopDevice:
-    """A sparse image file of `size` bytes attached with `losetup --direct-io=on`."""
+    """A sparse image file of `size` bytes attached with `losetup --direct-io=on`. `existing`: attach the image
+    file as it is (an aged image kept for --resume). `keep`: the image is not removed on detach or cleanup (its
+    owner, bench/resume.py, removes it)."""
 
-    def __init__(self, image: Path, size: int):
+    def __init__(self, image: Path, size: int, existing: bool = False, keep: bool = False):
         self.image = image
-        if image.exists():
-            image.unlink()
-        image.parent.mkdir(parents=True, exist_ok=True)
-        with open(image, "wb") as f:
-            f.truncate(size)
-        self._img_tok = cleanup.register(f"remove image {image}", lambda: image.unlink(missing_ok=True))
+        if existing:
+            if not image.is_file():
+                raise RuntimeError(f"image {image} missing")
+        else:
+            if image.exists():
+                image.unlink()
+            image.parent.mkdir(parents=True, exist_ok=True)
+            with open(image, "wb") as f:
+                f.truncate(size)
+        self._img_tok = None if keep else cleanup.register(f"remove image {image}",
+                                                            lambda: image.unlink(missing_ok=True))
+        self.keep = keep
         self.dev = run(["losetup", "--find", "--show", "--direct-io=on", str(image)]).stdout.strip()
         self._tok = cleanup.register(f"detach {self.dev}", self.detach)
         self.name = os.path.basename(self.dev)
@@ -69,8 +77,9 @@ class LoopDevice:
                 time.sleep(0.05)
             self.dev = ""
         cleanup.release(self._tok)
-        self.image.unlink(missing_ok=True)
-        cleanup.release(self._img_tok)
+        if not self.keep:
+            self.image.unlink(missing_ok=True)
+            cleanup.release(self._img_tok)
 
 
 def leftover_loops(workdir: Path, skip=lambda back_file: False) -> list[str]:

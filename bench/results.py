@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -44,11 +45,17 @@ class ResultWriter:
         """keep: when given, the rows of an existing CSV that it accepts are kept (a resumed run)."""
         self.path = path
         self.rows: list[Row] = [r for r in load(path) if keep(r)] if keep and path.exists() else []
-        with open(path, "w", newline="") as f:
-            csv.writer(f).writerow(FIELDS)
-        old, self.rows = self.rows, []
-        for r in old:
-            self.add(r)
+        # the kept rows are written to a new file that replaces the old one at once: a kill meanwhile loses nothing
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w", newline="") as f:
+            wr = csv.writer(f)
+            wr.writerow(FIELDS)
+            for r in self.rows:
+                d = asdict(r)
+                wr.writerow([_fmt(d[k]) for k in FIELDS])
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
     def add(self, row: Row) -> None:
         self.rows.append(row)

@@ -7,7 +7,7 @@ import math
 import os
 import shutil
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -37,6 +37,8 @@ class Env:
     helpers: dict[str, Path]
     data: dict  # prepared datasets: "tree", "git", "mail_user"
     args: object
+    resume: dict = field(default_factory=dict)  # (bench, fs, view, rep) -> resume state (bench/resume.py)
+    params_dict: dict = field(default_factory=dict)  # the parameters as run.json has them (JSON types)
 
 
 class RunContext:
@@ -60,6 +62,28 @@ class RunContext:
         self.phase = ""
         self.group_label = ""
         self.recorded: set[str] = set()  # benchmarks that produced at least one number
+        # per-point resume (bench/resume.py): the state this run continues from (None: from its start), and the
+        # run's totals up to that state, to which this process's part is added
+        self.resume_state: dict | None = None
+        self.base: dict = {}
+        self.st0: dict = {}
+
+    def totals(self) -> dict:
+        """The run's whole-run totals so far: what the interrupted part(s) had (`base`) plus this process's part.
+        Device writes count from the loop device's attach (`st0`); call with the FS unmounted or at the end."""
+        b, st = self.base, self.loop.stat()
+        t = {"dev_write_bytes": b.get("dev_write_bytes", 0) + (st["write_sectors"] - self.st0["write_sectors"]) * 512,
+             "logical_written": self.logical_written}
+        mst = self.memcg.stats() if self.memcg is not None else {}
+        if "max_usage_in_bytes" in mst or "cgroup_peak_bytes" in b:
+            t["cgroup_peak_bytes"] = max(b.get("cgroup_peak_bytes", 0), mst.get("max_usage_in_bytes", 0))
+        if "oom_kill" in mst or "oom_kills" in b:
+            t["oom_kills"] = b.get("oom_kills", 0) + mst.get("oom_kill", 0)
+        if self.is_amaranth:
+            d = self.m.driver
+            t["daemon_hwm_kb"] = max(b.get("daemon_hwm_kb", 0), d.hwm_kb)
+            t["daemon_cpu_s"] = b.get("daemon_cpu_s", 0.0) + d.daemon_cpu_s
+        return t
 
     @property
     def is_amaranth(self) -> bool:
@@ -202,6 +226,8 @@ class Group:
 
 
 def run_group(env: Env, group: Group, fs_name: str, rep: int, view: str) -> None:
+    from . import resume as resmod
+
     p = env.params
     w = env.writer
     PROGRESS.context = f"{fs_name}{'@' + str(env.args.hdd_throttle) + 'iops' if view == 'throttle' else ''} | " \
@@ -212,42 +238,78 @@ def run_group(env: Env, group: Group, fs_name: str, rep: int, view: str) -> None
     mnt = rundir / "mnt"
     log = env.results / "logs" / f"{fs_name}-{group.label}-r{rep}-{view}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    # per-point resume (bench/resume.py): a module with RESUME = "image" keeps its aged image outside the run dir
+    # (copied after every point); "points" only keeps the number of the last completed point
+    resumable = getattr(group.module, "RESUME", None)
+    state = env.resume.get((group.label, fs_name, view, rep)) if resumable else None
+    keep_image = resumable == "image" and bool(p.aging_snapshot)
     mounted = loop = memcg = blkcg = None
     ctx = None
     error = ""
+    completed = False
     try:
         driver.check()
         group.module.check(env, group.names)
         rundir.mkdir(parents=True, exist_ok=True)
         memcg = MemoryCgroup(p.mem_limit, label=fs_name)
-        with PROGRESS.step(f"fresh {fmt_size(p.image_size)} image, loop device (direct I/O), mkfs, mount"):
-            loop = LoopDevice(rundir / f"{fs_name}.img", p.image_size)
+        if keep_image:
+            image = resmod.image_dir(env.workdir, env.results, group.label, fs_name, view, rep) / \
+                f"{resmod.LIVE_PREFIX}{os.getpid()}.img"
+            image.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            image = rundir / f"{fs_name}.img"
+        if state and state.get("image"):
+            PROGRESS.log(f"resume: {resmod.describe(state)}")
+            with PROGRESS.step(f"copy the kept image {state['image']} to {image.name}, loop device (direct I/O), "
+                               f"mount"):
+                resmod.restore(state, env.results, image)
+                loop = LoopDevice(image, p.image_size, existing=True, keep=True)
+        elif state:
+            PROGRESS.log(f"resume: {resmod.describe(state)}")
+        elif keep_image:
+            resmod.remove_stale_images(image.parent, set())
+        with PROGRESS.step(f"{'' if loop else 'fresh ' + fmt_size(p.image_size) + ' image, '}loop device (direct I/O), "
+                           f"{'' if loop else 'mkfs, '}mount"):
+            if loop is None:
+                loop = LoopDevice(image, p.image_size, keep=keep_image)
             cgroups = [memcg]
             if view == "throttle":
                 blkcg = BlkioCgroup(loop.devno, env.args.hdd_throttle, label=fs_name)
                 cgroups.append(blkcg)
             env.tracer.set_device(loop.kdev)
             mounted = fsmod.Mounted(driver, loop, mnt, cgroups, log)
-            mounted.mkfs_and_mount()
+            if state and state.get("image"):
+                mnt.mkdir(parents=True, exist_ok=True)
+                mounted.mount()
+            else:
+                mounted.mkfs_and_mount()
         if isinstance(driver, fsmod.Amaranth):
             driver.reset_stats()
         st0 = loop.stat()
         ctx = RunContext(env, fs_name, rep, view, mounted, loop, cgroups, memcg)
         ctx.group_label = group.label
+        ctx.st0 = st0
+        if state:
+            ctx.resume_state = state
+            ctx.base = dict(state.get("totals", {}))
+            ctx.logical_written = ctx.base.get("logical_written", 0)
+            if not state.get("image"):
+                ctx.base.pop("dev_write_bytes", None)  # points on fresh file systems: the run's own FS counts
         group.module.run(ctx, group.names)
         if isinstance(driver, fsmod.Amaranth):
             ctx.save_amaranth_stat("end")
         with PROGRESS.step("unmount"):
             mounted.close()
-        st1 = loop.stat()
+        tot = ctx.totals()
         for name in group.names:
             if name not in ctx.recorded:
                 continue
-            wr = (st1["write_sectors"] - st0["write_sectors"]) * 512
+            wr = tot["dev_write_bytes"]
             ctx.record(name, "run", "dev_write_bytes_total", wr, "B")
             if ctx.logical_written:
                 ctx.record(name, "run", "logical_write_bytes_total", ctx.logical_written, "B")
                 ctx.record(name, "run", "write_amp_total", wr / ctx.logical_written, "x")
+        completed = True
     except fsmod.FsUnavailable as e:
         error = str(e)
     except Exception as e:  # noqa: BLE001 - any failure of one run is recorded, the harness goes on
@@ -267,19 +329,19 @@ def run_group(env: Env, group: Group, fs_name: str, rep: int, view: str) -> None
             if st.get("oom_kill"):
                 error += (f" [the memory cgroup ({fmt_size(p.mem_limit)} limit) OOM-killed {st['oom_kill']} "
                           f"process(es) during this run; peak usage {fmt_size(st.get('max_usage_in_bytes', 0))}]")
-        if memcg is not None:
+        if memcg is not None and ctx is not None and any(name in ctx.recorded for name in group.names):
+            tot = ctx.totals()
             for name in group.names:
-                if ctx is None or name not in ctx.recorded:
+                if name not in ctx.recorded:
                     continue
-                st = memcg.stats()
-                if "max_usage_in_bytes" in st:
-                    ctx.record(name, "run", "cgroup_peak_bytes", st["max_usage_in_bytes"], "B")
-                if "oom_kill" in st:
-                    ctx.record(name, "run", "oom_kills", st["oom_kill"], "")
+                if "cgroup_peak_bytes" in tot:
+                    ctx.record(name, "run", "cgroup_peak_bytes", tot["cgroup_peak_bytes"], "B")
+                if "oom_kills" in tot:
+                    ctx.record(name, "run", "oom_kills", tot["oom_kills"], "")
                 if isinstance(driver, fsmod.Amaranth):
-                    if driver.hwm_kb:
-                        ctx.record(name, "run", "daemon_vmhwm_bytes", driver.hwm_kb * 1024, "B")
-                    ctx.record(name, "run", "daemon_cpu_s_total", driver.daemon_cpu_s, "s")
+                    if tot.get("daemon_hwm_kb"):
+                        ctx.record(name, "run", "daemon_vmhwm_bytes", tot["daemon_hwm_kb"] * 1024, "B")
+                    ctx.record(name, "run", "daemon_cpu_s_total", tot["daemon_cpu_s"], "s")
         for thing in (loop, blkcg, memcg):
             if thing is None:
                 continue
@@ -288,6 +350,16 @@ def run_group(env: Env, group: Group, fs_name: str, rep: int, view: str) -> None
             except Exception as e:  # noqa: BLE001
                 error = error or f"cleanup failed: {e}"
         shutil.rmtree(rundir, ignore_errors=True)
+        if resumable:
+            if completed and not error:
+                resmod.forget(env.results, env.workdir, group.label, fs_name, view, rep)
+            elif keep_image:
+                # interrupted or failed: keep what the last state names (for --resume), drop the rest
+                st = resmod.load(env.results, group.label, fs_name, view, rep)
+                idir = resmod.image_dir(env.workdir, env.results, group.label, fs_name, view, rep)
+                resmod.remove_stale_images(idir, {Path(st["image"])} if st and st.get("image") else set())
+                if st:
+                    PROGRESS.log(f"kept for --resume: {resmod.describe(st)}")
         if error:
             phase = ctx.phase if ctx else "setup"
             first = error.strip().splitlines()[0] if error.strip() else error

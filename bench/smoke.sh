@@ -6,12 +6,13 @@
 #      a few minutes), which exits 1 unless every benchmark x file system has numbers or an explicit failure
 #      and the CSV, report and figures are well formed. It checks the harness, not the numbers.
 #   4. the same for the aging experiments: `python3 -m bench --quick --check --bench aging --no-fio`.
+#   5. the per-point resume of an aging run, end to end (bench/tests/test_resume.py with BENCH_E2E=1).
 # The Amaranth binary is built and copied to a private path first (others may rebuild target/release while this
 # runs). Results go to a temporary directory that is removed at the end. Whatever happens (failure, Ctrl-C,
 # timeout), the harness is stopped by its pid and `python3 -m bench --cleanup` removes what a killed run left
 # (mounts, loop devices, cgroups, tracing instances; never those of another harness run still in progress).
 # BENCH_SMOKE_TIMEOUT (seconds, default 900) bounds the quick run, BENCH_SMOKE_AGING_TIMEOUT (default 600) the
-# aging one; BENCH_SMOKE_KEEP=1 keeps the results;
+# aging one, BENCH_SMOKE_RESUME_TIMEOUT (default 900) the resume test; BENCH_SMOKE_KEEP=1 keeps the results;
 # BENCH_SMOKE_AMARANTH_BIN=PATH uses that binary instead of building one; BENCH_SMOKE_WORKDIR=DIR uses that work dir
 # (images, input cache) instead of the harness's default.
 set -euo pipefail
@@ -76,3 +77,15 @@ run_harness() {
 
 run_harness results "${BENCH_SMOKE_TIMEOUT:-900}"
 run_harness aging "${BENCH_SMOKE_AGING_TIMEOUT:-600}" --bench aging --no-fio
+
+# per-point resume of an aging run (bench/tests/test_resume.py): the quick aging-mail on ext4 killed with SIGKILL
+# in the middle of a point, resumed, stopped with SIGTERM, resumed again = the uninterrupted run (~2 minutes)
+rc=0
+BENCH_E2E=1 timeout --signal=TERM --kill-after=60 "${BENCH_SMOKE_RESUME_TIMEOUT:-900}" \
+  python3 -m unittest bench.tests.test_resume.ResumeEndToEnd >"$tmp/resume.log" 2>&1 || rc=$?
+if (( rc != 0 )); then
+  echo "bench smoke test (resume) failed (exit $rc):" >&2
+  tail -n 40 "$tmp/resume.log" >&2
+  exit "$rc"
+fi
+echo "bench smoke test (resume) passed"

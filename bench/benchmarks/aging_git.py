@@ -2,16 +2,16 @@
 grep of the repository on the aged FS and on a fresh copy of it."""
 from __future__ import annotations
 
-import random
-
 from . import Info, Metric, Param
 from ._common import need
 from ..aging import Eta, aged_and_unaged, point_log
+from ..resume import Points
 from ..runner import BenchFailure
 from ..util import CMDLOG, PROGRESS, run as sh
 
 NAMES = ["aging-git"]
 GROUP = "aging"  # see GROUPS in __init__.py
+RESUME = "image"  # --resume continues after the last completed point, on a copy of the aged image (bench/resume.py)
 NEEDS = {"git_history"}
 # Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
 PARAMS = {
@@ -59,26 +59,32 @@ def run(ctx, names):
     bench = "aging-git"
     repo = ctx.mnt / "repo"
     src = f"file://{hist.path}"
-    rng = random.Random(p.rand_seed + ctx.rep)
-    with PROGRESS.step(f"clone at the first commit ({hist.versions[0]}) into the FS"):
-        sh(["git", "init", "-q", "-b", "main", str(repo)], cgroups=ctx.cgroups)
-        conf = {"user.name": "amaranth-bench", "user.email": "bench@amaranth.invalid", "pull.ff": "only",
-                "gc.autoDetach": "false", "maintenance.auto": "false"}
-        if not p.aging_git_gc:
-            conf["gc.auto"] = "0"
-        for k, v in conf.items():
-            _git(ctx, repo, "config", k, v)
-        _git(ctx, repo, "fetch", "-q", src, hist.commits[0])
-        _git(ctx, repo, "reset", "-q", "--hard", "FETCH_HEAD")
-    ctx.sync()
     points = [0] + [i for i in range(every, n + 1, every)] + ([n] if n % every else [])
-    eta = Eta(len(points))
-    aged, unaged = aged_and_unaged(ctx, bench, repo, 0, rng)
-    point_log(bench, 0, aged, unaged, eta, 1)
-    CMDLOG.add(f"git -C {repo} pull -q --ff-only {src} <commit k>   (for k = 1 .. {n}, in the cgroup; not logged "
-               f"one by one)")
-    pull_s, done = 0.0, 1
-    for i in range(1, n + 1):
+    labels = ["the clone"] + [f"pull {a + 1} (of {n})" for a in points[:-1]]
+    pts = Points(ctx, bench, points, labels, image=True)
+    eta = Eta(len(points), pts.start)
+    if pts.start == 0:
+        with PROGRESS.step(f"clone at the first commit ({hist.versions[0]}) into the FS"):
+            sh(["git", "init", "-q", "-b", "main", str(repo)], cgroups=ctx.cgroups)
+            conf = {"user.name": "amaranth-bench", "user.email": "bench@amaranth.invalid", "pull.ff": "only",
+                    "gc.autoDetach": "false", "maintenance.auto": "false"}
+            if not p.aging_git_gc:
+                conf["gc.auto"] = "0"
+            for k, v in conf.items():
+                _git(ctx, repo, "config", k, v)
+            _git(ctx, repo, "fetch", "-q", src, hist.commits[0])
+            _git(ctx, repo, "reset", "-q", "--hard", "FETCH_HEAD")
+        ctx.sync()
+        aged, unaged = aged_and_unaged(ctx, bench, repo, 0)
+        point_log(bench, 0, aged, unaged, eta, 1)
+        pts.done(0, {"files": aged["files"], "bytes": aged["bytes"], "head": hist.commits[0]})
+    elif not (repo / ".git").is_dir():
+        raise RuntimeError(f"resumed on an image without the repository {repo}")
+    first = points[pts.start - 1] + 1 if pts.start else 1  # the first pull still to do
+    CMDLOG.add(f"git -C {repo} pull -q --ff-only {src} <commit k>   (for k = {first} .. {n}, in the cgroup; not "
+               f"logged one by one)")
+    pull_s, done = 0.0, max(1, pts.start)
+    for i in range(first, n + 1):
         pull_s += _git(ctx, repo, "pull", "-q", "--ff-only", src, hist.commits[i], log=False).elapsed
         if i not in points:
             continue
@@ -89,7 +95,7 @@ def run(ctx, names):
         ctx.record(bench, "pull", "seconds", pull_s, "s", x=i)
         pull_s = 0.0
         ctx.phase = "pull"
-        aged, unaged = aged_and_unaged(ctx, bench, repo, i, rng)
+        aged, unaged = aged_and_unaged(ctx, bench, repo, i)
         done += 1
         point_log(bench, i, aged, unaged, eta, done)
-
+        pts.done(done - 1, {"files": aged["files"], "bytes": aged["bytes"], "head": head})

@@ -9,10 +9,12 @@ from pathlib import Path
 from . import Info, Metric, Param
 from ..util import K
 from ._common import need
-from ..aging import Eta, fresh_fs, grep_point, point_log
+from ..aging import Eta, fresh_fs, grep_point, point_log, point_rng
+from ..resume import Points
 
 NAMES = ["aging-interfile"]
 GROUP = "aging"  # see GROUPS in __init__.py
+RESUME = "points"  # every round on a fresh FS: --resume skips the completed rounds (bench/resume.py)
 NEEDS = {"tree"}
 # Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
 PARAMS = {
@@ -84,12 +86,17 @@ def run(ctx, names):
     rng.shuffle(perm)
     steps = list(range(0, 101, max(1, p.aging_inter_step)))
     steps = steps if steps[-1] == 100 else steps + [100]
-    eta = Eta(len(steps))
+    points = Points(ctx, bench, steps, [f"round {pct} %" for pct in steps], image=False)
+    eta = Eta(len(steps), points.start)
     for n, pct in enumerate(steps, start=1):
+        if n <= points.start:
+            continue  # done by the run this one resumes
         with fresh_fs(ctx, f"p{pct}") as f:
             d = f.mnt / "tree"
-            f.note_written(write_tree(d, creation_order(files, perm, pct), p.aging_inter_file_size, rng))
+            f.note_written(write_tree(d, creation_order(files, perm, pct), p.aging_inter_file_size,
+                                      point_rng(ctx, bench, "data", pct)))
             f.sync()
             f.phase = "write"
-            res = grep_point(f, bench, "grep", d, pct, rng)
+            res = grep_point(f, bench, "grep", d, pct)
         point_log(bench, pct, res, None, eta, n)
+        points.done(n - 1)

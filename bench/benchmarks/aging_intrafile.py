@@ -7,10 +7,12 @@ import random
 
 from . import Info, Metric, Param
 from ..util import K
-from ..aging import Eta, fresh_fs, grep_point, point_log
+from ..aging import Eta, fresh_fs, grep_point, point_log, point_rng
+from ..resume import Points
 
 NAMES = ["aging-intrafile"]
 GROUP = "aging"  # see GROUPS in __init__.py
+RESUME = "points"  # every round on a fresh FS: --resume skips the completed rounds (bench/resume.py)
 ALIASES = {"aging-micro": "aging-intrafile,aging-interfile"}
 NEEDS: set[str] = set()
 # Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
@@ -72,13 +74,17 @@ def run(ctx, names):
     p = ctx.p
     bench = "aging-intrafile"
     ks = rounds(p.aging_intra_size, p.aging_intra_chunk, p.aging_intra_step)
-    rng = random.Random(p.rand_seed + ctx.rep)
-    eta = Eta(len(ks))
+    points = Points(ctx, bench, ks, [f"round k={k}" for k in ks], image=False)
+    eta = Eta(len(ks), points.start)
     for n, k in enumerate(ks, start=1):
+        if n <= points.start:
+            continue  # done by the run this one resumes
         with fresh_fs(ctx, f"k{k}") as f:
             d = f.mnt / "intra"
-            f.note_written(write_files(d, p.aging_intra_files, p.aging_intra_size, p.aging_intra_chunk, k, rng))
+            f.note_written(write_files(d, p.aging_intra_files, p.aging_intra_size, p.aging_intra_chunk, k,
+                                       point_rng(ctx, bench, "data", k)))
             f.sync()
             f.phase = "write"
-            res = grep_point(f, bench, "read", d, k, rng)
+            res = grep_point(f, bench, "read", d, k)
         point_log(bench, k, res, None, eta, n)
+        points.done(n - 1)

@@ -2,7 +2,6 @@
 cycle a cold grep of the mail store on the aged FS and on a fresh copy of it."""
 from __future__ import annotations
 
-import random
 import sys
 from pathlib import Path
 
@@ -11,9 +10,11 @@ from ..util import K
 from ._common import need
 from .mailserver import IMAP_BIN, USER
 from ..aging import Eta, aged_and_unaged, point_log
+from ..resume import Points
 
 NAMES = ["aging-mail"]
 GROUP = "aging"  # see GROUPS in __init__.py
+RESUME = "image"  # --resume continues after the last completed cycle, on a copy of the aged image (bench/resume.py)
 NEEDS = {"mail_user"}
 # Parameters (`--set name=value`; `quick`: the value under --quick, where it differs).
 PARAMS = {
@@ -64,17 +65,23 @@ def run(ctx, names):
               str(p.aging_mail_boxes), "--msgs", str(p.aging_mail_msgs), "--max-msg", str(p.aging_mail_max_msg),
               "--conf", str(conf), "--log", str(log), "--timeout", str(p.timeout)]
     tool = [sys.executable, "-m", "bench.workloads.mail_aging"]
-    r = ctx.untimed(tool + ["populate", "--root", str(root), "--seed", str(p.rand_seed + ctx.rep)] + common,
-                    f"write {p.aging_mail_users} x {p.aging_mail_boxes} mailboxes x {p.aging_mail_msgs} messages "
-                    f"(untimed)", cwd=HERE)
-    ctx.note_written(ctx.helper_json(r)["bytes"])
-    ctx.untimed(tool + ["warm"] + common, "Dovecot indexes every mailbox (untimed)", cwd=HERE)
-    ctx.sync()
-    rng = random.Random(p.rand_seed + ctx.rep)
-    eta = Eta(p.aging_mail_cycles + 1)
-    aged, unaged = aged_and_unaged(ctx, bench, root, 0, rng)
-    point_log(bench, 0, aged, unaged, eta, 1)
-    for c in range(1, p.aging_mail_cycles + 1):
+    cycles = p.aging_mail_cycles
+    points = Points(ctx, bench, list(range(cycles + 1)), ["the setup"] + [f"cycle {c}" for c in range(1, cycles + 1)],
+                    image=True)
+    eta = Eta(cycles + 1, points.start)
+    if points.start == 0:
+        r = ctx.untimed(tool + ["populate", "--root", str(root), "--seed", str(p.rand_seed + ctx.rep)] + common,
+                        f"write {p.aging_mail_users} x {p.aging_mail_boxes} mailboxes x {p.aging_mail_msgs} messages "
+                        f"(untimed)", cwd=HERE)
+        ctx.note_written(ctx.helper_json(r)["bytes"])
+        ctx.untimed(tool + ["warm"] + common, "Dovecot indexes every mailbox (untimed)", cwd=HERE)
+        ctx.sync()
+        aged, unaged = aged_and_unaged(ctx, bench, root, 0)
+        point_log(bench, 0, aged, unaged, eta, 1)
+        points.done(0, {"files": aged["files"], "bytes": aged["bytes"]})
+    elif not root.is_dir():
+        raise RuntimeError(f"resumed on an image without the mail store {root}")
+    for c in range(max(1, points.start), cycles + 1):
         r = ctx.timed(bench, "cycle", tool + ["cycle", "--ops", str(p.aging_mail_ops), "--seed",
                                               str(p.rand_seed * 100_000 + ctx.rep * 1000 + c)] + common,
                       kind="write", x=c, cwd=HERE, label=f"cycle {c}: {p.aging_mail_ops} operations")
@@ -83,5 +90,6 @@ def run(ctx, names):
         ctx.record(bench, "cycle", "not_ok_replies", j["not_ok"], "", x=c)
         if j["not_ok"] > p.aging_mail_ops // 100:
             raise RuntimeError(f"cycle {c}: {j['not_ok']} IMAP commands failed (see {log})")
-        aged, unaged = aged_and_unaged(ctx, bench, root, c, rng)
+        aged, unaged = aged_and_unaged(ctx, bench, root, c)
         point_log(bench, c, aged, unaged, eta, c + 1)
+        points.done(c, {"files": aged["files"], "bytes": aged["bytes"]})

@@ -338,18 +338,39 @@ impl Buffer {
             max_msn: self.max_msn,
             ..Buffer::default()
         };
+        // The order is kept, so both maps are built from sorted runs in one pass (inserting one
+        // key at a time compared each with a path of the map: the most of a directory rename's
+        // time went there).
+        let mut ranges = Vec::with_capacity(self.ranges.len());
         for r in self.ranges.into_values() {
             let (lo, hi) = (f(&r.lo), f(&r.hi));
-            assert!(b.ranges.last_key_value().is_none_or(|(_, p)| p.hi <= lo));
-            b.insert_range(RangeDel { msn: r.msn, lo, hi });
+            assert!(lo < hi, "a re-keyed range delete became empty");
+            assert!(
+                ranges
+                    .last()
+                    .is_none_or(|(_, p): &(Vec<u8>, RangeDel)| p.hi <= lo),
+                "re-keyed range deletes out of order"
+            );
+            let r = RangeDel { msn: r.msn, lo, hi };
+            b.bytes += r.size();
+            b.range_keys += r.lo.len();
+            ranges.push((r.lo.clone(), r));
         }
+        let mut points = Vec::with_capacity(self.points.len());
         for (k, km) in self.points {
             let k = f(&k);
-            assert!(b.points.last_key_value().is_none_or(|(p, _)| *p < k));
+            assert!(
+                points
+                    .last()
+                    .is_none_or(|(p, _): &(Vec<u8>, KeyMsgs)| *p < k),
+                "re-keyed messages out of order"
+            );
             b.bytes += k.len() + 4 + km.size();
             b.longest = b.longest.max(k.len());
-            b.points.insert(k, km);
+            points.push((k, km));
         }
+        b.ranges = ranges.into_iter().collect();
+        b.points = points.into_iter().collect();
         b
     }
 

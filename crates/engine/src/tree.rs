@@ -114,6 +114,8 @@ pub struct TreeCounters {
     pub range_moves: AtomicU64,
     /// Nodes of dead destination subtrees released by range moves.
     pub range_move_released: AtomicU64,
+    /// Run slots queued to be flushed into their subtrees after a range move.
+    pub range_move_drains: AtomicU64,
     /// Messages injected at the root.
     pub messages: AtomicU64,
     /// Bytes of user data in injected messages.

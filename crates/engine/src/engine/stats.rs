@@ -94,6 +94,9 @@ pub struct Stats {
     pub range_moves: u64,
     /// Nodes of dead destination subtrees that range moves released.
     pub range_move_released: u64,
+    /// Run slots a range move queued to be flushed into their subtrees after it (their buffers
+    /// held more than a sixteenth of a node).
+    pub range_move_drains: u64,
     /// Completed checkpoints (this session).
     pub checkpoints: u64,
     /// Requests for a checkpoint (log past its checkpoint fraction, deleted data over its bound)
@@ -209,6 +212,7 @@ impl Engine {
             merges: tc.merges.load(Ordering::Relaxed),
             range_moves: tc.range_moves.load(Ordering::Relaxed),
             range_move_released: tc.range_move_released.load(Ordering::Relaxed),
+            range_move_drains: tc.range_move_drains.load(Ordering::Relaxed),
             checkpoints: i.ckpt.count.load(Ordering::Relaxed),
             checkpoint_requests_dropped: i
                 .counters

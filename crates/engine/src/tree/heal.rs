@@ -9,6 +9,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::split_merge::{merge_relift_bytes, relift_size};
 use super::{Bounds, Tree};
 use crate::cache::CachedNode;
 use crate::error::Result;
@@ -19,6 +20,11 @@ const HEAL_QUEUE_MAX: usize = 4096;
 
 /// Flushes of one over-full node's heaviest buffers per heal step at most.
 const DRAIN_MAX: usize = 16;
+
+/// A heal merges two nodes only when it re-lifts at most a node's size over this plus
+/// `HEAL_RELIFT_PER_BYTE` times the smaller one's bytes (see `heal_path`).
+const HEAL_RELIFT_DIVISOR: usize = 8;
+const HEAL_RELIFT_PER_BYTE: usize = 4;
 
 /// Walks per queued key at most (a tree is never this high).
 const MAX_HEIGHT: usize = 64;
@@ -135,25 +141,35 @@ impl Tree {
                     Body::Internal(i) => i.children.len() > f.max_fanout,
                 }
             };
-            // Whether the child fits with the sibling a merge takes, judged on the sibling's
-            // skeleton (sizes are known without its contents): it is read whole only to merge
-            // (reading every sibling whole was 18% of the daemon's time in directory renames).
-            let s = if c + 1 < n.children.len() {
-                Some(c + 1)
-            } else {
-                c.checked_sub(1)
-            };
-            let fits = match s {
-                Some(s) => {
-                    let scn = self.pin(n.children[s])?;
-                    let sg = scn.read();
-                    self.merge_fits(&ccn.read(), &sg, n.buffers[s].bytes())
+            // The sibling to merge with, judged on skeletons (sizes are known without contents;
+            // a sibling is read whole only to merge: reading every sibling whole was 18% of the
+            // daemon's time in directory renames): one the child fits with, unless the merge
+            // re-lifts much more than it saves. A small piece merged into a large node with a
+            // longer prefix rewrites the whole large node into the shorter one, and the next
+            // slice at the same key (a directory renamed again) cuts and re-lifts it again: two
+            // 4 MiB re-lifts per rename for a piece of a few root entries. Such a piece stays a
+            // small node; pieces of similar sizes still merge.
+            let mut sibling = None;
+            for s in [c + 1, c.wrapping_sub(1)] {
+                if s >= n.children.len() {
+                    continue;
                 }
-                None => false,
-            };
-            if fits {
-                pins.extend(self.pin_sibling(&g, c)?);
+                let scn = self.pin(n.children[s])?;
+                let (cg, sg) = (ccn.read(), scn.read());
+                let pending = n.buffers[s].bytes();
+                let (cb, sb) = (relift_size(&cg), relift_size(&sg) + pending);
+                if self.merge_fits(&cg, &sg, pending)
+                    && merge_relift_bytes(n, &b, c, s, cb, sb - pending, pending)
+                        <= f.node_size / HEAL_RELIFT_DIVISOR + HEAL_RELIFT_PER_BYTE * cb.min(sb)
+                {
+                    sibling = Some(s);
+                    break;
+                }
             }
+            if let Some(s) = sibling {
+                pins.push(self.pin_child_whole(n, s)?);
+            }
+            let fits = sibling.is_some();
             if pending || over || fits {
                 let ccn = if leaf_child {
                     self.pin_whole(cid)?
@@ -166,7 +182,9 @@ impl Tree {
                 }
                 self.deliver_into_child(&cn, &mut g, &b, c, &ccn, &mut cg)?;
                 if !self.split_child(&mut g, &b, c, &ccn, &mut cg) {
-                    self.merge_child(&mut g, &b, c, &ccn, &mut cg)?;
+                    if let Some(s) = sibling {
+                        self.merge_child_with(&mut g, &b, c, s, &ccn, &mut cg)?;
+                    }
                 }
                 self.end_modify(&cn, &g);
             }

@@ -15,14 +15,14 @@ impl Tree {
         let Body::Internal(pn) = &pg.body else {
             return Ok(None);
         };
-        if pn.children.len() < 2 {
-            return Ok(None);
+        match default_sibling(pn, c) {
+            Some(s) => self.pin_child_whole(pn, s).map(Some),
+            None => Ok(None),
         }
-        let s = if c + 1 < pn.children.len() {
-            c + 1
-        } else {
-            c - 1
-        };
+    }
+
+    /// Loads and pins child `s` of `pn`, fully resident.
+    pub(super) fn pin_child_whole(&self, pn: &Internal, s: usize) -> Result<Arc<CachedNode>> {
         let id = pn.children[s];
         let scn = match self.cache.get(id) {
             Some(x) => x,
@@ -31,7 +31,7 @@ impl Tree {
         if !scn.read().fully_resident() {
             self.load_partitions(&scn, None)?;
         }
-        Ok(Some(scn))
+        Ok(scn)
     }
 
     /// Keeps the root's shape within bounds: splits an oversized root leaf or an over-wide root
@@ -203,18 +203,38 @@ impl Tree {
         let Body::Internal(pn) = &pg.body else {
             unreachable!()
         };
+        match default_sibling(pn, c) {
+            Some(s) => self.merge_child_with(pg, pb, c, s, ccn, cg),
+            None => Ok(true),
+        }
+    }
+
+    /// [`Tree::merge_child`] with the sibling `s` (`c - 1` or `c + 1`) chosen by the caller.
+    pub(super) fn merge_child_with(
+        &self,
+        pg: &mut WriteGuard,
+        pb: &Bounds,
+        c: usize,
+        s: usize,
+        ccn: &Arc<CachedNode>,
+        cg: &mut WriteGuard,
+    ) -> Result<bool> {
+        let Body::Internal(pn) = &pg.body else {
+            unreachable!()
+        };
         assert!(
             pn.buffers[c].is_empty(),
             "a child is merged only with nothing buffered for it"
         );
-        if pn.children.len() < 2 {
-            return Ok(true);
-        }
-        let s = if c + 1 < pn.children.len() {
-            c + 1
-        } else {
-            c - 1
-        };
+        assert!(
+            s + 1 == c || s == c + 1,
+            "child {c} merged with {s}, not a sibling"
+        );
+        assert!(
+            s < pn.children.len(),
+            "sibling {s} of {}",
+            pn.children.len()
+        );
         let Some(scn) = self.cache.get(pn.children[s]) else {
             return Ok(true);
         };
@@ -456,4 +476,56 @@ pub(super) fn split_internal(
     }
     rest.reverse();
     (n, rest)
+}
+
+/// The sibling a merge of child `c` uses unless the caller chooses: the next one, or the
+/// previous one for the last child. `None` for an only child.
+pub(super) fn default_sibling(pn: &Internal, c: usize) -> Option<usize> {
+    if pn.children.len() < 2 {
+        None
+    } else if c + 1 < pn.children.len() {
+        Some(c + 1)
+    } else {
+        Some(c - 1)
+    }
+}
+
+/// The stored bytes a merge of children `c` and `s` of `pn` (bounds `pb`) re-lifts: the merged
+/// node's prefix is the common part of the halves', and each half whose prefix is longer has
+/// every stored key rewritten (entries and partition pivots of a leaf; pivots and buffered
+/// messages of an internal node, with what the parent buffers for it). `c_bytes` and `s_bytes`
+/// are the halves' sizes ([`relift_size`]), `s_pending` what the parent buffers for `s`.
+pub(super) fn merge_relift_bytes(
+    pn: &Internal,
+    pb: &Bounds,
+    c: usize,
+    s: usize,
+    c_bytes: usize,
+    s_bytes: usize,
+    s_pending: usize,
+) -> usize {
+    let li = c.min(s);
+    let lo: &[u8] = if li == 0 { pb.lo() } else { &pn.pivots[li - 1] };
+    let hi = match pn.pivots.get(li + 1) {
+        Some(p) => Some(p.as_slice()),
+        None => pb.hi(),
+    };
+    let merged = super::bounds::lift_len(lo, hi);
+    let mut bytes = 0;
+    if pb.extra(pn, c) > merged {
+        bytes += c_bytes;
+    }
+    if pb.extra(pn, s) > merged {
+        bytes += s_bytes + s_pending;
+    }
+    bytes
+}
+
+/// What a re-lift of `n` rewrites, known from its skeleton: a leaf's entry bytes, an internal
+/// node's buffered bytes and pivots.
+pub(super) fn relift_size(n: &Node) -> usize {
+    match &n.body {
+        Body::Leaf(l) => l.bytes(),
+        Body::Internal(i) => i.buffered_bytes() + i.pivots.iter().map(Vec::len).sum::<usize>(),
+    }
 }

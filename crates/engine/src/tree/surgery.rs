@@ -33,6 +33,9 @@ use crate::node::{
 };
 use crate::ops::prefix_end;
 
+/// A run slot whose buffer holds more than a node's size over this is flushed after a move.
+const RUN_DRAIN_DIVISOR: usize = 16;
+
 /// A run of child slots taken out of a node, in the node's stored form.
 struct Run {
     children: Vec<NodeId>,
@@ -52,19 +55,59 @@ struct Rekey<'a> {
     q: &'a [u8],
 }
 
-impl Rekey<'_> {
+/// A [`Rekey`] worked out once for a run's many keys: a stored key `need s` becomes `head s`.
+struct RekeyPlan {
+    need: Vec<u8>,
+    head: Vec<u8>,
+}
+
+impl RekeyPlan {
     fn key(&self, stored: &[u8]) -> Vec<u8> {
-        let full = [self.src, stored].concat();
         assert!(
-            full.starts_with(self.p),
-            "a moved key outside the moved range"
+            stored.starts_with(&self.need),
+            "a moved key outside the moved range or its new node's prefix"
         );
-        let moved = [self.q, &full[self.p.len()..]].concat();
-        assert!(
-            moved.starts_with(self.dst),
-            "a moved key outside its new node's prefix"
-        );
-        moved[self.dst.len()..].to_vec()
+        let tail = &stored[self.need.len()..];
+        let mut out = Vec::with_capacity(self.head.len() + tail.len());
+        out.extend_from_slice(&self.head);
+        out.extend_from_slice(tail);
+        out
+    }
+}
+
+impl Rekey<'_> {
+    /// The full key is `src + stored`; it must start with `p`, and `q` + what follows `p` must
+    /// start with `dst`; the key becomes what follows `dst`. Everything but `stored` is the same
+    /// for every key, so the checks on it are made here once.
+    fn plan(&self) -> RekeyPlan {
+        let (src, p, q, dst) = (self.src, self.p, self.q, self.dst);
+        // `q + rest` where rest is what follows p in src + stored: `h + stored[need..]`.
+        let (h, mut need) = if p.len() <= src.len() {
+            assert!(src.starts_with(p), "a moved run outside the moved range");
+            ([q, &src[p.len()..]].concat(), Vec::new())
+        } else {
+            assert!(p.starts_with(src), "a moved run outside the moved range");
+            (q.to_vec(), p[src.len()..].to_vec())
+        };
+        let head = if dst.len() <= h.len() {
+            assert!(
+                h.starts_with(dst),
+                "a moved run outside its new node's prefix"
+            );
+            h[dst.len()..].to_vec()
+        } else {
+            assert!(
+                dst.starts_with(&h),
+                "a moved run outside its new node's prefix"
+            );
+            need.extend_from_slice(&dst[h.len()..]);
+            Vec::new()
+        };
+        RekeyPlan { need, head }
+    }
+
+    fn key(&self, stored: &[u8]) -> Vec<u8> {
+        self.plan().key(stored)
     }
 
     /// A key-length bound of the source node's form in the destination node's.
@@ -79,7 +122,8 @@ impl Rekey<'_> {
     /// A slot with its buffer's keys and its bound rewritten.
     fn slot(&self, mut slot: BufSlot) -> BufSlot {
         let longest = self.bound(slot.longest);
-        let buf = slot.take().rekeyed(|k| self.key(k));
+        let plan = self.plan();
+        let buf = slot.take().rekeyed(|k| plan.key(k));
         let mut out = BufSlot::resident(buf);
         out.longest = longest;
         out
@@ -109,6 +153,10 @@ impl Tree {
         );
         // 1–2: the source, sliced into a run of whole subtrees of height `h`.
         let src = self.slice(&slo, &shi, 1)?;
+        // The swing re-keys every message a run slot buffers: the heavy ones are flushed into
+        // their subtrees after the move, in the background, so a range moved again does not
+        // pay that again (a directory renamed back and forth spent most of each rename there).
+        let heavy = heavy_slot_keys(&src, p, q, self.format.node_size / RUN_DRAIN_DIVISOR);
         let h = src.node.read().height - 1;
         // No moved key passes the limit (checked before the record), nor need its bound.
         let moved = run_bound(&src, p, q).min(max);
@@ -160,6 +208,12 @@ impl Tree {
         for k in [&slo, &shi, &dlo, &dhi] {
             self.queue_heal(k);
         }
+        for k in &heavy {
+            self.queue_heal(k);
+        }
+        self.counters
+            .range_move_drains
+            .fetch_add(heavy.len() as u64, Ordering::Relaxed);
         self.fix_fanout(&dlo)
     }
 
@@ -538,4 +592,75 @@ fn splice(g: &mut WriteGuard, a: usize, b: usize, run: Run, run_msn: Msn) {
     n.children.splice(a..b, run.children);
     n.buffers.splice(a..b, run.buffers);
     n.pivots.splice(a..b - 1, run.pivots);
+}
+
+/// The first keys, after the move from `p` to `q`, of the run's slots whose buffers hold more
+/// than `threshold` bytes: a heal walk to such a key flushes the slot into its subtree.
+fn heavy_slot_keys(run: &Sliced, p: &[u8], q: &[u8], threshold: usize) -> Vec<Vec<u8>> {
+    let g = run.node.read();
+    let Body::Internal(n) = &g.body else {
+        unreachable!("a sliced range lies in an internal node")
+    };
+    (run.slots.0..run.slots.1)
+        .filter(|&c| n.buffers[c].bytes() > threshold)
+        .map(|c| {
+            let lo = run.bounds.child(n, c).full_lo();
+            let rest = lo
+                .strip_prefix(p)
+                .expect("a run slot starts inside the moved range");
+            [q, rest].concat()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Rekey;
+
+    /// The rule written out: `src + stored` must start with `p`; `q` + what follows `p` must
+    /// start with `dst`; the new stored key is what follows `dst`.
+    fn naive(r: &Rekey, stored: &[u8]) -> Option<Vec<u8>> {
+        let full = [r.src, stored].concat();
+        let rest = full.strip_prefix(r.p)?;
+        let moved = [r.q, rest].concat();
+        moved.strip_prefix(r.dst).map(<[u8]>::to_vec)
+    }
+
+    #[test]
+    fn a_plan_rewrites_keys_as_the_rule_says() {
+        // Every split of "ab" / "abx" / "xy" / "xyz" into node prefixes and stored keys.
+        let keys: [&[u8]; 4] = [b"abcd", b"abc", b"abxy", b"ab"];
+        for full in keys {
+            for s in 0..=full.len() {
+                let (src, stored) = full.split_at(s);
+                for (p, q) in [(&b"ab"[..], &b"xyz"[..]), (b"a", b"x"), (b"abc", b"q")] {
+                    for d in 0..=q.len() + 2 {
+                        let moved_full = match full.strip_prefix(p) {
+                            Some(rest) => [q, rest].concat(),
+                            None => continue,
+                        };
+                        let dst = &moved_full[..d.min(moved_full.len())];
+                        let r = Rekey { src, p, dst, q };
+                        assert_eq!(
+                            Some(r.plan().key(stored)),
+                            naive(&r, stored),
+                            "src {src:?} stored {stored:?} p {p:?} q {q:?} dst {dst:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "outside")]
+    fn a_key_outside_the_moved_range_is_refused() {
+        let r = Rekey {
+            src: b"",
+            p: b"ab",
+            dst: b"",
+            q: b"x",
+        };
+        let _ = r.plan().key(b"ac1");
+    }
 }
