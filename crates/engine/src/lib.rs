@@ -74,6 +74,7 @@ mod space;
 mod store;
 mod superblock;
 mod tree;
+mod trim;
 mod upgrade;
 mod verify;
 mod wal;
