@@ -301,6 +301,7 @@ fn plan(args: MountArgs) -> CliResult<Plan> {
     let engine_opts = Options {
         cache_size: cache as usize,
         read_only: mount_opts.read_only,
+        discard: parsed.discard,
         ..Options::default()
     };
     engine_opts

@@ -50,6 +50,9 @@ pub struct Parsed {
     /// `rename_copy_max=BYTES`: renames copy ranges up to this size, move larger ones by tree
     /// surgery (`FsOptions::rename_copy_max`; for measuring the crossover).
     pub rename_copy_max: Option<u32>,
+    /// `discard` (the default) / `nodiscard`: give freed space back to the image file or block
+    /// device after each checkpoint (engine `Options::discard`).
+    pub discard: bool,
 }
 
 impl Parsed {
@@ -75,6 +78,7 @@ impl Parsed {
             ordered_fsync: false,
             out_of_line_min: None,
             rename_copy_max: None,
+            discard: true,
         }
     }
 
@@ -138,6 +142,13 @@ impl Parsed {
                 }
             }
             "read_ahead_kb" => m.read_ahead_kb = Some(number(key, val)?),
+            "ring_threads" => {
+                let n: usize = number(key, val)?;
+                if n == 0 || n > 64 {
+                    return Err(Failure::new("mount option ring_threads must be 1 to 64"));
+                }
+                m.ring_threads = n;
+            }
             "out_of_line_min" => {
                 self.out_of_line_min =
                     Some(parse_size(need(key, val)?).map_err(Failure::new)? as usize)
@@ -162,6 +173,8 @@ impl Parsed {
         let m = &mut self.mount;
         match key {
             "foreground" => self.foreground = true,
+            "discard" => self.discard = true,
+            "nodiscard" => self.discard = false,
             "remount" => self.remount = true,
             "ro" => m.read_only = true,
             "rw" => m.read_only = false,
@@ -259,6 +272,13 @@ mod tests {
                 .ordered_fsync
         );
         assert!(parse(Origin::Cli, "fsync=sometimes").is_err());
+        assert!(
+            parse(Origin::Cli, "ro").unwrap().discard,
+            "discard is the default"
+        );
+        assert!(!parse(Origin::Cli, "nodiscard").unwrap().discard);
+        assert!(parse(Origin::Cli, "nodiscard,discard").unwrap().discard);
+        assert!(parse(Origin::Cli, "discard=1").is_err());
         assert_eq!(
             parse(Origin::Cli, "rename_copy_max=64K")
                 .unwrap()
@@ -266,6 +286,14 @@ mod tests {
             Some(64 << 10)
         );
         assert_eq!(parse(Origin::Cli, "rw").unwrap().rename_copy_max, None);
+        assert_eq!(
+            parse(Origin::Cli, "ring_threads=3")
+                .unwrap()
+                .mount
+                .ring_threads,
+            3
+        );
+        assert!(parse(Origin::Cli, "ring_threads=0").is_err());
         let p = parse(Origin::Cli, "noatime,strictatime").unwrap();
         assert!(!p.mount.noatime && p.mount.strictatime);
         let p = parse(Origin::Cli, "strictatime,relatime,dirsync").unwrap();

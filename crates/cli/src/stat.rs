@@ -43,7 +43,10 @@ pub fn engine_json(s: &Stats) -> Value {
             "writes": s.device.writes,
             "bytes_written": s.device.bytes_written,
             "flushes": s.device.flushes,
+            "discards": s.device.discards,
+            "bytes_discarded": s.device.bytes_discarded,
         },
+        "discard_failures": s.discard_failures,
         "node_writes": s.node_writes,
         "node_bytes_written": s.node_bytes_written,
         "node_reads": s.node_reads,
@@ -285,6 +288,16 @@ fn print_live(v: &Value) {
         g("data_writes"),
         human(g("data_bytes_read")),
         g("data_reads")
+    );
+    let device = &v["device"];
+    say!(
+        "given back:      {} of free space discarded in {} requests{}",
+        human(device["bytes_discarded"].as_u64().unwrap_or(0)),
+        device["discards"].as_u64().unwrap_or(0),
+        match g("discard_failures") {
+            0 => String::new(),
+            n => format!(", {n} passes ended by a refused discard"),
+        }
     );
     say!(
         "checkpoints:     {} ({:.2} s), generation {}, {} syncs",

@@ -721,16 +721,16 @@ fn full_image_gives_enospc_without_damage() {
 }
 
 /// The daemon sets the kernel's read-ahead for the mount (its bdi's `read_ahead_kb`; INIT can only
-/// lower it): 4 MiB unless `-o read_ahead_kb=` says otherwise, so that a sequential read keeps
-/// about five 1 MiB READs in flight instead of two (docs/DESIGN.md, §3).
+/// lower it): 16 MiB unless `-o read_ahead_kb=` says otherwise, so that a sequential read keeps
+/// up to 16 1 MiB READs in flight, one per ring thread of its CPU (docs/DESIGN.md, §3).
 #[test]
-fn the_mount_reads_ahead_4_mib_unless_told_otherwise() {
+fn the_mount_reads_ahead_16_mib_unless_told_otherwise() {
     if !can_mount() {
         return;
     }
     let s = Scratch::new("bdi");
     let img = s.mkfs("fs.img", "128M");
-    for (extra, kb) in [(&[][..], "4096"), (&["-o", "read_ahead_kb=512"][..], "512")] {
+    for (extra, kb) in [(&[][..], "16384"), (&["-o", "read_ahead_kb=96"][..], "96")] {
         let m = s.mount(&img, "mnt", extra);
         let dev = fs::metadata(&m.mp).unwrap().dev();
         let bdi = format!(

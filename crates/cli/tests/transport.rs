@@ -362,6 +362,65 @@ fn a_blocked_request_does_not_stall_its_cpu() {
     }
 }
 
+/// The daemon's threads that serve ring queue 0: (thread number in the queue, the CPUs it may
+/// run on, as `Cpus_allowed_list` gives them).
+fn queue0_threads(pid: i32) -> Vec<(usize, String)> {
+    let mut out: Vec<(usize, String)> = fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| {
+            let dir = t.ok()?.path();
+            let comm = fs::read_to_string(dir.join("comm")).ok()?;
+            let k = comm.trim().strip_prefix("amaranth-q0-")?.parse().ok()?;
+            let status = fs::read_to_string(dir.join("status")).ok()?;
+            let cpus = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
+                .trim()
+                .to_string();
+            Some((k, cpus))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Each CPU's ring queue has 16 threads by default (so that 16 READs of one CPU, a sequential
+/// reader's read-ahead, are served at once), and `-o ring_threads=N` sets another number. The
+/// first 8 of a queue are pinned to its CPU; the others may run on any CPU.
+#[test]
+fn each_ring_queue_has_16_threads_unless_told_otherwise() {
+    if !mount_env_ok() || !uring_in_kernel() {
+        return;
+    }
+    let _g = serial();
+    let s = Scratch::new("ringthreads");
+    let img = s.mkfs("a.img", "1G");
+    let all = fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Cpus_allowed_list:")
+                .map(|c| c.trim().to_string())
+        })
+        .unwrap();
+    for (opts, want) in [
+        (vec![], 16),
+        (vec!["-o".to_string(), "ring_threads=3".into()], 3),
+    ] {
+        let mut o = with_transport("uring");
+        o.extra.extend(opts);
+        let m = s.mount(&img, "mnt", &o);
+        assert_eq!(stat_json(&s, &m.mp)["fuse"]["transport"], "uring");
+        let threads = queue0_threads(m.pid());
+        assert_eq!(threads.len(), want, "{:?}: {threads:?}", o.extra);
+        for (k, cpus) in &threads {
+            let want = if *k < 8 { "0" } else { all.as_str() };
+            assert_eq!(cpus, want, "thread {k} of queue 0 may run on {cpus}");
+        }
+        m.umount();
+    }
+}
+
 fn inodes_used(v: &serde_json::Value) -> u64 {
     v["fs"]["inodes_used"].as_u64().expect("fs.inodes_used")
 }

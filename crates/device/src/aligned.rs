@@ -16,6 +16,12 @@ pub struct AlignedBuf {
     len: usize,
 }
 
+/// The size of a transparent huge page (x86-64, arm64 with 4 KiB pages). Buffers of this size and
+/// more (whole node images) start at a huge-page boundary and are advised for huge pages: a
+/// direct read or write into 4 KiB pages is cut into requests of at most `max_segments` pages
+/// (128 on a loop device: 512 KiB), one into a huge page is one request.
+const HUGE_PAGE: usize = 2 << 20;
+
 /// The size from which a buffer is mapped rather than allocated (the daemon's allocator maps
 /// blocks from 64 KiB on as well, so memory goes back to the system alike).
 const MAPPED_MIN: usize = 64 * 1024;
@@ -31,11 +37,14 @@ impl AlignedBuf {
         let len = round_up(len.max(1));
         let layout = Layout::from_size_align(len, BLOCK_SIZE).expect("aligned buffer layout");
         if len >= MAPPED_MIN {
-            // SAFETY: an anonymous private mapping of `len` bytes; no existing memory is touched.
-            let raw = unsafe {
+            // A buffer of a huge page or more starts at a huge-page boundary: map one huge page
+            // more, then trim the unaligned head and the tail.
+            let extra = if len >= HUGE_PAGE { HUGE_PAGE } else { 0 };
+            // SAFETY: an anonymous private mapping; no existing memory is touched.
+            let mut raw = unsafe {
                 libc::mmap(
                     std::ptr::null_mut(),
-                    len,
+                    len + extra,
                     libc::PROT_READ | libc::PROT_WRITE,
                     libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                     -1,
@@ -44,6 +53,23 @@ impl AlignedBuf {
             };
             if raw == libc::MAP_FAILED {
                 alloc::handle_alloc_error(layout);
+            }
+            if extra > 0 {
+                let start = raw as usize;
+                let aligned = start.next_multiple_of(HUGE_PAGE);
+                // SAFETY: unmaps the parts of our own mapping outside [aligned, aligned + len);
+                // the advice only asks for huge pages (without them the buffer is 4 KiB pages).
+                unsafe {
+                    if aligned > start {
+                        libc::munmap(raw, aligned - start);
+                    }
+                    let tail = start + len + extra - (aligned + len);
+                    if tail > 0 {
+                        libc::munmap((aligned + len) as *mut libc::c_void, tail);
+                    }
+                    libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+                }
+                raw = aligned as *mut libc::c_void;
             }
             // Anonymous mappings are page-aligned and read as zeros until written (mmap(2)), so
             // every byte is initialised.
@@ -73,6 +99,28 @@ impl AlignedBuf {
     pub fn is_empty(&self) -> bool {
         false
     }
+}
+
+/// Whether the mapping that starts at `addr` is advised for transparent huge pages (`hg` among
+/// its `VmFlags` in `/proc/self/smaps`; false when no mapping starts there). For tests.
+#[doc(hidden)]
+pub fn advised_huge_for_tests(addr: usize) -> bool {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+    let mut ours = false;
+    for line in smaps.lines() {
+        // A mapping's lines start with its range (`lo-hi perms ...`) and end with `VmFlags:`.
+        let range = line.split(' ').next().unwrap_or("");
+        let lo = range.split_once('-').and_then(|(lo, hi)| {
+            usize::from_str_radix(hi, 16).ok()?;
+            usize::from_str_radix(lo, 16).ok()
+        });
+        if let Some(lo) = lo {
+            ours = lo == addr;
+        } else if let Some(f) = line.strip_prefix("VmFlags:").filter(|_| ours) {
+            return f.split_whitespace().any(|f| f == "hg");
+        }
+    }
+    false
 }
 
 /// Rounds `n` up to a multiple of [`BLOCK_SIZE`].
@@ -142,5 +190,24 @@ mod tests {
             b[0] = 9;
             assert_eq!((b[0], b[n - 1]), (9, 7));
         }
+    }
+
+    #[test]
+    fn buffers_of_a_huge_page_and_more_start_at_one_and_are_advised_huge() {
+        for len in [HUGE_PAGE, 4 << 20, (5 << 20) + 4096] {
+            let mut b = AlignedBuf::zeroed(len);
+            let at = b.as_ptr() as usize;
+            assert_eq!(at % HUGE_PAGE, 0, "{len}-byte buffer at {at:#x}");
+            assert!(
+                advised_huge_for_tests(at),
+                "{len}-byte buffer not advised for huge pages"
+            );
+            assert!(b.iter().all(|&x| x == 0));
+            let n = b.len();
+            b[n - 1] = 1;
+        }
+        // Smaller mapped buffers are ordinary mappings.
+        let small = AlignedBuf::zeroed(MAPPED_MIN);
+        assert!(!advised_huge_for_tests(small.as_ptr() as usize));
     }
 }

@@ -80,7 +80,36 @@ pub struct PendingWrite {
 #[derive(Clone, Debug)]
 enum Event {
     Write(PendingWrite),
+    /// A discard, `(offset, len)`: like a write of zeros (any of its blocks may persist or not
+    /// at a power cut), kept without its bytes.
+    Discard(u64, u64),
     Flush,
+}
+
+/// An unflushed write or discard, as a power cut sees it.
+enum Unflushed<'a> {
+    Write(&'a PendingWrite),
+    Discard(u64, u64),
+}
+
+impl Unflushed<'_> {
+    fn offset(&self) -> u64 {
+        match self {
+            Unflushed::Write(w) => w.offset,
+            Unflushed::Discard(o, _) => *o,
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            Unflushed::Write(w) => w.data.len(),
+            Unflushed::Discard(_, l) => *l as usize,
+        }
+    }
+}
+
+fn zero(image: &mut [u8], offset: u64, len: u64) {
+    let off = offset as usize;
+    image[off..off + len as usize].fill(0);
 }
 
 /// Which of the writes after the last flush survive a simulated power cut.
@@ -200,14 +229,14 @@ impl FaultDevice {
             .collect()
     }
 
-    /// Number of writes recorded after the last flush before trace position `pos`.
+    /// Number of writes (and discards) recorded after the last flush before trace position `pos`.
     pub fn unflushed_writes_at(&self, pos: usize) -> usize {
         let s = self.state.lock();
         let pos = pos.min(s.trace.len());
         s.trace[..pos]
             .iter()
             .rev()
-            .take_while(|e| matches!(e, Event::Write(_)))
+            .take_while(|e| !matches!(e, Event::Flush))
             .count()
     }
 
@@ -228,14 +257,17 @@ impl FaultDevice {
             .map_or(0, |i| i + 1);
         let mut image = s.base.clone();
         for e in &s.trace[..last_flush] {
-            if let Event::Write(w) = e {
-                apply(&mut image, w.offset, &w.data);
+            match e {
+                Event::Write(w) => apply(&mut image, w.offset, &w.data),
+                Event::Discard(o, l) => zero(&mut image, *o, *l),
+                Event::Flush => {}
             }
         }
-        let unflushed: Vec<&PendingWrite> = s.trace[last_flush..pos]
+        let unflushed: Vec<Unflushed> = s.trace[last_flush..pos]
             .iter()
             .filter_map(|e| match e {
-                Event::Write(w) => Some(w),
+                Event::Write(w) => Some(Unflushed::Write(w)),
+                Event::Discard(o, l) => Some(Unflushed::Discard(*o, *l)),
                 Event::Flush => None,
             })
             .collect();
@@ -244,7 +276,7 @@ impl FaultDevice {
             _ => None,
         };
         for (i, w) in unflushed.iter().enumerate() {
-            let blocks = w.data.len() / BLOCK_SIZE;
+            let blocks = w.len() / BLOCK_SIZE;
             let survive: Vec<bool> = match plan {
                 CrashPlan::KeepAll => vec![true; blocks],
                 CrashPlan::DropAll => vec![false; blocks],
@@ -272,11 +304,13 @@ impl FaultDevice {
             for (b, &keep) in survive.iter().enumerate() {
                 if keep {
                     let off = b * BLOCK_SIZE;
-                    apply(
-                        &mut image,
-                        w.offset + off as u64,
-                        &w.data[off..off + BLOCK_SIZE],
-                    );
+                    let at = w.offset() + off as u64;
+                    match w {
+                        Unflushed::Write(w) => {
+                            apply(&mut image, at, &w.data[off..off + BLOCK_SIZE])
+                        }
+                        Unflushed::Discard(..) => zero(&mut image, at, BLOCK_SIZE as u64),
+                    }
                 }
             }
         }
@@ -341,6 +375,22 @@ impl BlockDevice for FaultDevice {
         Ok(())
     }
 
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mut s = self.state.lock();
+        check_request(s.current.len() as u64, offset, len as usize)?;
+        // Not counted by the write rules (a test counting the engine's writes sees the same
+        // numbers); a dead device refuses it.
+        if s.dead {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        zero(&mut s.current, offset, len);
+        if s.recording {
+            s.trace.push(Event::Discard(offset, len));
+        }
+        self.counters.discard(len);
+        Ok(())
+    }
+
     fn flush(&self) -> io::Result<()> {
         let mut s = self.state.lock();
         FaultDevice::check_rules(&mut s, IoKind::Flush, 0, 0)?;
@@ -392,6 +442,32 @@ mod tests {
         assert_eq!(torn[8192], 2);
         assert_eq!(d.flush_points(), vec![2]);
         assert_eq!(d.unflushed_writes_at(pos), 2);
+    }
+
+    #[test]
+    fn a_discard_is_a_write_of_zeros_a_power_cut_may_keep_in_part() {
+        let d = FaultDevice::new(8 * BLOCK_SIZE as u64);
+        d.write_at(0, &block(1, 4)).unwrap();
+        d.flush().unwrap();
+        d.discard(0, 2 * BLOCK_SIZE as u64).unwrap();
+        let mut b = block(9, 1);
+        d.read_at(0, &mut b).unwrap();
+        assert_eq!(b[0], 0, "a discarded block reads as zeros");
+        d.write_at(3 * 4096, &block(5, 1)).unwrap();
+        let pos = d.trace_len();
+        assert_eq!(d.unflushed_writes_at(pos), 2);
+        let none = d.crash_image(pos, &CrashPlan::DropAll);
+        assert_eq!((none[0], none[4096]), (1, 1));
+        let all = d.crash_image(pos, &CrashPlan::KeepAll);
+        assert_eq!((all[0], all[4096], all[8192], all[3 * 4096]), (0, 0, 1, 5));
+        // Its blocks persist one by one, as a write's do.
+        let torn = d.crash_image(pos, &CrashPlan::Exact(vec![0b10, 0]));
+        assert_eq!((torn[0], torn[4096], torn[3 * 4096]), (1, 0, 1));
+        d.flush().unwrap();
+        let flushed = d.crash_image(d.trace_len(), &CrashPlan::DropAll);
+        assert_eq!((flushed[0], flushed[3 * 4096]), (0, 5));
+        assert_eq!(d.io_stats().discards, 1);
+        assert_eq!(d.io_stats().bytes_discarded, 8192);
     }
 
     #[test]

@@ -19,7 +19,7 @@ mod fault;
 mod file;
 mod memory;
 
-pub use aligned::{round_up, AlignedBuf};
+pub use aligned::{advised_huge_for_tests, round_up, AlignedBuf};
 pub use fault::{CrashPlan, FaultDevice, FaultRule, IoKind, PendingWrite};
 pub use file::FileDevice;
 pub use memory::MemDevice;
@@ -58,6 +58,15 @@ pub trait BlockDevice: Send + Sync {
     fn writable(&self) -> bool {
         true
     }
+    /// Tells the device that the `len` bytes at `offset` (block-aligned) hold nothing anyone
+    /// needs: an image file gives their host space back (a hole is punched), a block device is
+    /// sent a discard. Their contents afterwards are unspecified (zeros for an image file, the
+    /// memory devices write zeros), exactly as if any other write had reused them; ordering with
+    /// other requests is as for a write. A device that cannot discard does nothing (the default).
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let _ = (offset, len);
+        Ok(())
+    }
 }
 
 /// Counters of device I/O.
@@ -73,6 +82,10 @@ pub struct IoStats {
     pub bytes_written: u64,
     /// Number of flushes.
     pub flushes: u64,
+    /// Number of discard requests (holes punched) the device carried out.
+    pub discards: u64,
+    /// Bytes discarded.
+    pub bytes_discarded: u64,
 }
 
 /// Lock-free I/O counters shared by the device implementations.
@@ -83,6 +96,8 @@ pub(crate) struct IoCounters {
     writes: AtomicU64,
     bytes_written: AtomicU64,
     flushes: AtomicU64,
+    discards: AtomicU64,
+    bytes_discarded: AtomicU64,
 }
 
 impl IoCounters {
@@ -97,6 +112,10 @@ impl IoCounters {
     pub(crate) fn flush(&self) {
         self.flushes.fetch_add(1, Ordering::Relaxed);
     }
+    pub(crate) fn discard(&self, n: u64) {
+        self.discards.fetch_add(1, Ordering::Relaxed);
+        self.bytes_discarded.fetch_add(n, Ordering::Relaxed);
+    }
     pub(crate) fn snapshot(&self) -> IoStats {
         IoStats {
             reads: self.reads.load(Ordering::Relaxed),
@@ -104,6 +123,8 @@ impl IoCounters {
             writes: self.writes.load(Ordering::Relaxed),
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
             flushes: self.flushes.load(Ordering::Relaxed),
+            discards: self.discards.load(Ordering::Relaxed),
+            bytes_discarded: self.bytes_discarded.load(Ordering::Relaxed),
         }
     }
 }

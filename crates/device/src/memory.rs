@@ -68,6 +68,15 @@ impl BlockDevice for MemDevice {
         Ok(())
     }
 
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mut data = self.data.write();
+        check_request(data.len() as u64, offset, len as usize)?;
+        let off = offset as usize;
+        data[off..off + len as usize].fill(0);
+        self.counters.discard(len);
+        Ok(())
+    }
+
     fn describe(&self) -> String {
         format!("memory device ({} bytes)", self.len())
     }

@@ -180,6 +180,9 @@ pub struct Options {
     /// is logged and applied (docs/WRITEONCE.md: every flush waits for the writes before it). 0:
     /// the writer writes its data itself and waits for it.
     pub data_writers: usize,
+    /// After each checkpoint, give the space freed since the last one back to the device: holes
+    /// punched in an image file, discards sent to a block device (docs/DESIGN.md, "Discard").
+    pub discard: bool,
 }
 
 impl Default for Options {
@@ -197,6 +200,7 @@ impl Default for Options {
             atomic_group_timeout: Duration::from_secs(10),
             read_ahead: 4,
             data_writers: 2,
+            discard: true,
         }
     }
 }

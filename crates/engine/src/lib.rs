@@ -76,6 +76,7 @@ mod space;
 mod store;
 mod superblock;
 mod tree;
+mod trim;
 mod upgrade;
 mod verify;
 mod wal;

@@ -16,13 +16,25 @@ const ENTRY_HEADER: usize = 6;
 const REF_FLAG: u32 = 1 << 31;
 
 /// A sorted, immutable run of entries.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct Partition {
     data: Vec<u8>,
     offs: Vec<u32>,
     /// Entries that are references.
     refs: usize,
+    /// The longest encoding of a reference among the entries, 0 when there is none: an upper
+    /// bound (not lowered when a reference is replaced or removed in place).
+    ref_max: usize,
 }
+
+/// Partitions are equal when their entries are ([`Partition::ref_max`] is only a bound).
+impl PartialEq for Partition {
+    fn eq(&self, other: &Partition) -> bool {
+        self.data == other.data && self.offs == other.offs && self.refs == other.refs
+    }
+}
+
+impl Eq for Partition {}
 
 impl Partition {
     /// An empty partition.
@@ -82,6 +94,13 @@ impl Partition {
         self.refs
     }
 
+    /// At least the longest encoding of a reference among the entries (0: there is none), so
+    /// that a flush can tell without a lookup that upserts cannot make a reference here pass its
+    /// patch limit (`Tree::inline_heavy_refs`).
+    pub fn ref_max(&self) -> usize {
+        self.ref_max
+    }
+
     /// The blocks the entries `[a, b)` reference (one per reference).
     pub fn ref_blocks(&self, a: usize, b: usize) -> Vec<u64> {
         if self.refs == 0 {
@@ -124,6 +143,9 @@ impl Partition {
             self.refs -= usize::from(self.value(i).is_ref());
         }
         self.refs += usize::from(value.is_some_and(|v| v.is_ref()));
+        if let Some(Stored::Ref(r)) = value {
+            self.ref_max = self.ref_max.max(r.len());
+        }
         match (found, value) {
             (Ok(i), Some(v)) => {
                 let (start, end) = self.entry_range(i);
@@ -209,6 +231,7 @@ impl Partition {
     pub fn decode(data: Vec<u8>, max_key: usize, max_value: usize) -> Result<Partition> {
         let mut offs = Vec::new();
         let mut refs = 0;
+        let mut ref_max = 0;
         {
             let mut d = Dec::new(&data, "leaf partition");
             let mut prev: Option<&[u8]> = None;
@@ -227,6 +250,7 @@ impl Partition {
                 if is_ref {
                     DataRef::decode(v, max_value)?;
                     refs += 1;
+                    ref_max = ref_max.max(vl);
                 }
                 if prev.is_some_and(|p| p >= k) {
                     return Err(d.corrupt("keys out of order"));
@@ -234,7 +258,12 @@ impl Partition {
                 prev = Some(k);
             }
         }
-        Ok(Partition { data, offs, refs })
+        Ok(Partition {
+            data,
+            offs,
+            refs,
+            ref_max,
+        })
     }
 }
 
@@ -251,6 +280,7 @@ pub struct PartitionBuilder {
     data: Vec<u8>,
     offs: Vec<u32>,
     refs: usize,
+    ref_max: usize,
 }
 
 impl PartitionBuilder {
@@ -260,6 +290,7 @@ impl PartitionBuilder {
             data: Vec::with_capacity(bytes),
             offs: Vec::new(),
             refs: 0,
+            ref_max: 0,
         }
     }
 
@@ -270,6 +301,9 @@ impl PartitionBuilder {
             "partition keys out of order"
         );
         self.refs += usize::from(value.is_ref());
+        if let Stored::Ref(r) = value {
+            self.ref_max = self.ref_max.max(r.len());
+        }
         self.offs.push(self.data.len() as u32);
         encode_entry(&mut self.data, key, value);
     }
@@ -302,6 +336,7 @@ impl PartitionBuilder {
             data: self.data,
             offs: self.offs,
             refs: self.refs,
+            ref_max: self.ref_max,
         }
     }
 }
@@ -416,6 +451,25 @@ mod tests {
         assert_eq!(r.ref_blocks(0, r.len()), vec![9]);
         let back = Partition::decode(r.raw().to_vec(), 100, 100).unwrap();
         assert_eq!((back.ref_count(), &back), (1, &r));
+        // The longest reference is known without a lookup, built, set or decoded; an upper bound
+        // once a longer one is replaced in place.
+        let mut patched = DataRef::new(9, 3);
+        patched.push(crate::msg::Patch::Write {
+            offset: 0,
+            data: vec![1; 20],
+        });
+        let long = patched.to_bytes();
+        assert_eq!((p.ref_max(), back.ref_max()), (0, REF_BYTES));
+        r.set(b"k0003", Some(Stored::Ref(&long)));
+        assert_eq!(r.ref_max(), long.len());
+        let mut built = PartitionBuilder::default();
+        built.push(b"a", Stored::Ref(&reference));
+        built.push(b"b", Stored::Ref(&long));
+        assert_eq!(built.finish().ref_max(), long.len());
+        r.set(b"k0003", Some(Stored::Ref(&reference)));
+        assert_eq!(r.ref_max(), long.len(), "a bound, not lowered in place");
+        let back = Partition::decode(r.raw().to_vec(), 100, 100).unwrap();
+        assert_eq!((back.ref_max(), &back), (REF_BYTES, &r));
         r.remove_run(0, 3);
         assert_eq!(r.ref_count(), 0);
         let mut short = PartitionBuilder::default();

@@ -31,13 +31,23 @@ pub struct Allocator {
     by_size: BTreeSet<(u64, u64)>,
     free_blocks: u64,
     total_blocks: u64,
+    /// Extents freed since the last [`Allocator::discard_candidates`] (`trim.rs`), at most
+    /// [`FREED_QUEUE`].
+    freed: Vec<Extent>,
+    /// The next pass looks at every free run: nothing was discarded since the allocator was
+    /// made (an open), or the queue overflowed.
+    discard_all: bool,
 }
+
+/// Freed extents remembered for the next discard pass; past it the pass looks at all free space.
+const FREED_QUEUE: usize = 1 << 16;
 
 impl Allocator {
     /// All blocks in `[start, end)` free.
     pub fn new(start: u64, end: u64) -> Allocator {
         let mut a = Allocator {
             total_blocks: end - start,
+            discard_all: true,
             ..Allocator::default()
         };
         if end > start {
@@ -118,8 +128,23 @@ impl Allocator {
         true
     }
 
-    /// Returns `e` to the free space, merging with neighbours.
+    /// Returns `e` to the free space, merging with neighbours; the next discard pass gives its
+    /// space back to the device (`trim.rs`).
     pub fn free(&mut self, e: Extent) {
+        self.give_back(e);
+        if self.discard_all {
+            return;
+        }
+        if self.freed.len() >= FREED_QUEUE {
+            self.freed = Vec::new();
+            self.discard_all = true;
+        } else {
+            self.freed.push(e);
+        }
+    }
+
+    /// Returns `e` to the free space without queueing it for a discard (it was just discarded).
+    pub fn give_back(&mut self, e: Extent) {
         assert!(e.blocks > 0, "freeing an empty extent");
         let (mut start, mut len) = (e.block, e.blocks);
         if let Some((&ps, &pl)) = self.by_start.range(..start).next_back() {
@@ -173,6 +198,39 @@ impl Allocator {
     /// Number of free extents (a fragmentation measure).
     pub fn free_extents(&self) -> usize {
         self.by_start.len()
+    }
+
+    /// What the next discard pass may give back: the parts of the free runs that hold an extent
+    /// freed since the last pass (every free run after an open or an overflow of the queue),
+    /// cut to whole `granule`s of blocks aligned to it, in pieces of at most `piece` blocks.
+    /// Empties the queue. The pieces are not taken: the caller claims each before discarding it.
+    pub fn discard_candidates(&mut self, granule: u64, piece: u64) -> Vec<Extent> {
+        assert!(granule > 0 && piece >= granule);
+        let mut runs: Vec<(u64, u64)> = if std::mem::take(&mut self.discard_all) {
+            self.freed.clear();
+            self.by_start.iter().map(|(&s, &l)| (s, l)).collect()
+        } else {
+            let by_start = &self.by_start;
+            self.freed
+                .drain(..)
+                .filter_map(|e| {
+                    let (&s, &l) = by_start.range(..=e.block).next_back()?;
+                    (s + l > e.block).then_some((s, l))
+                })
+                .collect()
+        };
+        runs.sort_unstable();
+        runs.dedup();
+        let mut out = Vec::new();
+        for (s, l) in runs {
+            let (mut at, end) = (s.div_ceil(granule) * granule, (s + l) / granule * granule);
+            while at < end {
+                let blocks = (end - at).min(piece);
+                out.push(Extent { block: at, blocks });
+                at += blocks;
+            }
+        }
+        out
     }
 }
 
@@ -256,6 +314,8 @@ pub struct StoreCounters {
     pub data_reads: AtomicU64,
     /// Bytes of out-of-line data read.
     pub data_bytes_read: AtomicU64,
+    /// Discard passes ended by a refused discard.
+    pub discard_failures: AtomicU64,
 }
 
 /// The device, its space and its table.
@@ -459,6 +519,49 @@ mod tests {
         }));
         assert_eq!(a.free_blocks(), 90);
         assert!(a.alloc(1000).is_none());
+    }
+
+    /// The first pass offers every free run; later ones only the runs holding extents freed
+    /// since, cut to aligned granules and pieces; the queue's overflow falls back to everything.
+    #[test]
+    fn discard_candidates_are_the_aligned_granules_of_runs_freed_since_the_last_pass() {
+        let ext = |block, blocks| Extent { block, blocks };
+        let mut a = Allocator::new(10, 1000);
+        // Every free run after an open: [10, 1000) is [16, 992) in granules of 16, cut in
+        // pieces of at most 320.
+        assert_eq!(
+            a.discard_candidates(16, 320),
+            vec![ext(16, 320), ext(336, 320), ext(656, 320), ext(976, 16)]
+        );
+        assert!(
+            a.discard_candidates(16, 320).is_empty(),
+            "nothing freed since"
+        );
+        assert!(a.claim(ext(10, 990)));
+        a.free(ext(100, 40)); // alone: granules 112..128 only
+        a.free(ext(500, 8)); // too small for a granule
+        a.free(ext(508, 30)); // merged with it: [500, 538) holds 512..528
+        assert_eq!(
+            a.discard_candidates(16, 320),
+            vec![ext(112, 16), ext(512, 16)]
+        );
+        // A freed extent reused before the pass is skipped.
+        a.free(ext(700, 64));
+        assert!(a.claim(ext(700, 64)));
+        assert!(a.discard_candidates(16, 320).is_empty());
+        // Overflow: every free run again.
+        for _ in 0..=FREED_QUEUE {
+            let e = a.alloc(1).unwrap();
+            a.free(e);
+        }
+        let all = a.discard_candidates(16, 320);
+        assert!(
+            all.contains(&ext(112, 16)) && all.contains(&ext(512, 16)),
+            "{all:?}"
+        );
+        // Giving back what a pass discarded queues nothing.
+        a.give_back(ext(700, 64));
+        assert_eq!(a.discard_candidates(16, 320), Vec::<Extent>::new());
     }
 
     #[test]

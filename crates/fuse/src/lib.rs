@@ -138,7 +138,11 @@ pub struct MountOptions {
     pub transport: Transport,
     /// Threads per io_uring queue (one queue per CPU), each with one registered entry: the
     /// requests one CPU serves at once. A request that blocks (an fsync waiting for the log's
-    /// flush, a read from the device) holds one thread; the others keep serving that CPU.
+    /// flush, a read from the device) holds one thread; the others keep serving that CPU. The
+    /// default, 16, serves a sequential reader's whole read-ahead at once (its READs all come from
+    /// its CPU: 16 with `read_ahead_kb` 16 MiB) and gives each of 16 random readers on two CPUs a
+    /// device read in flight (with 4, READs waited for a thread while the device idled;
+    /// docs/BENCHMARKS.md, 2026-11-27).
     pub ring_threads: usize,
     /// Let other users use the mount (`allow_other`).
     pub allow_other: bool,
@@ -168,7 +172,8 @@ pub struct MountOptions {
     pub negative_ttl: Duration,
     /// Read-ahead of the mount's bdi in KiB (`None`: leave the kernel's default of 128 KiB; the
     /// INIT reply cannot raise it, the kernel takes the smaller of its offer and ours). The default,
-    /// 4 MiB, keeps about five 1 MiB READs of a sequential reader in flight (1 MiB: two).
+    /// 16 MiB, keeps up to 16 1 MiB READs of a sequential reader in flight, one per ring thread
+    /// of its CPU (4 MiB: about five; 1 MiB: two).
     pub read_ahead_kb: Option<u32>,
 }
 
@@ -179,7 +184,7 @@ impl Default for MountOptions {
             subtype: SUBTYPE.into(),
             threads: 2,
             transport: Transport::Auto,
-            ring_threads: 4,
+            ring_threads: 16,
             allow_other: true,
             default_permissions: true,
             read_only: false,
@@ -193,7 +198,7 @@ impl Default for MountOptions {
             dirsync: false,
             ttl: Duration::from_secs(3600),
             negative_ttl: Duration::from_secs(3600),
-            read_ahead_kb: Some(4096),
+            read_ahead_kb: Some(16384),
         }
     }
 }

@@ -3,7 +3,8 @@
 //! a cross-CPU wake-up. Each thread owns one io_uring (single issuer) and registers one entry with
 //! the kernel for its CPU's queue (`FUSE_IO_URING_CMD_REGISTER`); an entry is a 288-byte header
 //! area (`fuse_in_header` or `fuse_out_header`, the operation's fixed argument, and the entry's
-//! commit id and payload size) plus a payload buffer as large as the largest request (1 MiB). A
+//! commit id and payload size) plus a payload buffer as large as the largest request (1 MiB; a
+//! slot of its queue's [`Arena`], in huge pages where the kernel has them). A
 //! request arrives as a completion of the entry's command; the reply goes back in the same entry
 //! with `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`, which also re-arms it for the next request. The
 //! kernel switches to the ring only once every queue has an entry.
@@ -21,6 +22,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use amaranth_device::AlignedBuf;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 use crate::abi::{self, op, InHeader, OutHeader};
@@ -50,56 +52,70 @@ fn cmd_req(commit_id: u64, qid: u16) -> [u8; 80] {
     c
 }
 
-/// An anonymous mapping (payload buffers: pages are touched only when used).
-struct Mapping {
+/// The payload buffers of one queue's entries: one [`AlignedBuf`] (an anonymous mapping, touched
+/// only when used, at a huge-page boundary and advised for transparent huge pages when it is 2 MiB
+/// or more), cut into one slot per entry. A READ's out-of-line blocks are read with `O_DIRECT`
+/// straight into its slot, and a buffer of physically contiguous memory is one device request of
+/// a few segments: into 4 KiB pages a 1 MiB direct read is two requests of up to 128 one-page
+/// segments each (the loop device's limit), and reading the loop device that way went 0.7–1.0
+/// GB/s against 1.6–1.9 GB/s into huge pages (four threads; docs/BENCHMARKS.md, 2026-11-27).
+/// Slots of 1 MiB share huge pages two by two, so the memory the slots can take is what separate
+/// buffers took.
+struct Arena {
+    /// The start of the buffer, taken once while it was borrowed mutably (slots are written
+    /// through it by their threads; the buffer itself is not touched again).
     ptr: *mut u8,
     len: usize,
+    /// Bytes per slot (a multiple of 4 KiB).
+    slot: usize,
+    _buf: AlignedBuf,
 }
 
-// SAFETY: the mapping is plain memory owned by one queue thread at a time.
-unsafe impl Send for Mapping {}
+// SAFETY: plain memory; each slot is used by the one thread that owns its entry.
+unsafe impl Send for Arena {}
+// SAFETY: as above: threads share the mapping, never a slot.
+unsafe impl Sync for Arena {}
 
-impl Mapping {
-    fn new(len: usize) -> io::Result<Mapping> {
-        // SAFETY: an anonymous private mapping, checked below.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
+impl Arena {
+    fn new(slots: usize, slot_len: usize) -> Arena {
+        let slot = slot_len.next_multiple_of(4096);
+        let mut buf = AlignedBuf::zeroed(slot * slots);
+        Arena {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            slot,
+            _buf: buf,
         }
-        Ok(Mapping {
-            ptr: ptr.cast(),
-            len,
-        })
+    }
+
+    /// The start of slot `i`.
+    fn slot(&self, i: usize) -> *mut u8 {
+        assert!((i + 1) * self.slot <= self.len, "slot outside the arena");
+        // SAFETY: inside the buffer (checked above).
+        unsafe { self.ptr.add(i * self.slot) }
     }
 }
 
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmaps our own mapping once.
-        unsafe {
-            libc::munmap(self.ptr.cast(), self.len);
-        }
-    }
+/// An entry's payload buffer: a slot of its queue's arena.
+struct Payload {
+    ptr: *mut u8,
+    len: usize,
+    /// Keeps the mapping while the slot is in use.
+    _arena: Arc<Arena>,
 }
+
+// SAFETY: the slot is used by one queue thread at a time.
+unsafe impl Send for Payload {}
 
 /// One registered entry: its header area, payload buffer, and the iovecs naming them.
 struct Entry {
     header: Box<EntryHeader>,
-    payload: Mapping,
+    payload: Payload,
     iov: Box<[libc::iovec; 2]>,
 }
 
 impl Entry {
-    fn new(payload_len: usize) -> io::Result<Entry> {
+    fn new(arena: Arc<Arena>, slot: usize, payload_len: usize) -> Entry {
         let mut header = Box::new(EntryHeader {
             in_out: [0; 128],
             op_in: [0; 128],
@@ -109,7 +125,12 @@ impl Entry {
             padding: 0,
             reserved: 0,
         });
-        let payload = Mapping::new(payload_len)?;
+        assert!(payload_len <= arena.slot, "a payload larger than its slot");
+        let payload = Payload {
+            ptr: arena.slot(slot),
+            len: payload_len,
+            _arena: arena,
+        };
         let iov = Box::new([
             libc::iovec {
                 iov_base: (&mut *header as *mut EntryHeader).cast(),
@@ -120,11 +141,11 @@ impl Entry {
                 iov_len: payload.len,
             },
         ]);
-        Ok(Entry {
+        Entry {
             header,
             payload,
             iov,
-        })
+        }
     }
 }
 
@@ -193,7 +214,16 @@ fn sqe(
 /// is never handed another request).
 const ENTRIES_PER_THREAD: usize = 1;
 
-/// Starts `per_queue` pinned threads per possible CPU, each registering its entries with payload
+/// Threads of a queue pinned to its CPU; the others run where the scheduler puts them. A request
+/// is served on its CPU while at most this many of that CPU's are in flight (the common case: no
+/// cross-CPU wake-up); past that, as when a sequential reader's read-ahead keeps 16 READs in
+/// flight, the extra threads' checksums and reply copies can run on another CPU instead of
+/// queueing behind the pinned ones (2 GiB cold reads, four alternating pairs each way: 1,435 →
+/// 1,613 and 1,574 → 1,693 MiB/s, all threads pinned against 8; 100-byte writes 11.3–11.9 µs
+/// either way; docs/BENCHMARKS.md, 2026-11-27).
+pub(crate) const PINNED_PER_QUEUE: usize = 8;
+
+/// Starts `per_queue` threads per possible CPU (the first [`PINNED_PER_QUEUE`] pinned to it), each registering its entries with payload
 /// buffers of `payload_len` bytes. Returns once every thread has registered (or the first error:
 /// then the threads that started wind down when the connection ends).
 pub(crate) fn start(
@@ -210,16 +240,18 @@ pub(crate) fn start(
     let (tx, rx) = mpsc::channel();
     let mut threads = Vec::new();
     for qid in 0..queues {
+        let arena = Arc::new(Arena::new(per_queue * ENTRIES_PER_THREAD, payload_len));
         for k in 0..per_queue {
             let (fd, adapter, tx) = (fd.clone(), adapter.clone(), tx.clone());
+            let arena = arena.clone();
             let t = std::thread::Builder::new()
                 .name(format!("amaranth-q{qid}-{k}"))
                 .spawn(move || {
-                    if qid < online {
+                    if qid < online && k < PINNED_PER_QUEUE {
                         pin_to(qid);
                     }
-                    let depth = ENTRIES_PER_THREAD;
-                    serve_queue(&fd, &adapter, qid as u16, depth, payload_len, &tx)
+                    let slots = (k * ENTRIES_PER_THREAD, arena);
+                    serve_queue(&fd, &adapter, qid as u16, slots, payload_len, &tx)
                 })?;
             threads.push(t);
         }
@@ -235,23 +267,25 @@ pub(crate) fn start(
     Ok(threads)
 }
 
+/// Serves one thread's entries of queue `qid`: their payloads are the arena's slots from
+/// `slots.0` on.
 fn serve_queue(
     fd: &OwnedFd,
     adapter: &Adapter,
     qid: u16,
-    depth: usize,
+    slots: (usize, Arc<Arena>),
     payload_len: usize,
     ready: &mpsc::Sender<io::Result<()>>,
 ) -> io::Result<()> {
+    let depth = ENTRIES_PER_THREAD;
     let setup = || -> io::Result<(IoUring<squeue::Entry128, cqueue::Entry>, Vec<Entry>)> {
         let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
             .setup_single_issuer()
             .setup_defer_taskrun()
             .build((depth * 2) as u32)?;
-        let mut entries = Vec::with_capacity(depth);
-        for _ in 0..depth {
-            entries.push(Entry::new(payload_len)?);
-        }
+        let entries = (0..depth)
+            .map(|i| Entry::new(slots.1.clone(), slots.0 + i, payload_len))
+            .collect();
         Ok((ring, entries))
     };
     let (mut ring, mut entries) = match setup() {
@@ -368,4 +402,30 @@ fn serve_entry(adapter: &Adapter, ent: &mut Entry, header: usize, reply: &mut Re
     debug_assert_eq!(hb.len(), std::mem::size_of::<OutHeader>());
     ent.header.payload_sz = n as u32;
     commit_id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_slots_are_one_huge_page_aligned_mapping_advised_huge() {
+        let arena = Arena::new(8, 1 << 20);
+        assert_eq!(
+            arena.ptr as usize % (2 << 20),
+            0,
+            "arena not huge-page aligned"
+        );
+        // Eight 1 MiB slots take 8 MiB: two slots per huge page, no more than separate buffers.
+        assert_eq!(arena.len, 8 << 20);
+        assert_eq!(arena.slot(3) as usize - arena.ptr as usize, 3 << 20);
+        assert!(
+            amaranth_device::advised_huge_for_tests(arena.ptr as usize),
+            "arena not advised for huge pages"
+        );
+        // An odd payload size is rounded to whole pages.
+        let odd = Arena::new(3, (1 << 20) + 100);
+        assert_eq!(odd.slot, (1 << 20) + 4096);
+        assert_eq!(odd.len, 3 * ((1 << 20) + 4096));
+    }
 }

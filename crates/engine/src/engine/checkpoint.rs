@@ -156,6 +156,11 @@ impl Checkpointer {
                 *self.sb.lock() = sb;
                 // Damage found while this checkpoint ran and not in its superblock: record it.
                 self.persist_damage(inner);
+                // The space this checkpoint let go of (and what was freed since the last one)
+                // goes back to the device.
+                if inner.options.discard {
+                    tree.store.discard_freed();
+                }
                 self.count.fetch_add(1, Ordering::Relaxed);
                 self.nanos
                     .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);

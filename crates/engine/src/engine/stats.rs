@@ -76,6 +76,9 @@ pub struct Stats {
     pub data_reads: u64,
     /// Bytes of out-of-line data read.
     pub data_bytes_read: u64,
+    /// Discard passes ended by a refused discard (docs/DESIGN.md, "Discard"; what was discarded
+    /// is in `device`).
+    pub discard_failures: u64,
     /// Device bytes written per byte of user data.
     pub write_amplification: f64,
     /// Log activity.
@@ -211,6 +214,7 @@ impl Engine {
             data_bytes_written: sc.data_bytes_written.load(Ordering::Relaxed),
             data_reads: sc.data_reads.load(Ordering::Relaxed),
             data_bytes_read: sc.data_bytes_read.load(Ordering::Relaxed),
+            discard_failures: sc.discard_failures.load(Ordering::Relaxed),
             write_amplification: if user > 0 {
                 device.bytes_written as f64 / user as f64
             } else {
