@@ -8,7 +8,8 @@
 //! xattrs), `limits.rs` (the space and key-length policies, statfs), `readdir.rs` (opendir,
 //! readdir, releasedir), `times.rs` (access times), `orphans.rs` (files unlinked while held),
 //! `handles.rs` (inodes by number), `links.rs` (the names of hard-linked files, and moving a file
-//! back from its home) and `upgrade.rs` (schema upgrades).
+//! back from its home), `clone_dir.rs` (`amaranth clone`: a directory tree or a file cloned under
+//! a new name) and `upgrade.rs` (schema upgrades).
 //!
 //! Locking: `ns` (the namespace lock) is taken shared by operations that do not change names
 //! (read, write, setattr, xattrs), by those that only add one (create, mknod, mkdir, symlink:
@@ -16,7 +17,7 @@
 //! table knows it, see `Fs::make`) and by the common removals (the unlink of a file the kernel
 //! holds with one name, the rmdir of a directory the table holds: they also hold the removed
 //! inode's lock), and exclusive by the other name changes (rename, link, the other unlinks and
-//! rmdirs), so a path's key cannot change under an operation that uses it. An inode's attribute lock is held
+//! rmdirs, clones), so a path's key cannot change under an operation that uses it. An inode's attribute lock is held
 //! from reading its attributes until the batch that changes them is submitted, so changes to one
 //! inode reach the log in the order they were made; its key is read under that lock too, because
 //! the last release of an unlinked file deletes it under the shared namespace lock, holding the
@@ -37,6 +38,7 @@ use crate::patchgroup::{CallerScope, Patchgroups, ProcessModel};
 use crate::table::{Table, ROOT_INO};
 
 mod attr;
+mod clone_dir;
 mod data;
 mod handles;
 mod limits;
@@ -51,6 +53,7 @@ mod rename;
 mod times;
 mod upgrade;
 
+pub use clone_dir::{Caller, Cloned};
 pub use data::{write_ops, zero_ops};
 pub use times::Modes;
 

@@ -1,6 +1,7 @@
 //! The file-system operation layer against an in-memory model of a file tree: random sequences of
 //! creates, writes, truncates, holes, renames (with NOREPLACE and EXCHANGE), hard links, symlinks,
-//! xattrs, copies and remounts, with tiny engine nodes and a tiny cache. Seeds are printed;
+//! xattrs, copies, clones of directory trees and files (`amaranth clone`) and remounts, with tiny
+//! engine nodes and a tiny cache. Seeds are printed;
 //! replay one with `AMARANTH_SEED=<seed> cargo test -p amaranth-fs --test model replay`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -9,93 +10,15 @@ use std::sync::Arc;
 use amaranth_device::MemDevice;
 use amaranth_engine::{Engine, Format, Options};
 use amaranth_fs::{
-    check, Ctx, Errno, Fs, FsOptions, Kind, SetAttr, RENAME_COPY_MAX, RENAME_EXCHANGE,
+    check, Caller, Ctx, Errno, Fs, FsOptions, Kind, SetAttr, RENAME_COPY_MAX, RENAME_EXCHANGE,
     RENAME_NOREPLACE, ROOT_INO,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-#[derive(Clone, Debug)]
-enum MInode {
-    File { data: Vec<u8>, nlink: u32 },
-    Dir { children: BTreeMap<Vec<u8>, u64> },
-    Symlink { target: Vec<u8> },
-}
+mod model_support;
 
-/// The model: inodes by model id, names in directories.
-#[derive(Clone, Debug)]
-struct Model {
-    inodes: BTreeMap<u64, MInode>,
-    xattrs: BTreeMap<u64, BTreeMap<Vec<u8>, Vec<u8>>>,
-    next: u64,
-}
-
-const ROOT: u64 = 0;
-
-impl Model {
-    fn new() -> Model {
-        let mut inodes = BTreeMap::new();
-        inodes.insert(
-            ROOT,
-            MInode::Dir {
-                children: BTreeMap::new(),
-            },
-        );
-        Model {
-            inodes,
-            xattrs: BTreeMap::new(),
-            next: 1,
-        }
-    }
-    fn children(&self, dir: u64) -> &BTreeMap<Vec<u8>, u64> {
-        match &self.inodes[&dir] {
-            MInode::Dir { children } => children,
-            _ => panic!("not a dir"),
-        }
-    }
-    fn children_mut(&mut self, dir: u64) -> &mut BTreeMap<Vec<u8>, u64> {
-        match self.inodes.get_mut(&dir).unwrap() {
-            MInode::Dir { children } => children,
-            _ => panic!("not a dir"),
-        }
-    }
-    fn resolve(&self, path: &[Vec<u8>]) -> Option<u64> {
-        let mut cur = ROOT;
-        for c in path {
-            cur = *self.children(cur).get(c)?;
-        }
-        Some(cur)
-    }
-    fn is_dir(&self, id: u64) -> bool {
-        matches!(self.inodes[&id], MInode::Dir { .. })
-    }
-    /// Every path in the tree (directories included), for picking targets.
-    fn paths(&self) -> Vec<Vec<Vec<u8>>> {
-        let mut out = vec![];
-        let mut stack = vec![(ROOT, vec![])];
-        while let Some((id, p)) = stack.pop() {
-            if let MInode::Dir { children } = &self.inodes[&id] {
-                for (n, c) in children {
-                    let mut q: Vec<Vec<u8>> = p.clone();
-                    q.push(n.clone());
-                    out.push(q.clone());
-                    stack.push((*c, q));
-                }
-            }
-        }
-        out
-    }
-    fn drop_name(&mut self, id: u64) {
-        if let Some(MInode::File { nlink, .. }) = self.inodes.get_mut(&id) {
-            *nlink -= 1;
-            if *nlink > 0 {
-                return;
-            }
-        }
-        self.inodes.remove(&id);
-        self.xattrs.remove(&id);
-    }
-}
+use model_support::{name, MInode, Model, ROOT};
 
 struct Harness {
     dev: Arc<MemDevice>,
@@ -308,26 +231,6 @@ fn fs_engine(fs: Fs) -> Arc<Engine> {
     e
 }
 
-fn name(rng: &mut SmallRng) -> Vec<u8> {
-    let pool: [&[u8]; 10] = [
-        b"a",
-        b"b",
-        b"c",
-        b"dir",
-        b"file",
-        b"\x01odd",
-        b"\xffhigh",
-        b"x y",
-        b"long-name-here",
-        b"z",
-    ];
-    let mut n = pool[rng.gen_range(0..pool.len())].to_vec();
-    if rng.gen_bool(0.3) {
-        n.push(b'0' + rng.gen_range(0..5));
-    }
-    n
-}
-
 fn run(seed: u64, steps: usize) {
     let mut h = Harness::new(seed);
     let mut m = Model::new();
@@ -351,7 +254,7 @@ fn run(seed: u64, steps: usize) {
             )
             .collect();
         let some_dir = |rng: &mut SmallRng| dirs[rng.gen_range(0..dirs.len())].clone();
-        let r = rng.gen_range(0..100);
+        let r = rng.gen_range(0..106);
         let what = format!("seed {seed} step {step} op {r}");
         match r {
             0..=14 => {
@@ -709,6 +612,37 @@ fn run(seed: u64, steps: usize) {
                 }
             }
             90..=93 => h.remount(),
+            100..=105 => {
+                // Clone a directory tree or a file to a new name.
+                let Some(src) = pick(&mut rng) else { continue };
+                let mut dst = some_dir(&mut rng);
+                let n = name(&mut rng);
+                dst.push(n.clone());
+                let sid = m.resolve(&src).unwrap();
+                let dpid = m.resolve(&dst[..dst.len() - 1]).unwrap();
+                let expect = match &m.inodes[&sid] {
+                    MInode::Symlink { .. } => Err(Errno::EINVAL),
+                    MInode::Dir { .. } if dst[..dst.len() - 1].starts_with(&src) => {
+                        Err(Errno::EINVAL)
+                    }
+                    _ if m.children(dpid).contains_key(&n) => Err(Errno::EEXIST),
+                    _ => Ok(()),
+                };
+                let (si, dp) = (h.ino(&src).unwrap(), h.parent_ino(&dst).unwrap());
+                let res = h.fs.clone_entry(si, dp, &n, &Caller::root());
+                match (&expect, &res) {
+                    (Ok(()), Ok(_)) => {
+                        let copy = m.deep_copy(sid);
+                        m.children_mut(dpid).insert(n, copy);
+                    }
+                    (Err(a), Err(b)) if a == b => {}
+                    // A deep tree cloned deeper: refused whole, nothing changed.
+                    (Ok(()), Err(Errno::ENAMETOOLONG)) => {}
+                    _ => {
+                        panic!("{what}: clone {src:?} -> {dst:?}: expected {expect:?}, got {res:?}")
+                    }
+                }
+            }
             _ => {
                 if step % 3 == 0 {
                     h.check_all(&m, step);

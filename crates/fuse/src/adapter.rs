@@ -512,16 +512,45 @@ impl Adapter {
         }
     }
 
-    /// Restricted ioctls on any file or directory: only the patchgroup commands (pg_ioctl.rs).
+    /// Restricted ioctls on any file or directory: the patchgroup commands (pg_ioctl.rs) and
+    /// the clone (clone_ioctl.rs).
     fn ioctl(&self, h: &InHeader, x: IoctlIn, p: &[u8], r: &mut Reply) -> R<()> {
+        let input = p.get(..x.in_size as usize).ok_or(libc::EINVAL)?;
+        if crate::clone_ioctl::is_clone(x.cmd) {
+            let (out, a, _) =
+                crate::clone_ioctl::handle(&self.fs, h.nodeid, (h.uid, h.gid, h.pid), input)
+                    .map_err(err)?;
+            self.clone_made(a.parent, a.name);
+            r.push(&IoctlOut::default());
+            r.extend(&out[..(x.out_size as usize).min(out.len())]);
+            return Ok(());
+        }
         if !crate::pg_ioctl::is_patchgroup(x.cmd) {
             return Err(libc::ENOTTY);
         }
-        let input = p.get(..x.in_size as usize).ok_or(libc::EINVAL)?;
         let out = crate::pg_ioctl::handle(&self.fs, h.pid, x.cmd, input).map_err(err)?;
         r.push(&IoctlOut::default());
         r.extend(&out[..(x.out_size as usize).min(out.len())]);
         Ok(())
+    }
+
+    /// A clone made `parent/name` behind the kernel's back: its cached attributes of `parent`
+    /// (link count, times) go at once, and a negative entry it may hold for the name (kept for
+    /// `negative_ttl`) from another thread, since the kernel takes the directory's lock to drop
+    /// it (see `forget.rs`).
+    fn clone_made(&self, parent: u64, name: Vec<u8>) {
+        self.inval_attributes(parent);
+        let dev = self.dev.clone();
+        let sent = std::thread::Builder::new()
+            .name("amaranth-inval".into())
+            .spawn(move || {
+                if let Err(e) = crate::forget::inval_entry(&dev, parent, &name) {
+                    log::debug!("amaranth: invalidating a cloned name in {parent}: {e}");
+                }
+            });
+        if let Err(e) = sent {
+            log::warn!("amaranth: no thread to invalidate a cloned name: {e}");
+        }
     }
 
     fn lseek(&self, ino: u64, l: LseekIn, r: &mut Reply) -> R<()> {

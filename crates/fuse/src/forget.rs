@@ -41,7 +41,7 @@ impl Forgetter {
 }
 
 /// Asks the kernel to drop the dentry `parent/name` (`FUSE_NOTIFY_INVAL_ENTRY` on /dev/fuse).
-fn inval_entry(dev: &OwnedFd, parent: u64, name: &[u8]) -> io::Result<()> {
+pub(crate) fn inval_entry(dev: &OwnedFd, parent: u64, name: &[u8]) -> io::Result<()> {
     let body = NotifyInvalEntryOut {
         parent,
         namelen: name.len() as u32,

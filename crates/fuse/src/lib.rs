@@ -30,6 +30,7 @@
 
 mod abi;
 mod adapter;
+pub mod clone_ioctl;
 mod counters;
 mod dev;
 mod forget;

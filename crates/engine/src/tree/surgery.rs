@@ -36,6 +36,17 @@ use crate::ops::prefix_end;
 /// A run slot whose buffer holds more than a node's size over this is flushed after a move.
 const RUN_DRAIN_DIVISOR: usize = 16;
 
+/// What the source node keeps where the run was after a swing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Keeps {
+    /// The run itself (a clone).
+    Run,
+    /// Nothing: the run's left neighbour widens over its range.
+    Widened,
+    /// A chain of new empty nodes with the run's range.
+    Filler,
+}
+
 /// A run of child slots taken out of a node, in the node's stored form.
 struct Run {
     children: Vec<NodeId>,
@@ -215,10 +226,19 @@ impl Tree {
                 dead_refs.extend(b.ref_blocks());
             }
         }
+        // Whether the run's left neighbour may widen over the moved range (read now: the
+        // swing does no I/O).
+        let keeps = if clone {
+            Keeps::Run
+        } else if self.may_widen_left(&run)? {
+            Keeps::Widened
+        } else {
+            Keeps::Filler
+        };
         // 4: the record.
         self.take_msn(before)?;
         // 5: the swing; the dead subtrees lose the slots that named them.
-        self.swing(&run, &xd, &xb, dead_slots, (p, q), clone)?;
+        self.swing(&run, &xd, &xb, dead_slots, (p, q), keeps)?;
         drop(run);
         drop(xd);
         self.release_refs(&dead_refs);
@@ -350,14 +370,49 @@ impl Tree {
         Ok(())
     }
 
+    /// Whether the left neighbour of a run taken out of its node may widen over the run's range:
+    /// the run has neighbours on both sides, and no node on the neighbour's right spine (the
+    /// neighbour, its last child, that one's last child, down to a leaf) is shared. Widening
+    /// changes the upper bound of every node on that spine, and a shared node's stored bounds
+    /// must stay the same under every parent that names it (another parent would not widen
+    /// them): a copy made by copy-on-write is not shared itself, but its children are.
+    fn may_widen_left(&self, run: &Sliced) -> Result<bool> {
+        let (mut id, mut height) = {
+            let g = run.node.read();
+            let Body::Internal(n) = &g.body else {
+                unreachable!("a sliced range lies in an internal node")
+            };
+            let (a, b) = run.slots;
+            if a == 0 || b == n.children.len() {
+                return Ok(false);
+            }
+            (n.children[a - 1], g.height - 1)
+        };
+        loop {
+            if self.is_shared(id) {
+                return Ok(false);
+            }
+            if height == 0 {
+                return Ok(true);
+            }
+            let cn = self.pin(id)?;
+            let g = cn.read();
+            let Body::Internal(n) = &g.body else {
+                unreachable!("a node above height 0 is internal")
+            };
+            id = *n.children.last().expect("an internal node has children");
+            height -= 1;
+        }
+    }
+
     /// Moves the run's slots from their node to the destination node `xd` (bounds `xb`), in
     /// place of its dead slots: directly when `xd` is one level above the run's subtrees, under a
     /// chain of new single-child nodes otherwise. The source node keeps a slot for the range: its
-    /// left neighbour widens over it, or, at either end of the node or when that neighbour is
-    /// shared, a chain of new empty nodes stands in. With `clone` the source keeps the run, and the destination gets the same
-    /// subtrees (one more reference each) with copies of their buffers (one more reference to
-    /// each block the copies name). `(p, q)` are the source and destination prefixes without
-    /// their last byte.
+    /// left neighbour widens over it ([`Keeps::Widened`], when [`Tree::may_widen_left`] says it
+    /// may), or a chain of new empty nodes stands in ([`Keeps::Filler`]). A clone's source keeps
+    /// the run ([`Keeps::Run`]), and the destination gets the same subtrees (one more reference
+    /// each) with copies of their buffers (one more reference to each block the copies name).
+    /// `(p, q)` are the source and destination prefixes without their last byte.
     fn swing(
         &self,
         run: &Sliced,
@@ -365,8 +420,9 @@ impl Tree {
         xb: &Bounds,
         dead: (usize, usize),
         (p, q): (&[u8], &[u8]),
-        clone: bool,
+        keeps: Keeps,
     ) -> Result<()> {
+        let clone = keeps == Keeps::Run;
         let same = Arc::ptr_eq(&run.node, xd);
         // Latches top-down: the destination node first (it is at the run node's height, where
         // no reader holds both, or higher, where it may be an ancestor of it).
@@ -384,11 +440,10 @@ impl Tree {
                 unreachable!()
             };
             // The left neighbour widens over the source's range, unless the run is at an end of
-            // its node, or the neighbour is shared: its stored bounds must stay the same under
-            // every parent that names it (another parent would not widen them), so a chain of
-            // empty nodes takes the range instead (docs/SURGERY.md §4.6).
-            let edge = a == 0 || b == sn.children.len();
-            let filled = edge || self.is_shared(sn.children[a - 1]);
+            // its node, or a node on the neighbour's right spine is shared: its stored bounds
+            // must stay the same under every parent that names it, so a chain of empty nodes
+            // takes the range instead (docs/SURGERY.md §4.6).
+            let filled = keeps != Keeps::Widened;
             let buffers = if clone {
                 (a..b)
                     .map(|i| {

@@ -85,7 +85,7 @@ impl Fs {
 
     /// Longest key in `[lo, hi)` (0 when the range is empty): with `exact`, by a scan of the
     /// range; otherwise the engine's key-length bound, never below it, read in O(height).
-    fn longest_key_in(&self, lo: &[u8], hi: &[u8], exact: bool) -> Result<usize> {
+    pub(super) fn longest_key_in(&self, lo: &[u8], hi: &[u8], exact: bool) -> Result<usize> {
         if !exact {
             return Ok(self.engine.longest_key_bound(lo, hi)?);
         }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use amaranth_device::{CrashPlan, FaultDevice, MemDevice};
 use amaranth_engine::{Engine, Format, Options};
 use amaranth_fs::check::{self, Class};
-use amaranth_fs::{Ctx, Errno, Fs, FsOptions, Kind, SetAttr, RENAME_EXCHANGE, ROOT_INO};
+use amaranth_fs::{Caller, Ctx, Errno, Fs, FsOptions, Kind, SetAttr, RENAME_EXCHANGE, ROOT_INO};
 
 /// Everything visible about one name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -246,6 +246,8 @@ pub enum FsOp {
         off_out: u64,
         len: u64,
     },
+    /// `amaranth clone SRC DST` (as root): a directory tree or a file cloned to a new name.
+    CloneTree(&'static str, &'static str),
     /// fsync, fdatasync, fsyncdir and syncfs are one call at this layer: the engine's `sync`.
     Sync,
     /// An engine checkpoint (what the daemon does every minute): crash windows inside checkpoints.
@@ -435,6 +437,13 @@ pub fn apply(fs: &Fs, op: &FsOp) {
                     return Err(Errno::ENOENT);
                 };
                 fs.copy_file_range(i, *off_in, o, *off_out, *len)?;
+            }
+            FsOp::CloneTree(from, to) => {
+                let (_, _, Some(i)) = resolve(fs, from, &mut held)? else {
+                    return Err(Errno::ENOENT);
+                };
+                let (d, n, _) = resolve(fs, to, &mut held)?;
+                fs.clone_entry(i, d, &n, &Caller::root())?;
             }
             FsOp::Sync => fs.fsync()?,
             FsOp::Checkpoint => fs.engine().checkpoint().map_err(Errno::from)?,
