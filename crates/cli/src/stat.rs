@@ -53,6 +53,8 @@ pub fn engine_json(s: &Stats) -> Value {
         "data_bytes_written": s.data_bytes_written,
         "data_reads": s.data_reads,
         "data_bytes_read": s.data_bytes_read,
+        "data_buffers_pooled": s.data_buffers_pooled,
+        "data_buffers_unpooled": s.data_buffers_unpooled,
         "log": {
             "bytes_written": s.log.bytes_written,
             "chunks_written": s.log.chunks_written,
