@@ -8,16 +8,20 @@
 //! a fresh 1 MiB mapping per write request cost a page fault and a page clear per 4 KiB, a fifth of
 //! the daemon's CPU in a sequential write; a slab is faulted in (one huge page) once and reused.
 //!
-//! The bound: at most [`MAX_SLABS`] slabs are mapped at once, and at most [`IDLE_SLABS`] wholly
-//! free ones are kept when writes stop (the rest are unmapped as their last slot comes back). A
-//! buffer asked for when every slab is in use, or larger than a slot, is an ordinary
-//! [`AlignedBuf`] of its own (4 KiB pages, freed when dropped): the data writers' own bound
-//! ([`crate::datawriter::MAX_IN_FLIGHT`]) is what limits the memory in flight, the pool only
-//! decides which memory it is.
+//! The bound: at most [`MAX_SLABS`] slabs are mapped at once, and when writes stop, wholly free
+//! slabs beyond [`IDLE_SLABS`] are unmapped by the engine's background thread
+//! ([`SlabPool::trim`], once a second, those unused for [`TRIM_AFTER`]). Not as their last slot
+//! comes back: a sequential write's buffers in flight rise and fall by more than the idle slabs
+//! many times a second, and mapping a slab again cost a huge page's fault and clear each time (9%
+//! of the daemon's CPU in a 4,000 MiB `dd`). A buffer asked for when every slab is in use, or
+//! larger than a slot, is an ordinary [`AlignedBuf`] of its own (4 KiB pages, freed when
+//! dropped): the data writers' own bound ([`crate::datawriter::MAX_IN_FLIGHT`]) is what limits
+//! the memory in flight, the pool only decides which memory it is.
 
 use std::ops::Deref;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use amaranth_device::AlignedBuf;
 use parking_lot::Mutex;
@@ -35,12 +39,16 @@ pub(crate) const MAX_SLABS: usize = 24;
 /// Wholly free slabs kept for the next writes at most (16 MiB, what the pool of 1 MiB buffers it
 /// replaces kept).
 pub(crate) const IDLE_SLABS: usize = 8;
+/// How long a wholly free slab beyond [`IDLE_SLABS`] stays mapped unused.
+pub(crate) const TRIM_AFTER: Duration = Duration::from_secs(1);
 
 /// A mapped slab and which of its slots are handed out.
 struct Slab {
     buf: AlignedBuf,
     /// Bit `i`: slot `i` is in use.
     used: u8,
+    /// When its last slot in use came back (when it was mapped, before).
+    freed_at: Instant,
 }
 
 impl Slab {
@@ -57,6 +65,7 @@ pub(crate) struct SlabPool {
     idle_slabs: usize,
     pooled: AtomicU64,
     unpooled: AtomicU64,
+    mapped: AtomicU64,
 }
 
 /// The pool of the process (every engine's writes take their buffers from it).
@@ -96,6 +105,7 @@ impl SlabPool {
             idle_slabs,
             pooled: AtomicU64::new(0),
             unpooled: AtomicU64::new(0),
+            mapped: AtomicU64::new(0),
         }
     }
 
@@ -106,24 +116,29 @@ impl SlabPool {
         if len <= SLOT {
             let mut slabs = self.slabs.lock();
             let free_slot = |s: &Slab| (0..SLOTS_PER_SLAB).find(|i| s.used & (1 << i) == 0);
-            let mut pick = None;
-            for (i, s) in slabs.iter().enumerate() {
-                let Some(s) = s else { continue };
-                if let Some(slot) = free_slot(s) {
-                    let better = pick.is_none() || !s.is_free();
-                    if better {
-                        pick = Some((i, slot));
-                    }
-                    if !s.is_free() {
-                        break;
-                    }
-                }
-            }
+            // A slab in use with a free slot; else the wholly free slab freed last (the others
+            // stay unused, for `trim`).
+            let half = slabs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, s)| Some((i, s.as_ref()?)))
+                .find_map(|(i, s)| Some((i, free_slot(s)?)).filter(|_| !s.is_free()));
+            let whole = || {
+                slabs
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| Some((i, s.as_ref()?)))
+                    .filter(|(_, s)| s.is_free())
+                    .max_by_key(|(_, s)| s.freed_at)
+                    .map(|(i, _)| (i, 0))
+            };
+            let mut pick = half.or_else(whole);
             let mapped = slabs.iter().flatten().count();
             if pick.is_none() && mapped < self.max_slabs {
                 let slab = Slab {
                     buf: AlignedBuf::zeroed(SLAB),
                     used: 0,
+                    freed_at: Instant::now(),
                 };
                 let i = match slabs.iter().position(Option::is_none) {
                     Some(i) => {
@@ -136,6 +151,7 @@ impl SlabPool {
                     }
                 };
                 pick = Some((i, 0));
+                self.mapped.fetch_add(1, Ordering::Relaxed);
             }
             if let Some((i, slot)) = pick {
                 let s = slabs[i].as_mut().expect("a picked slab is mapped");
@@ -166,16 +182,33 @@ impl SlabPool {
         }
     }
 
-    /// Gives slot `slot` of slab `slab` back; unmaps the slab when it is wholly free and more
-    /// than `idle_slabs` are.
+    /// Gives slot `slot` of slab `slab` back (the slab stays mapped: [`SlabPool::trim`]).
     fn put(&self, slab: usize, slot: usize) {
         let mut slabs = self.slabs.lock();
         let s = slabs[slab].as_mut().expect("a slot of a mapped slab");
         assert!(s.used & (1 << slot) != 0, "a slot given back twice");
         s.used &= !(1 << slot);
-        let unmap =
-            s.is_free() && slabs.iter().flatten().filter(|s| s.is_free()).count() > self.idle_slabs;
-        let gone = if unmap { slabs[slab].take() } else { None };
+        if s.is_free() {
+            s.freed_at = Instant::now();
+        }
+    }
+
+    /// Unmaps the wholly free slabs beyond `idle_slabs` that have not been used for `after`,
+    /// least recently used first.
+    pub(crate) fn trim(&self, after: Duration) {
+        let mut slabs = self.slabs.lock();
+        let mut free: Vec<(Instant, usize)> = slabs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().filter(|s| s.is_free()).map(|s| (s.freed_at, i)))
+            .collect();
+        let surplus = free.len().saturating_sub(self.idle_slabs);
+        free.sort_unstable();
+        let gone: Vec<Slab> = free[..surplus]
+            .iter()
+            .filter(|(at, _)| at.elapsed() >= after)
+            .filter_map(|&(_, i)| slabs[i].take())
+            .collect();
         drop(slabs);
         drop(gone);
     }
@@ -188,6 +221,11 @@ impl SlabPool {
     /// Buffers of their own handed out so far (every slab in use, or larger than a slot).
     pub(crate) fn unpooled(&self) -> u64 {
         self.unpooled.load(Ordering::Relaxed)
+    }
+
+    /// Slabs mapped so far (each costs a huge page's fault and clear when first written).
+    pub(crate) fn slabs_mapped(&self) -> u64 {
+        self.mapped.load(Ordering::Relaxed)
     }
 
     /// Slabs mapped now, and how many of them are wholly free.
@@ -281,7 +319,13 @@ mod tests {
             .map(|b| b.as_ptr() as usize)
             .collect();
         drop(held);
-        // Every slab came back; one wholly free slab is kept, the others were unmapped.
+        // Every slab came back and stays mapped for the next writes (mapping one again costs a
+        // huge page's fault and clear), until it has not been used for a while.
+        assert_eq!(p.slabs(), (3, 3));
+        p.trim(Duration::from_secs(3600));
+        assert_eq!(p.slabs(), (3, 3));
+        // Then the slabs beyond the idle bound are unmapped.
+        p.trim(Duration::ZERO);
         assert_eq!(p.slabs(), (1, 1));
         // The kept slab's slots are handed out again, with their memory.
         let again = p.get(SLOT);
@@ -311,5 +355,14 @@ mod tests {
         let e = p.get(SLOT);
         assert!([pa, pc].contains(&(e.as_ptr() as usize)));
         assert_eq!(p.slabs(), (2, 0));
+        // Of wholly free slabs, the one freed last is used again (the others age, for `trim`).
+        let slab_of = |b: &PooledBuf| b.as_ptr() as usize & !(SLAB - 1);
+        let newest = slab_of(&e);
+        drop((_b, _d));
+        std::thread::sleep(Duration::from_millis(2));
+        drop(e);
+        let last = p.get(SLOT);
+        assert_eq!(slab_of(&last), newest);
+        assert_eq!(p.slabs(), (2, 1));
     }
 }

@@ -1,6 +1,7 @@
 //! The data of a large write (`put_blocks`) is copied into a slot of the pool of huge pages
 //! (`writebuf.rs`), so that the data writers write a 1 MiB run as one device request (from 4 KiB
-//! pages a loop device cut it into two of 512 KiB), and the slots come back for the next writes.
+//! pages a loop device cut it into two of 512 KiB), and the slots come back for the next writes
+//! without the slabs being mapped again.
 //! One test in this file: the pool is shared by the process.
 
 use std::sync::Arc;
@@ -51,6 +52,10 @@ fn the_data_of_a_1_mib_write_is_in_a_huge_page_and_its_buffer_comes_back() {
         writes as u64
     );
     assert_eq!(after.data_buffers_unpooled, before.data_buffers_unpooled);
+    // And the slabs stayed mapped while the writes went on: mapping one again costs a huge
+    // page's fault and clear (at most 24 slabs are mapped at once).
+    let mapped = after.data_buffer_slabs_mapped - before.data_buffer_slabs_mapped;
+    assert!(mapped <= 24, "{mapped} slabs mapped for 200 writes");
     assert_eq!(after.data_writes - before.data_writes, writes as u64);
     let got = e
         .get(format!("d/file/{:010}", 3 * per + 5).as_bytes())

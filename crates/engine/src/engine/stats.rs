@@ -50,6 +50,8 @@ pub struct Stats {
     /// Buffers of out-of-line data allocated on their own instead, in this process: the pool's
     /// slabs were all in use, or the data was larger than a slot (1 MiB).
     pub data_buffers_unpooled: u64,
+    /// Slabs (huge pages) the pool of out-of-line data buffers mapped, in this process.
+    pub data_buffer_slabs_mapped: u64,
     /// Nodes evicted.
     pub evictions: u64,
     /// Dirty nodes written by eviction.
@@ -191,6 +193,7 @@ impl Engine {
             partition_buffers_reused: crate::bufpool::POOL.reused(),
             data_buffers_pooled: crate::writebuf::POOL.pooled(),
             data_buffers_unpooled: crate::writebuf::POOL.unpooled(),
+            data_buffer_slabs_mapped: crate::writebuf::POOL.slabs_mapped(),
             evictions: cc.evictions.load(Ordering::Relaxed),
             writebacks: cc.writebacks.load(Ordering::Relaxed),
             writes: i.counters.writes.load(Ordering::Relaxed),
