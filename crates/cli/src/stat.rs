@@ -56,6 +56,9 @@ pub fn engine_json(s: &Stats) -> Value {
         "data_bytes_written": s.data_bytes_written,
         "data_reads": s.data_reads,
         "data_bytes_read": s.data_bytes_read,
+        "data_buffers_pooled": s.data_buffers_pooled,
+        "data_buffers_unpooled": s.data_buffers_unpooled,
+        "data_buffer_slabs_mapped": s.data_buffer_slabs_mapped,
         "log": {
             "bytes_written": s.log.bytes_written,
             "chunks_written": s.log.chunks_written,

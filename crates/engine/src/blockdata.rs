@@ -1,62 +1,12 @@
 //! The data of an [`crate::Op::PutBlocks`]: whole 4 KiB blocks in a buffer the device writes as it
-//! is, from a small pool of such buffers (a fresh 1 MiB mapping per write request cost a page
-//! fault and a page clear per 4 KiB: a fifth of the daemon's CPU in a sequential write); once
-//! written, where they went and their checksums.
+//! is (a slot of the pool of huge pages in `writebuf.rs`, so that a 1 MiB run is one device
+//! request); once written, where they went and their checksums.
 
-use std::ops::Deref;
 use std::sync::Arc;
 
-use amaranth_device::{AlignedBuf, BLOCK_SIZE};
-use parking_lot::Mutex;
+use amaranth_device::BLOCK_SIZE;
 
-/// Buffers kept for the next block data (at most this many, each at most [`POOLED_MAX`] bytes).
-const POOLED: usize = 16;
-/// The largest buffer kept (a FUSE write request is at most 1 MiB).
-const POOLED_MAX: usize = 1 << 20;
-
-static POOL: Mutex<Vec<AlignedBuf>> = Mutex::new(Vec::new());
-
-/// A buffer that goes back to the pool when the last holder lets go of it.
-pub(crate) struct PooledBuf(Option<AlignedBuf>);
-
-impl PooledBuf {
-    /// A buffer of at least `len` bytes (from the pool when one fits).
-    pub(crate) fn get(len: usize) -> PooledBuf {
-        let reused = if len <= POOLED_MAX {
-            let mut pool = POOL.lock();
-            let i = pool.iter().position(|b| b.len() >= len);
-            i.map(|i| pool.swap_remove(i))
-        } else {
-            None
-        };
-        let size = if len <= POOLED_MAX { POOLED_MAX } else { len };
-        PooledBuf(Some(reused.unwrap_or_else(|| AlignedBuf::zeroed(size))))
-    }
-}
-
-impl PooledBuf {
-    /// The buffer, to fill.
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.0.as_mut().expect("a pooled buffer")
-    }
-}
-
-impl Deref for PooledBuf {
-    type Target = AlignedBuf;
-    fn deref(&self) -> &AlignedBuf {
-        self.0.as_ref().expect("a pooled buffer")
-    }
-}
-
-impl Drop for PooledBuf {
-    fn drop(&mut self) {
-        let buf = self.0.take().expect("a pooled buffer");
-        let mut pool = POOL.lock();
-        if buf.len() <= POOLED_MAX && pool.len() < POOLED {
-            pool.push(buf);
-        }
-    }
-}
+use crate::writebuf::PooledBuf;
 
 /// The data of a [`crate::Op::PutBlocks`]: whole 4 KiB blocks, one per key. Built from bytes
 /// ([`BlockData::copy_from`]); once the engine has written them out of line, or when a log record

@@ -9,12 +9,12 @@ use std::sync::Arc;
 
 use amaranth_device::{AlignedBuf, BLOCK_SIZE};
 
-use crate::blockdata::PooledBuf;
 use crate::dataref::DataRef;
 use crate::engine::BlockRead;
 use crate::error::{Error, Result};
 use crate::store::Store;
 use crate::superblock::Extent;
+use crate::writebuf::PooledBuf;
 
 /// When the free extent at the data cursor cannot take a write, the next data extent starts the
 /// smallest free extent that holds this many blocks (64 MiB), so that the writes after it follow

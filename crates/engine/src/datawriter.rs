@@ -24,9 +24,9 @@ use std::thread::JoinHandle;
 use amaranth_device::BlockDevice;
 use parking_lot::{Condvar, Mutex};
 
-use crate::blockdata::PooledBuf;
 use crate::error::{Error, Result};
 use crate::superblock::Extent;
+use crate::writebuf::PooledBuf;
 
 /// Bytes of data in flight at most (writers past it wait for a write to complete).
 pub const MAX_IN_FLIGHT: u64 = 32 << 20;

@@ -81,6 +81,7 @@ mod upgrade;
 mod verify;
 mod wal;
 mod writeback;
+mod writebuf;
 
 pub use config::{Compression, Format, Options};
 #[doc(hidden)]

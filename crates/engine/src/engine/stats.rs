@@ -44,6 +44,14 @@ pub struct Stats {
     /// Partitions decoded into the memory of partitions freed before (instead of newly mapped
     /// memory), in this process: the pool of such buffers is shared by every engine.
     pub partition_buffers_reused: u64,
+    /// Buffers of out-of-line data (`put_blocks`) cut from the pool of huge pages, in this
+    /// process (the pool is shared by every engine).
+    pub data_buffers_pooled: u64,
+    /// Buffers of out-of-line data allocated on their own instead, in this process: the pool's
+    /// slabs were all in use, or the data was larger than a slot (1 MiB).
+    pub data_buffers_unpooled: u64,
+    /// Slabs (huge pages) the pool of out-of-line data buffers mapped, in this process.
+    pub data_buffer_slabs_mapped: u64,
     /// Nodes evicted.
     pub evictions: u64,
     /// Dirty nodes written by eviction.
@@ -198,6 +206,9 @@ impl Engine {
             prefetch_hits: cc.prefetch_hits.load(Ordering::Relaxed),
             prefetch_shed: cc.prefetch_shed.load(Ordering::Relaxed),
             partition_buffers_reused: crate::bufpool::POOL.reused(),
+            data_buffers_pooled: crate::writebuf::POOL.pooled(),
+            data_buffers_unpooled: crate::writebuf::POOL.unpooled(),
+            data_buffer_slabs_mapped: crate::writebuf::POOL.slabs_mapped(),
             evictions: cc.evictions.load(Ordering::Relaxed),
             writebacks: cc.writebacks.load(Ordering::Relaxed),
             writes: i.counters.writes.load(Ordering::Relaxed),

@@ -299,6 +299,7 @@ impl Inner {
             let _ = self.note(self.tree.make_room());
             if last_trim.elapsed() >= TRIM_INTERVAL {
                 crate::heap::give_back_free_memory();
+                crate::writebuf::POOL.trim(crate::writebuf::TRIM_AFTER);
                 last_trim = Instant::now();
             }
         }
