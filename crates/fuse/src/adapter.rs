@@ -515,20 +515,22 @@ impl Adapter {
     /// Restricted ioctls on any file or directory: the patchgroup commands (pg_ioctl.rs) and
     /// the clone (clone_ioctl.rs).
     fn ioctl(&self, h: &InHeader, x: IoctlIn, p: &[u8], r: &mut Reply) -> R<()> {
+        let clone = crate::clone_ioctl::is_clone(x.cmd);
+        if !clone && !crate::pg_ioctl::is_patchgroup(x.cmd) {
+            return Err(libc::ENOTTY);
+        }
         let input = p.get(..x.in_size as usize).ok_or(libc::EINVAL)?;
-        if crate::clone_ioctl::is_clone(x.cmd) {
+        let out = if clone {
             let (out, a, _) =
                 crate::clone_ioctl::handle(&self.fs, h.nodeid, (h.uid, h.gid, h.pid), input)
                     .map_err(err)?;
             self.clone_made(a.parent, a.name);
-            r.push(&IoctlOut::default());
-            r.extend(&out[..(x.out_size as usize).min(out.len())]);
-            return Ok(());
-        }
-        if !crate::pg_ioctl::is_patchgroup(x.cmd) {
-            return Err(libc::ENOTTY);
-        }
-        let out = crate::pg_ioctl::handle(&self.fs, h.pid, x.cmd, input).map_err(err)?;
+            out.to_vec()
+        } else {
+            crate::pg_ioctl::handle(&self.fs, h.pid, x.cmd, input)
+                .map_err(err)?
+                .to_vec()
+        };
         r.push(&IoctlOut::default());
         r.extend(&out[..(x.out_size as usize).min(out.len())]);
         Ok(())
