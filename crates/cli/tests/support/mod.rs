@@ -262,14 +262,17 @@ pub fn used_bytes(p: &Path) -> u64 {
 }
 
 /// `syncfs` on the file system holding `p`.
+/// A durability point for the whole mount at `p`: `syncfs(2)`, then an fsync of `p` itself. The
+/// kernel does not pass syncfs on to a FUSE daemon (it sends `FUSE_SYNCFS` only to virtiofs,
+/// docs/GUARANTEES.md 3.), so on an Amaranth mount the directory's FSYNCDIR is what makes the
+/// daemon sync its log, which holds everything acknowledged before it.
 pub fn syncfs(p: &Path) -> std::io::Result<()> {
     let f = File::open(p)?;
     // SAFETY: a valid fd.
-    if unsafe { libc::syncfs(f.as_raw_fd()) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
+    if unsafe { libc::syncfs(f.as_raw_fd()) } != 0 {
+        return Err(std::io::Error::last_os_error());
     }
+    f.sync_all()
 }
 
 pub fn is_mounted(mp: &Path) -> bool {
