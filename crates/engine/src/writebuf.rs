@@ -4,9 +4,10 @@
 //! Why huge pages: a direct write from 4 KiB pages is cut into device requests of at most
 //! `max_segments` pages (128 on a loop device), so a 1 MiB run of blocks went out as two requests
 //! of 512 KiB; from physically contiguous memory it is one request of a few segments, as for the
-//! reads into the ring's payload slots (docs/BENCHMARKS.md, 2026-11-27 and 2026-11-28). Why a pool:
-//! a fresh 1 MiB mapping per write request cost a page fault and a page clear per 4 KiB, a fifth of
-//! the daemon's CPU in a sequential write; a slab is faulted in (one huge page) once and reused.
+//! reads into the ring's payload slots (docs/BENCHMARKS.md, "Where reads of out-of-line data
+//! wait" and "Large writes from huge pages"). Why a pool: a fresh 1 MiB mapping per write request
+//! cost a page fault and a page clear per 4 KiB, a fifth of the daemon's CPU in a sequential
+//! write; a slab is faulted in (one huge page) once and reused.
 //!
 //! The bound: at most [`MAX_SLABS`] slabs are mapped at once, and when writes stop, wholly free
 //! slabs beyond [`IDLE_SLABS`] are unmapped by the engine's background thread
