@@ -22,7 +22,7 @@ use crate::superblock::Extent;
 pub(crate) const GRANULE: u64 = 256;
 
 /// Blocks taken out of the free space at a time while being discarded (64 MiB): the free space
-/// reported meanwhile is at most this much short.
+/// reported meanwhile is at most this much short, and never under an eighth of the data area.
 const ROUND: u64 = 64 * GRANULE;
 
 impl Store {
@@ -39,10 +39,17 @@ impl Store {
             {
                 let mut btt = self.btt.lock();
                 let mut blocks = 0;
+                // Never so much claimed that the free space left drops under an eighth of the
+                // data area: an allocation meanwhile must not fail for space a discard holds.
+                let keep = btt.alloc.total_blocks() / 8;
                 while let Some(p) = pieces.pop() {
                     if blocks + p.blocks > ROUND && !round.is_empty() {
                         pieces.push(p);
                         break;
+                    }
+                    if btt.alloc.free_blocks() < keep + p.blocks {
+                        // A nearly full device: what is free stays free, undiscarded.
+                        continue;
                     }
                     // Skipped when part of it was allocated since the candidates were listed.
                     if btt.alloc.claim(p) {
