@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 mod support;
-use support::{cstr, errno, holders, renameat2};
+use support::{cstr, errno, holders, renameat2, umount_retrying};
 
 fn can_mount() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -148,28 +148,11 @@ impl Mounted {
     }
     /// `amaranth umount`; asserts that the daemon is gone when it returns.
     ///
-    /// A mount found busy is retried for up to 10 s, as `support::Mount::umount` does: the tests
-    /// of this file run in parallel, and a child another test spawns holds copies of this test's
+    /// A mount found busy is retried for up to 10 s (`support::umount_retrying`): the tests of
+    /// this file run in parallel, and a child another test spawns holds copies of this test's
     /// descriptors from its fork until its exec closes them.
     fn umount(mut self) {
-        let t = Instant::now();
-        let out = loop {
-            let out = Command::new(env!("CARGO_BIN_EXE_amaranth"))
-                .env("AMARANTH_RUN_DIR", &self.run_dir)
-                .args(["umount", self.mp.to_str().unwrap(), "--timeout", "60"])
-                .output()
-                .unwrap();
-            let busy = String::from_utf8_lossy(&out.stderr).contains("is busy");
-            if out.status.success() || !busy || t.elapsed() > Duration::from_secs(10) {
-                break out;
-            }
-            eprintln!(
-                "umount {}: busy, held by {:?}; retrying",
-                self.mp.display(),
-                holders(&self.mp)
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        };
+        let out = umount_retrying(&self.run_dir, &self.mp, 60);
         assert!(
             out.status.success(),
             "umount failed: {} (held by {:?})",

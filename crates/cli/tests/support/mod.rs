@@ -266,6 +266,33 @@ pub fn used_bytes(p: &Path) -> u64 {
 /// kernel does not pass syncfs on to a FUSE daemon (it sends `FUSE_SYNCFS` only to virtiofs,
 /// docs/GUARANTEES.md 3.), so on an Amaranth mount the directory's FSYNCDIR is what makes the
 /// daemon sync its log, which holds everything acknowledged before it.
+/// `amaranth umount MP --timeout SECS` with the daemon's run directory, retried for up to 10 s
+/// while the mount is busy (naming the processes that hold it): programs outside the test, or a
+/// child another test of the same binary spawned, holding copies of descriptors from its fork
+/// until its exec closes them, can hold a mount for a moment. Returns the last attempt's output.
+pub fn umount_retrying(run_dir: &Path, mp: &Path, timeout_secs: u32) -> Output {
+    let t = Instant::now();
+    loop {
+        let out = Command::new(BIN)
+            .env("AMARANTH_RUN_DIR", run_dir)
+            .arg("umount")
+            .arg(mp)
+            .args(["--timeout", &timeout_secs.to_string()])
+            .output()
+            .unwrap();
+        let busy = String::from_utf8_lossy(&out.stderr).contains("is busy");
+        if out.status.success() || !busy || t.elapsed() > Duration::from_secs(10) {
+            return out;
+        }
+        eprintln!(
+            "umount {}: busy, held by {:?}; retrying",
+            mp.display(),
+            holders(mp)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 pub fn syncfs(p: &Path) -> std::io::Result<()> {
     let f = File::open(p)?;
     // SAFETY: a valid fd.
@@ -687,28 +714,7 @@ impl Mount {
     /// hold it for a moment; the test's own open files are all closed by then.
     pub fn umount(mut self) {
         let t = Instant::now();
-        let out = loop {
-            let out = Command::new(BIN)
-                .env("AMARANTH_RUN_DIR", &self.run_dir)
-                .args([
-                    "umount".as_ref(),
-                    self.mp.as_os_str(),
-                    "--timeout".as_ref(),
-                    "300".as_ref(),
-                ])
-                .output()
-                .unwrap();
-            let busy = String::from_utf8_lossy(&out.stderr).contains("is busy");
-            if out.status.success() || !busy || t.elapsed() > Duration::from_secs(10) {
-                break out;
-            }
-            eprintln!(
-                "umount {}: busy, held by {:?}; retrying",
-                self.mp.display(),
-                holders(&self.mp)
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        };
+        let out = umount_retrying(&self.run_dir, &self.mp, 300);
         assert!(
             out.status.success(),
             "umount {} failed: {} (held by {:?})",
