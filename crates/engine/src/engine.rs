@@ -10,6 +10,7 @@
 //! - `reclaim.rs`: pushing range deletes down so that deleted data's space comes back;
 //! - `threads.rs`: the background threads (log flusher, checkpointer, cleaner);
 //! - `stats.rs`, `range.rs`: [`Stats`] and the range iterator;
+//! - `snapshots.rs`: taking, listing and deleting snapshots, and their read-only views;
 //! - `atomic.rs`: atomic groups; `mode.rs`: switching between read-only and writable.
 
 mod atomic;
@@ -21,6 +22,7 @@ mod open;
 mod range;
 mod reclaim;
 mod sharing;
+mod snapshots;
 mod stats;
 mod threads;
 mod write;
@@ -38,6 +40,7 @@ use crate::config::{Format, Options};
 use crate::error::{Error, Result};
 use crate::load::load_checkpoint;
 use crate::msg::Patch;
+use crate::node::ROOT_ID;
 #[cfg(test)]
 use crate::ops;
 use crate::ops::{Batch, Op};
@@ -54,6 +57,7 @@ pub(crate) use checkpoint::Checkpointer;
 pub use data::{BlockRead, BlockRef, StoredValue};
 pub use range::RangeIter;
 pub use sharing::Sharing;
+pub use snapshots::View;
 pub use stats::Stats;
 
 /// A write-optimized key-value store on a block device.
@@ -186,18 +190,7 @@ impl Engine {
 
     /// The value of `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        if self.inner.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed);
-        }
-        if key.len() > self.inner.tree.format.max_key_len {
-            return Err(Error::KeyTooLong {
-                len: key.len(),
-                max: self.inner.tree.format.max_key_len,
-            });
-        }
-        let r = self.inner.get_value(key);
-        let _ = self.inner.tree.make_room();
-        r
+        self.inner.get_checked(ROOT_ID, key)
     }
 
     /// Calls `f(key, value)` for every live entry of the range in key order until it returns false.
@@ -210,7 +203,7 @@ impl Engine {
         hi: Bound<&[u8]>,
         mut f: impl FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<()> {
-        self.inner.scan_values(lo, hi, &mut f)
+        self.inner.scan_values(ROOT_ID, lo, hi, &mut f)
     }
 
     /// Waits until the leaves being read ahead for sequential scans are in memory (tests and
@@ -237,12 +230,12 @@ impl Engine {
 
     /// Iterates over the range in increasing key order (owned copies; see [`Engine::scan`]).
     pub fn range(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> RangeIter<'_> {
-        RangeIter::new(self, lo, hi, true)
+        RangeIter::new(&self.inner, ROOT_ID, lo, hi, true)
     }
 
     /// Iterates over the range in decreasing key order.
     pub fn range_rev(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> RangeIter<'_> {
-        RangeIter::new(self, lo, hi, false)
+        RangeIter::new(&self.inner, ROOT_ID, lo, hi, false)
     }
 
     /// Returns once every operation acknowledged before the call is on stable storage (and will

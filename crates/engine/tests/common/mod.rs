@@ -115,6 +115,8 @@ pub fn apply_model(m: &mut Model, op: &Op) {
                 m.insert(nk, v);
             }
         }
+        // The live tree is as it was (the snapshot is kept by the test beside the model).
+        Op::SnapshotCreate { .. } | Op::SnapshotDelete { .. } => {}
     }
 }
 

@@ -1,0 +1,137 @@
+//! Snapshots (docs/SURGERY.md §4.7, increment 10): a snapshot is the tree as it was at its
+//! record, read through a view while the live tree goes on changing; it survives checkpoints,
+//! reopens and crashes; creating one copies one node; deleting it gives back what only it held.
+
+mod common;
+
+use std::ops::Bound;
+use std::sync::Arc;
+
+use amaranth_device::MemDevice;
+use amaranth_engine::{prefix_end, Batch, Engine, Error, View};
+use common::*;
+
+fn view_dump(v: &View) -> Model {
+    v.range(Bound::Unbounded, Bound::Unbounded)
+        .map(|r| r.expect("snapshot scan"))
+        .collect()
+}
+
+fn verified(e: &Engine) -> amaranth_engine::Report {
+    let r = e.verify().expect("verify");
+    assert!(r.leaked_nodes.is_empty(), "leaked {:?}", r.leaked_nodes);
+    assert!(r.references.is_clean(), "{}", r.references.describe());
+    r
+}
+
+#[test]
+fn a_snapshot_keeps_the_tree_as_it_was_and_its_deletion_gives_the_space_back() {
+    let dev = Arc::new(MemDevice::new(256 << 20));
+    let e = Engine::create(dev.clone(), small_format(), roomy_options()).unwrap();
+    let mut m = Model::new();
+    fill_family(&e, &mut m, "a/", 20_000, 100);
+    fill_family(&e, &mut m, "b/", 5_000, 50);
+    e.flush_buffers(0, usize::MAX).unwrap();
+    e.put(b"a/buffered", b"in the root's buffer").unwrap();
+    m.insert(b"a/buffered".to_vec(), b"in the root's buffer".to_vec());
+    e.checkpoint().unwrap();
+    let dirty = e.stats().dirty_nodes;
+    e.snapshot_create("one").unwrap();
+    assert!(
+        e.stats().dirty_nodes <= dirty + 2,
+        "a snapshot copies the root only"
+    );
+    let at_one = m.clone();
+    let r = verified(&e);
+    assert!(r.shared_nodes > 0, "the root's children are shared");
+    // The live tree changes: writes, a range delete, a clone, a move.
+    let mut b = Batch::new();
+    for i in (0..20_000u32).step_by(7) {
+        let k = format!("a/{i:07}").into_bytes();
+        m.insert(k.clone(), b"new".to_vec());
+        b.put(k, b"new".to_vec());
+    }
+    e.write(&b).unwrap();
+    e.range_delete(b"b/", &prefix_end(b"b/", 256)).unwrap();
+    m.retain(|k, _| !k.starts_with(b"b/"));
+    let mut b = Batch::new();
+    b.range_clone(b"a/".to_vec(), b"c/".to_vec(), 0);
+    e.write(&b).unwrap();
+    let copied: Vec<_> = m
+        .range(b"a/".to_vec()..prefix_end(b"a/", 256))
+        .map(|(k, v)| ([b"c/", &k[2..]].concat(), v.clone()))
+        .collect();
+    m.extend(copied);
+    e.reclaim_space(u64::MAX).unwrap();
+    e.snapshot_create("two").unwrap();
+    let at_two = m.clone();
+    e.put(b"z", b"after two").unwrap();
+    m.insert(b"z".to_vec(), b"after two".to_vec());
+    {
+        let one = e.snapshot_view("one").unwrap();
+        assert!(view_dump(&one) == at_one, "snapshot one changed");
+        assert_eq!(
+            one.get(b"a/buffered").unwrap().as_deref(),
+            Some(&b"in the root's buffer"[..])
+        );
+        assert_eq!(one.get(b"z").unwrap(), None);
+        let two = e.snapshot_view("two").unwrap();
+        assert!(view_dump(&two) == at_two, "snapshot two changed");
+        assert!(matches!(e.snapshot_delete("one"), Err(Error::InUse(_))));
+    }
+    assert!(dump(&e) == m);
+    verified(&e);
+    // Errors change nothing.
+    assert!(matches!(
+        e.snapshot_create("one"),
+        Err(Error::SnapshotExists(_))
+    ));
+    assert!(matches!(
+        e.snapshot_delete("three"),
+        Err(Error::NoSuchSnapshot(_))
+    ));
+    assert!(matches!(
+        e.snapshot_create("a/b"),
+        Err(Error::InvalidArgument(_))
+    ));
+    let names: Vec<String> = e.snapshots().into_iter().map(|s| s.name).collect();
+    assert_eq!(names, ["one", "two"]);
+    // A clean reopen keeps them (the catalog is in the checkpoint).
+    e.close().unwrap();
+    let e = Engine::open(dev.clone(), roomy_options()).unwrap();
+    verified(&e);
+    assert!(view_dump(&e.snapshot_view("one").unwrap()) == at_one);
+    assert!(view_dump(&e.snapshot_view("two").unwrap()) == at_two);
+    assert!(dump(&e) == m);
+    // A crash after deleting one and taking another: the log replays both.
+    e.snapshot_delete("one").unwrap();
+    e.snapshot_create("three").unwrap();
+    let at_three = m.clone();
+    e.put(b"z", b"after three").unwrap();
+    m.insert(b"z".to_vec(), b"after three".to_vec());
+    e.sync().unwrap();
+    e.abandon();
+    let e = Engine::open(dev.clone(), roomy_options()).unwrap();
+    assert_eq!(e.stats().skipped_records, 0);
+    verified(&e);
+    let names: Vec<String> = e.snapshots().into_iter().map(|s| s.name).collect();
+    assert_eq!(names, ["three", "two"]);
+    assert!(view_dump(&e.snapshot_view("two").unwrap()) == at_two);
+    assert!(view_dump(&e.snapshot_view("three").unwrap()) == at_three);
+    assert!(dump(&e) == m);
+    // Every snapshot deleted and collected: nothing dead, nothing leaked (every node left is
+    // the live tree's: the space of the old data is back).
+    let before = e.space_use();
+    e.snapshot_delete("two").unwrap();
+    e.snapshot_delete("three").unwrap();
+    e.reclaim_space(u64::MAX).unwrap();
+    e.collect_garbage(usize::MAX).unwrap();
+    let r = verified(&e);
+    assert_eq!(r.dead_nodes, 0);
+    let after = e.space_use();
+    eprintln!("space before the deletes {before:?}, after {after:?}");
+    assert!(after.used() < before.used(), "no space came back");
+    assert!(e.snapshots().is_empty());
+    assert!(dump(&e) == m);
+    e.close().unwrap();
+}
