@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod crashsim;
+pub mod snaps;
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
