@@ -28,10 +28,8 @@ impl Tree {
             .collect();
         for op in ops {
             match op {
-                Op::SnapshotCreate { name, .. } => {
-                    if names.insert(name, 0).is_some() {
-                        return Err(Error::SnapshotExists(name.clone()));
-                    }
+                Op::SnapshotCreate { name, .. } if names.insert(name, 0).is_some() => {
+                    return Err(Error::SnapshotExists(name.clone()));
                 }
                 Op::SnapshotDelete { name } => match names.remove(name.as_str()) {
                     None => return Err(Error::NoSuchSnapshot(name.clone())),
