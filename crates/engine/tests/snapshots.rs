@@ -135,3 +135,37 @@ fn a_snapshot_keeps_the_tree_as_it_was_and_its_deletion_gives_the_space_back() {
     assert!(dump(&e) == m);
     e.close().unwrap();
 }
+
+/// A snapshot never holds part of an atomic group: taken while one is open, it waits for the
+/// commit and then holds all of it.
+#[test]
+fn a_snapshot_waits_for_an_open_atomic_group() {
+    let e = Arc::new(
+        Engine::create(
+            Arc::new(MemDevice::new(64 << 20)),
+            small_format(),
+            roomy_options(),
+        )
+        .unwrap(),
+    );
+    let g = e.begin_atomic().unwrap();
+    let mut b = Batch::new();
+    b.put(b"x".to_vec(), b"1".to_vec());
+    e.write_atomic(g, &b).unwrap();
+    let taker = {
+        let e = e.clone();
+        std::thread::spawn(move || e.snapshot_create("mid").unwrap())
+    };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(e.snapshots().is_empty(), "taken inside the group");
+    let mut b = Batch::new();
+    b.put(b"y".to_vec(), b"2".to_vec());
+    e.write_atomic(g, &b).unwrap();
+    e.commit_atomic(g).unwrap();
+    taker.join().unwrap();
+    let v = e.snapshot_view("mid").unwrap();
+    assert_eq!(v.get(b"x").unwrap().as_deref(), Some(&b"1"[..]));
+    assert_eq!(v.get(b"y").unwrap().as_deref(), Some(&b"2"[..]));
+    drop(v);
+    verified(&e);
+}

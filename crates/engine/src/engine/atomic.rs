@@ -183,7 +183,7 @@ impl Inner {
     }
 
     /// Applies `ops` as a record of group `id`.
-    fn write_in_group(&self, id: u64, ops: Vec<Op>) -> Result<Lsn> {
+    pub(super) fn write_in_group(&self, id: u64, ops: Vec<Op>) -> Result<Lsn> {
         let past_deadline = {
             let st = self.groups.state.lock();
             if st.cut.contains(&id) {

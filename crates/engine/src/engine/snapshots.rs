@@ -18,7 +18,8 @@ use crate::wal::Lsn;
 impl Engine {
     /// Takes a snapshot of the whole store named `name`: a read-only, point-in-time copy that
     /// holds every operation acknowledged before it and none after (one log record, so after a
-    /// crash it is there or not, and a prefix of the acknowledged operations when there). It
+    /// crash it is there or not, and a prefix of the acknowledged operations when there; it
+    /// waits while an atomic group is open, and never holds part of one). It
     /// costs one root node's copy, whatever the size of the store; the nodes it shares with the
     /// live tree are copied only as the tree changes them. Kept until
     /// [`Engine::snapshot_delete`]. Refused ([`Error::SnapshotExists`], [`Error::InvalidArgument`]
@@ -28,10 +29,18 @@ impl Engine {
         let time_ns = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
-        self.inner.write_ops(vec![Op::SnapshotCreate {
+        // In an atomic group of its own: no other group is open meanwhile, so the snapshot
+        // never holds part of one (a checkpoint waits for the same reason).
+        let group = self.begin_atomic()?;
+        let op = Op::SnapshotCreate {
             name: name.to_string(),
             time_ns,
-        }])
+        };
+        let written = self.inner.write_in_group(group, vec![op]);
+        let committed = self.commit_atomic(group);
+        let lsn = written?;
+        committed?;
+        Ok(lsn)
     }
 
     /// Deletes snapshot `name`: its nodes that the live tree (or another snapshot) does not
