@@ -169,3 +169,42 @@ fn a_snapshot_waits_for_an_open_atomic_group() {
     drop(v);
     verified(&e);
 }
+
+/// A snapshot's engine handle (`Engine::snapshot_engine`): the queries of an engine answered
+/// from the snapshot, every change refused, sync a no-op, close lets go of the view only.
+#[test]
+fn a_snapshot_engine_reads_the_snapshot_and_refuses_changes() {
+    let e = Engine::create(
+        Arc::new(MemDevice::new(64 << 20)),
+        small_format(),
+        roomy_options(),
+    )
+    .unwrap();
+    let mut m = Model::new();
+    fill_family(&e, &mut m, "a/", 3_000, 60);
+    e.snapshot_create("s").unwrap();
+    let at_s = m.clone();
+    e.range_delete(b"a/", &prefix_end(b"a/", 256)).unwrap();
+    e.put(b"b", b"later").unwrap();
+    let s = e.snapshot_engine("s").unwrap();
+    assert!(s.is_read_only());
+    assert_eq!(s.snapshot_name(), Some("s"));
+    assert!(dump(&s) == at_s);
+    assert_eq!(s.get(b"b").unwrap(), None);
+    assert!(matches!(s.put(b"c", b"no"), Err(Error::ReadOnly(_))));
+    assert!(matches!(
+        s.range_delete(b"a", b"b"),
+        Err(Error::ReadOnly(_))
+    ));
+    assert!(matches!(s.begin_atomic(), Err(Error::ReadOnly(_))));
+    assert!(matches!(s.checkpoint(), Err(Error::ReadOnly(_))));
+    assert!(matches!(s.snapshot_create("t"), Err(Error::ReadOnly(_))));
+    s.sync().unwrap();
+    assert!(matches!(e.snapshot_delete("s"), Err(Error::InUse(_))));
+    s.close().unwrap();
+    // The engine goes on.
+    assert_eq!(e.get(b"b").unwrap().as_deref(), Some(&b"later"[..]));
+    e.snapshot_delete("s").unwrap();
+    verified(&e);
+    e.close().unwrap();
+}

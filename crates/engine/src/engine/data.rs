@@ -78,7 +78,7 @@ impl Engine {
         hi: Bound<&[u8]>,
         mut f: impl FnMut(&[u8], StoredValue<'_>) -> bool,
     ) -> Result<()> {
-        self.inner.scan_stored_at(ROOT_ID, lo, hi, &mut f)
+        self.inner.scan_stored_at(self.root(), lo, hi, &mut f)
     }
 
     /// Reads the blocks `reads` name into `dest`: each block checked against its checksum (a
@@ -162,6 +162,7 @@ impl Engine {
     /// referenced free blocks claimed. Returns what was found; blocks inside node images are left
     /// as they are (their references name no data of their own).
     pub fn repair_references(&self) -> Result<RefCheck> {
+        self.refuse_if_snapshot()?;
         self.inner.check_writable()?;
         let tree = &self.inner.tree;
         let _w = tree.writers.write();

@@ -48,7 +48,7 @@ impl Engine {
     /// ([`Error::NoSuchSnapshot`]) or while a [`View`] of it is open ([`Error::InUse`]).
     pub fn snapshot_delete(&self, name: &str) -> Result<Lsn> {
         check_snapshot_name(name)?;
-        self.inner.write_ops(vec![Op::SnapshotDelete {
+        self.write_ops(vec![Op::SnapshotDelete {
             name: name.to_string(),
         }])
     }
@@ -78,6 +78,28 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// A handle of this engine that reads snapshot `name` ([`Error::NoSuchSnapshot`] if there is
+    /// none): every query of [`Engine`] answers from the snapshot, every change is refused with
+    /// [`Error::ReadOnly`] (sync and flushes do nothing), [`Engine::is_read_only`] is true, and
+    /// closing or dropping it only lets go of its view (the snapshot cannot be deleted while it
+    /// lives). For serving a snapshot with the code that serves the live tree (a read-only file
+    /// system).
+    pub fn snapshot_engine(&self, name: &str) -> Result<Engine> {
+        let view = self.snapshot_view(name)?;
+        Ok(Engine {
+            inner: self.inner.clone(),
+            threads: Default::default(),
+            snap: Some(view),
+        })
+    }
+
+    /// The snapshot this handle reads (`None`: the live tree).
+    pub fn snapshot_name(&self) -> Option<&str> {
+        self.snap.as_ref().map(View::name)
+    }
+}
+
 /// A read-only view of a snapshot ([`Engine::snapshot_view`]): the queries of [`Engine`] against
 /// the tree as it was when the snapshot was taken. It changes nothing, not even by flushing:
 /// queries apply the snapshot root's buffered messages as any query applies its ancestors'.
@@ -90,6 +112,10 @@ pub struct View {
 }
 
 impl View {
+    pub(super) fn root(&self) -> NodeId {
+        self.root
+    }
+
     /// The snapshot's name.
     pub fn name(&self) -> &str {
         &self.name
