@@ -9,6 +9,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use amaranth_fuse::snapshot_ioctl::{self, Args, SnapOp};
@@ -35,6 +36,17 @@ pub enum SnapshotCommand {
         /// The mount point of an Amaranth file system.
         mountpoint: std::path::PathBuf,
     },
+    /// Mount a snapshot read-only on DIR (root only), beside the live tree: the daemon of
+    /// MOUNTPOINT serves it as a second mount with its own device number until `amaranth umount
+    /// DIR` (or until MOUNTPOINT is unmounted). A mounted snapshot cannot be deleted.
+    Mount {
+        /// The snapshot's name.
+        name: String,
+        /// The mount point of the Amaranth file system that holds it.
+        mountpoint: std::path::PathBuf,
+        /// An empty directory to mount it on.
+        dir: std::path::PathBuf,
+    },
     /// List the snapshots of the file system mounted at MOUNTPOINT, with the time each was
     /// taken.
     List {
@@ -51,6 +63,17 @@ pub fn run(cmd: SnapshotCommand) -> CliResult<i32> {
     match cmd {
         SnapshotCommand::Create { name, mountpoint } => {
             let root = open_root(&mountpoint, true)?;
+            // What applications wrote before this command and the kernel still caches goes to
+            // the daemon first, so that the snapshot holds it (a failure only loses that).
+            // SAFETY: a valid descriptor.
+            if unsafe { libc::syncfs(root.as_raw_fd()) } != 0 {
+                note!(
+                    "amaranth: syncfs {}: {} (writes still cached by the kernel may be missing \
+                     from the snapshot)",
+                    mountpoint.display(),
+                    io::Error::last_os_error()
+                );
+            }
             let a = request(
                 &root,
                 &mountpoint,
@@ -75,6 +98,33 @@ pub fn run(cmd: SnapshotCommand) -> CliResult<i32> {
                 "snapshot {name:?} of {} deleted ({} left)",
                 mountpoint.display(),
                 a.count
+            );
+            Ok(0)
+        }
+        SnapshotCommand::Mount {
+            name,
+            mountpoint,
+            dir,
+        } => {
+            let root = open_root(&mountpoint, true)?;
+            let at = dir.canonicalize().map_err(|e| {
+                Failure::new(format!("{}: {e} (nothing was changed)", dir.display()))
+            })?;
+            if !at.is_dir() {
+                return Err(Failure::new(format!(
+                    "{}: not a directory (nothing was changed)",
+                    dir.display()
+                )));
+            }
+            let mut args = Args::new(SnapOp::Mount, name.as_bytes());
+            args.dir = at.as_os_str().as_bytes().to_vec();
+            let a = request(&root, &mountpoint, args)?;
+            say!(
+                "snapshot {name:?} (taken at {}) mounted read-only on {}; unmount it with \
+                 `amaranth umount {}`",
+                utc(a.time_ns),
+                at.display(),
+                at.display()
             );
             Ok(0)
         }
@@ -174,7 +224,7 @@ fn request(root: &File, mp: &Path, args: Args) -> CliResult<Args> {
             Some(libc::ENOTTY) => {
                 format!("{m}: not an Amaranth mount (or its daemon is older than snapshots)")
             }
-            Some(libc::EPERM) => "only root may create or delete snapshots".into(),
+            Some(libc::EPERM) => "only root may create, delete or mount snapshots".into(),
             Some(libc::EEXIST) => format!("a snapshot named {name:?} exists already on {m}"),
             Some(libc::ENOENT) if changes => format!("no snapshot named {name:?} on {m}"),
             Some(libc::ENOENT) => "no snapshot with that number".into(),

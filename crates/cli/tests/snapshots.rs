@@ -154,3 +154,107 @@ fn snapshots_are_taken_listed_refused_kept_across_a_kill_and_deleted() {
     s.finish(m);
     s.assert_fsck_clean(&img);
 }
+
+/// `amaranth snapshot mount`: a snapshot mounted read-only beside the live tree reads as the
+/// tree did when it was taken (`diff -r` against a copy made then), after the live files were
+/// changed and deleted; it has its own device number, refuses writes with `EROFS`, cannot be
+/// deleted while mounted; `amaranth umount` unmounts it, and the image checks clean.
+#[test]
+fn a_mounted_snapshot_reads_as_the_tree_did_and_refuses_writes() {
+    if !mount_env_ok() {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new("snapmount");
+    let img = s.mkfs("fs.img", "512M");
+    let m = s.mount(&img, "mnt", &MountOpts::default());
+    fs::create_dir_all(m.p("t/a/b")).unwrap();
+    fs::write(m.p("t/big"), pattern(7, 5 << 20)).unwrap();
+    fs::write(m.p("t/a/small"), b"small\n").unwrap();
+    fs::write(m.p("t/a/b/mid"), pattern(8, 70_000)).unwrap();
+    std::os::unix::fs::symlink("a/small", m.p("t/link")).unwrap();
+    // The copy made at snapshot time, outside the mount.
+    let copy = s.path("copy");
+    let cp = Command::new("cp")
+        .arg("-a")
+        .arg(m.p("t"))
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    assert!(snap(&["create", "then"], &m.mp, None).status.success());
+    // The live tree changes: rewritten, appended, deleted, new.
+    fs::write(m.p("t/big"), b"rewritten").unwrap();
+    fs::remove_file(m.p("t/a/small")).unwrap();
+    fs::remove_dir_all(m.p("t/a/b")).unwrap();
+    fs::write(m.p("t/new"), b"new").unwrap();
+    let dir = s.path("snap");
+    fs::create_dir_all(&dir).unwrap();
+    assert!(
+        snap(&["mount", "then", &m.mp.to_string_lossy()], &dir, None)
+            .status
+            .success()
+    );
+    let mounted = || support::is_mounted(&dir);
+    let result = std::panic::catch_unwind(|| {
+        let diff = Command::new("diff")
+            .arg("-r")
+            .arg(&copy)
+            .arg(dir.join("t"))
+            .status()
+            .unwrap();
+        assert!(
+            diff.success(),
+            "the snapshot differs from the copy made then"
+        );
+        assert_eq!(fs::read(m.p("t/big")).unwrap(), b"rewritten");
+        use std::os::unix::fs::MetadataExt;
+        assert_ne!(
+            fs::metadata(&dir).unwrap().dev(),
+            fs::metadata(&m.mp).unwrap().dev(),
+            "its own device number"
+        );
+        let w = fs::write(dir.join("t/x"), b"no");
+        assert_eq!(w.unwrap_err().raw_os_error(), Some(libc::EROFS));
+        let w = fs::OpenOptions::new().write(true).open(dir.join("t/big"));
+        assert_eq!(w.unwrap_err().raw_os_error(), Some(libc::EROFS));
+        refused(&["delete", "then"], &m.mp, &m.mp, None, "is mounted");
+    });
+    // Unmounted even when a check failed.
+    let out = s.run(&["umount".as_ref(), dir.as_os_str()]);
+    eprintln!("umount: {}", String::from_utf8_lossy(&out.stderr));
+    if mounted() {
+        let _ = Command::new("umount").arg("-l").arg(&dir).status();
+    }
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+    assert!(out.status.success());
+    assert!(!mounted());
+    // Unmounted: it can be deleted.
+    let deleted = || snap(&["delete", "then"], &m.mp, None).status.success();
+    let t = std::time::Instant::now();
+    while !deleted() {
+        assert!(
+            t.elapsed().as_secs() < 10,
+            "the unmounted snapshot stays in use"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(names(&m.mp).is_empty());
+    // A snapshot still mounted when the live tree is unmounted goes with it.
+    assert!(snap(&["create", "again"], &m.mp, None).status.success());
+    assert!(
+        snap(&["mount", "again", &m.mp.to_string_lossy()], &dir, None)
+            .status
+            .success()
+    );
+    assert!(mounted());
+    s.finish(m);
+    let gone = !mounted();
+    if !gone {
+        let _ = Command::new("umount").arg("-l").arg(&dir).status();
+    }
+    assert!(gone, "the snapshot stayed mounted after the daemon ended");
+    s.assert_fsck_clean(&img);
+}

@@ -3,28 +3,45 @@
 //!
 //! A restricted ioctl, `_IOWR(0xA7, 17, struct amaranth_snapshot_args)`, on an open descriptor
 //! of the mount's root directory (a snapshot is of the whole file system: the root says so). The
-//! argument (288 bytes, native byte order):
+//! argument (4,384 bytes, native byte order):
 //!
 //! ```text
-//! u32 op            in: 1 create, 2 delete, 3 list
+//! u32 op            in: 1 create, 2 delete, 3 list, 4 mount
 //! u32 index         in: list: which snapshot (0 first, in name order)
 //! u64 count         out: snapshots the image keeps (after the request)
-//! u64 time_ns       out: create, list: when the snapshot was taken (ns since the epoch)
-//! u64 msn           out: create, list: its record's message number
-//! u8  name[256]     in: create, delete; out: list. NUL-terminated
+//! u64 time_ns       out: create, list, mount: when the snapshot was taken (ns since the epoch)
+//! u64 msn           out: create, list, mount: its record's message number
+//! u8  name[256]     in: create, delete, mount; out: list. NUL-terminated
+//! u8  dir[4096]     in: mount: the absolute path to mount the snapshot on. NUL-terminated
 //! ```
 //!
-//! Creating and deleting need the request's uid to be 0 (`EPERM` otherwise); listing is open to
-//! every user. Refusals change nothing: `EEXIST` (the name is taken), `ENOENT` (no such
-//! snapshot; for a list, an index past the last), `EINVAL` (a bad name, or not the root),
-//! `EBUSY` (a view of the snapshot is open), `EROFS` (a read-only mount).
+//! Creating, deleting and mounting need the request's uid to be 0 (`EPERM` otherwise); listing
+//! is open to every user. Refusals change nothing: `EEXIST` (the name is taken), `ENOENT` (no
+//! such snapshot; for a list, an index past the last), `EINVAL` (a bad name, or not the root),
+//! `EBUSY` (the snapshot is mounted), `EROFS` (a read-only mount).
+//!
+//! A mount is a second FUSE session of the same daemon (the image is open once): a read-only
+//! file system over the snapshot's engine handle (`Engine::snapshot_engine`), with its own
+//! device number, served until it is unmounted (`amaranth umount DIR`, `fusermount -u DIR`),
+//! and unmounted when the daemon's own mount ends ([`unmount_snapshots`]).
 
-use amaranth_fs::{Errno, Fs};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use amaranth_fs::{Errno, Fs, FsOptions};
+
+use crate::{MountOptions, Unmounter};
 
 use crate::pg_ioctl::MAGIC;
 
 /// Size of `struct amaranth_snapshot_args`.
-pub const ARGS_SIZE: usize = 288;
+pub const ARGS_SIZE: usize = 288 + DIR_MAX;
+/// Bytes of the mount directory's field.
+const DIR_MAX: usize = 4096;
+/// Offset of the mount directory.
+const DIR_AT: usize = 288;
 /// The command's `nr` (the patchgroup commands use 1–7, the clone 16).
 const NR: u32 = 17;
 /// Offset of the name in the argument.
@@ -41,6 +58,8 @@ pub enum SnapOp {
     Delete = 2,
     /// Describe snapshot number `index`.
     List = 3,
+    /// Mount snapshot `name` read-only on `dir`.
+    Mount = 4,
 }
 
 /// The ioctl request number: `_IOWR(0xA7, 17, struct amaranth_snapshot_args)`.
@@ -69,6 +88,8 @@ pub struct Args {
     pub msn: u64,
     /// The snapshot's name (at most 255 bytes).
     pub name: Vec<u8>,
+    /// Mount: where (an absolute path, at most 4,095 bytes).
+    pub dir: Vec<u8>,
 }
 
 impl Args {
@@ -81,12 +102,13 @@ impl Args {
             time_ns: 0,
             msn: 0,
             name: name.to_vec(),
+            dir: Vec::new(),
         }
     }
 
     /// The argument's bytes (`None` if the name does not fit).
     pub fn encode(&self) -> Option<[u8; ARGS_SIZE]> {
-        if self.name.len() >= ARGS_SIZE - NAME_AT {
+        if self.name.len() >= DIR_AT - NAME_AT || self.dir.len() >= DIR_MAX {
             return None;
         }
         let mut b = [0u8; ARGS_SIZE];
@@ -96,6 +118,7 @@ impl Args {
         b[16..24].copy_from_slice(&self.time_ns.to_ne_bytes());
         b[24..32].copy_from_slice(&self.msn.to_ne_bytes());
         b[NAME_AT..NAME_AT + self.name.len()].copy_from_slice(&self.name);
+        b[DIR_AT..DIR_AT + self.dir.len()].copy_from_slice(&self.dir);
         Some(b)
     }
 
@@ -109,10 +132,13 @@ impl Args {
             1 => SnapOp::Create,
             2 => SnapOp::Delete,
             3 => SnapOp::List,
+            4 => SnapOp::Mount,
             _ => return None,
         };
-        let name = &b[NAME_AT..];
+        let name = &b[NAME_AT..DIR_AT];
         let len = name.iter().position(|&c| c == 0)?;
+        let dir = &b[DIR_AT..];
+        let dir_len = dir.iter().position(|&c| c == 0)?;
         Some(Args {
             op,
             index: u32_at(4),
@@ -120,6 +146,7 @@ impl Args {
             time_ns: u64_at(16),
             msn: u64_at(24),
             name: name[..len].to_vec(),
+            dir: dir[..dir_len].to_vec(),
         })
     }
 }
@@ -134,7 +161,7 @@ pub fn handle(fs: &Fs, node: u64, uid: u32, input: &[u8]) -> Result<[u8; ARGS_SI
     let engine = fs.engine();
     let name = || std::str::from_utf8(&a.name).map_err(|_| Errno::EINVAL);
     match a.op {
-        SnapOp::Create | SnapOp::Delete if uid != 0 => return Err(Errno::EPERM),
+        SnapOp::Create | SnapOp::Delete | SnapOp::Mount if uid != 0 => return Err(Errno::EPERM),
         SnapOp::Create => {
             let name = name()?;
             engine.snapshot_create(name)?;
@@ -145,13 +172,18 @@ pub fn handle(fs: &Fs, node: u64, uid: u32, input: &[u8]) -> Result<[u8; ARGS_SI
             engine.snapshot_delete(name)?;
             log::info!("amaranth: snapshot {name:?} deleted");
         }
+        SnapOp::Mount => {
+            let name = name()?;
+            let dir = std::ffi::OsStr::from_bytes(&a.dir);
+            mount_snapshot(fs, name, Path::new(dir))?;
+        }
         SnapOp::List => {}
     }
     let all = engine.snapshots();
     a.count = all.len() as u64;
     let described = match a.op {
         SnapOp::List => Some(all.get(a.index as usize).ok_or(Errno::ENOENT)?),
-        SnapOp::Create => all.iter().find(|s| s.name.as_bytes() == a.name),
+        SnapOp::Create | SnapOp::Mount => all.iter().find(|s| s.name.as_bytes() == a.name),
         SnapOp::Delete => None,
     };
     if let Some(s) = described {
@@ -162,13 +194,92 @@ pub fn handle(fs: &Fs, node: u64, uid: u32, input: &[u8]) -> Result<[u8; ARGS_SI
     a.encode().ok_or(Errno::EINVAL)
 }
 
+/// The snapshots this daemon serves: their mount points, how to unmount each, and the sessions'
+/// count (each session's thread takes itself out when its mount ends).
+static MOUNTED: Mutex<Vec<(PathBuf, Unmounter)>> = Mutex::new(Vec::new());
+
+/// The list of served snapshots (a panic while it was held leaves it as it was).
+fn mounted() -> MutexGuard<'static, Vec<(PathBuf, Unmounter)>> {
+    MOUNTED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Mounts snapshot `name` of the file system `live` read-only on `dir`: a second FUSE session of this daemon,
+/// served by a thread until it is unmounted. The snapshot cannot be deleted meanwhile.
+fn mount_snapshot(live: &Fs, name: &str, dir: &Path) -> Result<(), Errno> {
+    if !dir.is_absolute() {
+        return Err(Errno::EINVAL);
+    }
+    let snap = Arc::new(live.engine().snapshot_engine(name)?);
+    let fs = Arc::new(Fs::new(snap, FsOptions::default())?);
+    let options = MountOptions {
+        fsname: format!("snapshot:{name}"),
+        read_only: true,
+        noatime: true,
+        threads: 1,
+        ring_threads: 2,
+        transport: crate::Transport::Dev,
+        ..MountOptions::default()
+    };
+    let handle = crate::mount(fs, dir, &options).map_err(|e| {
+        log::warn!(
+            "amaranth: cannot mount snapshot {name:?} on {}: {e}",
+            dir.display()
+        );
+        Errno(e.raw_os_error().unwrap_or(libc::EIO))
+    })?;
+    let at = handle.mountpoint().to_path_buf();
+    mounted().push((at.clone(), handle.unmounter()));
+    log::info!("amaranth: snapshot {name:?} mounted on {}", at.display());
+    let name = name.to_string();
+    let served = std::thread::Builder::new()
+        .name("amaranth-snapshot".into())
+        .spawn(move || {
+            if let Err(e) = handle.join() {
+                log::warn!("amaranth: the session of snapshot {name:?} ended with: {e}");
+            }
+            mounted().retain(|(p, _)| *p != at);
+            log::info!(
+                "amaranth: snapshot {name:?} unmounted from {}",
+                at.display()
+            );
+        });
+    if let Err(e) = served {
+        log::error!("amaranth: no thread to serve a snapshot: {e}");
+        return Err(Errno(libc::EAGAIN));
+    }
+    Ok(())
+}
+
+/// Unmounts every snapshot this daemon serves (lazily: a busy one goes once its last user
+/// leaves) and waits up to `limit` for their sessions to end. Call when the daemon's own mount
+/// has ended, before closing the engine. Returns how many were still served at the limit.
+pub fn unmount_snapshots(limit: Duration) -> usize {
+    let served: Vec<(PathBuf, Unmounter)> = mounted().clone();
+    for (p, u) in &served {
+        if let Err(e) = u.unmount(true) {
+            log::warn!(
+                "amaranth: cannot unmount the snapshot on {}: {e}",
+                p.display()
+            );
+        }
+    }
+    let until = Instant::now() + limit;
+    loop {
+        let left = mounted().len();
+        if left == 0 || Instant::now() >= until {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_number_and_the_argument() {
-        assert_eq!(number(), 0xC120_A711);
+        assert_eq!(number(), 0xD120_A711);
         assert!(is_snapshot(number()));
         assert!(!crate::clone_ioctl::is_clone(number()));
         let a = Args {
@@ -178,6 +289,7 @@ mod tests {
             time_ns: 1 << 60,
             msn: 42,
             name: b"nightly".to_vec(),
+            dir: b"/mnt/x".to_vec(),
         };
         let b = a.encode().unwrap();
         assert_eq!(Args::decode(&b), Some(a));
