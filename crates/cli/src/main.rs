@@ -12,6 +12,7 @@
 //! amaranth clone SRC DST                 # a directory tree (or file) cloned on its mount, atomically
 //! amaranth snapshot create|delete NAME MOUNTPOINT  # a snapshot of the whole mount (root only)
 //! amaranth snapshot list MOUNTPOINT
+//! amaranth snapshot mount NAME MOUNTPOINT DIR   # read-only beside the live tree
 //! ```
 //!
 //! Installed under the helper names (`mount.fuse.amaranth`, `umount.fuse.amaranth`,
