@@ -63,6 +63,7 @@ pub fn run(cmd: SnapshotCommand) -> CliResult<i32> {
     match cmd {
         SnapshotCommand::Create { name, mountpoint } => {
             let root = open_root(&mountpoint, true)?;
+            let t = std::time::Instant::now();
             // What applications wrote before this command and the kernel still caches goes to
             // the daemon first, so that the snapshot holds it (a failure only loses that).
             // SAFETY: a valid descriptor.
@@ -74,15 +75,20 @@ pub fn run(cmd: SnapshotCommand) -> CliResult<i32> {
                     io::Error::last_os_error()
                 );
             }
+            let synced = t.elapsed();
             let a = request(
                 &root,
                 &mountpoint,
                 Args::new(SnapOp::Create, name.as_bytes()),
             )?;
+            let taken = t.elapsed() - synced;
             say!(
-                "snapshot {name:?} of {} taken at {} ({} snapshots)",
+                "snapshot {name:?} of {} taken at {} in {:.1} ms (after {:.1} ms of syncfs; {} \
+                 snapshots)",
                 mountpoint.display(),
                 utc(a.time_ns),
+                taken.as_secs_f64() * 1e3,
+                synced.as_secs_f64() * 1e3,
                 a.count
             );
             Ok(0)
