@@ -48,13 +48,18 @@ pub enum SnapshotCommand {
         dir: std::path::PathBuf,
     },
     /// List the snapshots of the file system mounted at MOUNTPOINT, with the time each was
-    /// taken.
+    /// taken (and with --sizes, what each holds alone and shares).
     List {
         /// The mount point of an Amaranth file system.
         mountpoint: std::path::PathBuf,
         /// Print a JSON array.
         #[arg(long)]
         json: bool,
+        /// Also what each snapshot holds alone (what deleting it gives back: its nodes that
+        /// nothing else reaches and the file data only they name) and the bytes of the nodes it
+        /// shares; walks each snapshot's nodes.
+        #[arg(long)]
+        sizes: bool,
     },
 }
 
@@ -134,11 +139,20 @@ pub fn run(cmd: SnapshotCommand) -> CliResult<i32> {
             );
             Ok(0)
         }
-        SnapshotCommand::List { mountpoint, json } => {
+        SnapshotCommand::List {
+            mountpoint,
+            json,
+            sizes,
+        } => {
             let root = open_root(&mountpoint, false)?;
+            let op = if sizes {
+                SnapOp::ListSizes
+            } else {
+                SnapOp::List
+            };
             let mut all = Vec::new();
             loop {
-                let mut a = Args::new(SnapOp::List, b"");
+                let mut a = Args::new(op, b"");
                 a.index = all.len() as u32;
                 match request(&root, &mountpoint, a) {
                     Ok(a) => all.push(a),
@@ -151,26 +165,48 @@ pub fn run(cmd: SnapshotCommand) -> CliResult<i32> {
                 let v: Vec<_> = all
                     .iter()
                     .map(|a| {
-                        json!({
+                        let mut o = json!({
                             "name": String::from_utf8_lossy(&a.name),
                             "time_ns": a.time_ns,
                             "msn": a.msn,
-                        })
+                        });
+                        if sizes {
+                            o["exclusive_bytes"] = json!(a.exclusive);
+                            o["shared_bytes"] = json!(a.shared);
+                        }
+                        o
                     })
                     .collect();
                 say!("{}", serde_json::Value::Array(v));
-            } else {
-                if !all.is_empty() {
-                    say!("{:<32} {:<24} MSN", "NAME", "TAKEN (UTC)");
+                return Ok(0);
+            }
+            let sized = |a: &Args| {
+                if sizes {
+                    format!(
+                        " {:>10} {:>10}",
+                        crate::util::human(a.exclusive),
+                        crate::util::human(a.shared)
+                    )
+                } else {
+                    String::new()
                 }
-                for a in &all {
-                    say!(
-                        "{:<32} {:<24} {}",
-                        String::from_utf8_lossy(&a.name),
-                        utc(a.time_ns),
-                        a.msn
-                    );
-                }
+            };
+            if !all.is_empty() {
+                let head = if sizes {
+                    format!(" {:>10} {:>10}", "EXCLUSIVE", "SHARED")
+                } else {
+                    String::new()
+                };
+                say!("{:<32} {:<20} {:>12}{head}", "NAME", "TAKEN (UTC)", "MSN");
+            }
+            for a in &all {
+                say!(
+                    "{:<32} {:<20} {:>12}{}",
+                    String::from_utf8_lossy(&a.name),
+                    utc(a.time_ns),
+                    a.msn,
+                    sized(a)
+                );
             }
             Ok(0)
         }
@@ -195,7 +231,7 @@ fn open_root(mp: &Path, changes: bool) -> CliResult<File> {
 /// Sends one request; the daemon's refusal explained.
 fn request(root: &File, mp: &Path, args: Args) -> CliResult<Args> {
     let name = String::from_utf8_lossy(&args.name).into_owned();
-    let changes = args.op != SnapOp::List;
+    let changes = !matches!(args.op, SnapOp::List | SnapOp::ListSizes);
     let fail = |m: String| {
         Failure::new(if changes {
             format!("{m} (nothing was changed)")

@@ -113,6 +113,17 @@ fn snapshots_are_taken_listed_refused_kept_across_a_kill_and_deleted() {
         text.contains("NAME") && text.contains("one") && text.contains("two"),
         "{text}"
     );
+    // With sizes: each holds something alone (at least its root); this small tree may be one
+    // root leaf, which shares no node (the engine's test checks the shared part).
+    let out = snap(&["list", "--sizes", "--json"], &m.mp, None);
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for sn in v.as_array().unwrap() {
+        assert!(sn["exclusive_bytes"].as_u64().unwrap() > 0, "{sn}");
+        assert!(sn["shared_bytes"].as_u64().is_some(), "{sn}");
+    }
+    let out = snap(&["list", "--sizes"], &m.mp, None);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("EXCLUSIVE"));
 
     // Refusals: each says why and changes nothing.
     fs::set_permissions(&m.mp, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();

@@ -94,7 +94,7 @@ pub use msg::Patch;
 pub use ops::{prefix_end, Batch, BlockData, Op};
 pub use refcheck::RefCheck;
 pub use salvage::{Damage, DamagedPart, SalvageReport};
-pub use snapshot::{check_snapshot_name, SnapshotInfo, MAX_SNAPSHOT_NAME};
+pub use snapshot::{check_snapshot_name, SnapshotInfo, SnapshotSizes, MAX_SNAPSHOT_NAME};
 pub use space::SpaceUse;
 /// The superblock itself, for tests that read or forge images byte by byte; tools read an image
 /// through [`ImageInfo`], and only the engine's checkpointer writes superblocks.

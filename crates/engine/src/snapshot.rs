@@ -37,6 +37,20 @@ pub struct SnapshotInfo {
     pub root: NodeId,
 }
 
+/// What a snapshot holds ([`crate::Engine::snapshot_sizes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotSizes {
+    /// Nodes only the snapshot reaches.
+    pub exclusive_nodes: u64,
+    /// Their image bytes, plus the out-of-line blocks only they name: what deleting the
+    /// snapshot gives back.
+    pub exclusive_bytes: u64,
+    /// Nodes it shares with the live tree or another snapshot (a shared subtree's nodes).
+    pub shared_nodes: u64,
+    /// Their image bytes (without the out-of-line blocks of shared leaves).
+    pub shared_bytes: u64,
+}
+
 /// One catalog entry in memory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Entry {

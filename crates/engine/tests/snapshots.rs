@@ -140,14 +140,7 @@ fn a_snapshot_keeps_the_tree_as_it_was_and_its_deletion_gives_the_space_back() {
 /// commit and then holds all of it.
 #[test]
 fn a_snapshot_waits_for_an_open_atomic_group() {
-    let e = Arc::new(
-        Engine::create(
-            Arc::new(MemDevice::new(64 << 20)),
-            small_format(),
-            roomy_options(),
-        )
-        .unwrap(),
-    );
+    let e = Arc::new(roomy_engine(64 << 20));
     let g = e.begin_atomic().unwrap();
     let mut b = Batch::new();
     b.put(b"x".to_vec(), b"1".to_vec());
@@ -174,12 +167,7 @@ fn a_snapshot_waits_for_an_open_atomic_group() {
 /// from the snapshot, every change refused, sync a no-op, close lets go of the view only.
 #[test]
 fn a_snapshot_engine_reads_the_snapshot_and_refuses_changes() {
-    let e = Engine::create(
-        Arc::new(MemDevice::new(64 << 20)),
-        small_format(),
-        roomy_options(),
-    )
-    .unwrap();
+    let e = roomy_engine(64 << 20);
     let mut m = Model::new();
     fill_family(&e, &mut m, "a/", 3_000, 60);
     e.snapshot_create("s").unwrap();
@@ -205,6 +193,48 @@ fn a_snapshot_engine_reads_the_snapshot_and_refuses_changes() {
     // The engine goes on.
     assert_eq!(e.get(b"b").unwrap().as_deref(), Some(&b"later"[..]));
     e.snapshot_delete("s").unwrap();
+    verified(&e);
+    e.close().unwrap();
+}
+
+/// `Engine::snapshot_sizes`: a new snapshot holds its root alone and shares the rest; once the
+/// live tree has let go of everything, the snapshot holds it all, and deleting it gives back
+/// about what its exclusive size said.
+#[test]
+fn snapshot_sizes_say_what_a_delete_gives_back() {
+    let e = roomy_engine(256 << 20);
+    let mut m = Model::new();
+    fill_family(&e, &mut m, "a/", 30_000, 100);
+    e.flush_buffers(0, usize::MAX).unwrap();
+    e.snapshot_create("s").unwrap();
+    e.checkpoint().unwrap();
+    let new = e.snapshot_sizes("s").unwrap();
+    eprintln!("new: {new:?}");
+    assert_eq!(new.exclusive_nodes, 1, "the root copy alone");
+    assert!(new.shared_nodes > 10 && new.shared_bytes > 0, "{new:?}");
+    e.range_delete(b"a/", &prefix_end(b"a/", 256)).unwrap();
+    e.reclaim_space(u64::MAX).unwrap();
+    e.collect_garbage(usize::MAX).unwrap();
+    e.checkpoint().unwrap();
+    let alone = e.snapshot_sizes("s").unwrap();
+    eprintln!("alone: {alone:?}");
+    assert!(alone.exclusive_nodes >= new.shared_nodes, "{alone:?}");
+    assert!(alone.exclusive_bytes >= new.shared_bytes, "{alone:?}");
+    let free = e.space().0;
+    e.snapshot_delete("s").unwrap();
+    e.collect_garbage(usize::MAX).unwrap();
+    e.checkpoint().unwrap();
+    e.checkpoint().unwrap();
+    let back = e.space().0 - free;
+    eprintln!(
+        "given back {back} bytes, exclusive {}",
+        alone.exclusive_bytes
+    );
+    assert!(back * 10 >= alone.exclusive_bytes * 9, "{back} < {alone:?}");
+    assert!(matches!(
+        e.snapshot_sizes("s"),
+        Err(Error::NoSuchSnapshot(_))
+    ));
     verified(&e);
     e.close().unwrap();
 }

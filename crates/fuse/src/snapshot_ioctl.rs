@@ -3,14 +3,16 @@
 //!
 //! A restricted ioctl, `_IOWR(0xA7, 17, struct amaranth_snapshot_args)`, on an open descriptor
 //! of the mount's root directory (a snapshot is of the whole file system: the root says so). The
-//! argument (4,384 bytes, native byte order):
+//! argument (4,400 bytes, native byte order):
 //!
 //! ```text
-//! u32 op            in: 1 create, 2 delete, 3 list, 4 mount
+//! u32 op            in: 1 create, 2 delete, 3 list, 4 mount, 5 list with sizes
 //! u32 index         in: list: which snapshot (0 first, in name order)
 //! u64 count         out: snapshots the image keeps (after the request)
 //! u64 time_ns       out: create, list, mount: when the snapshot was taken (ns since the epoch)
 //! u64 msn           out: create, list, mount: its record's message number
+//! u64 exclusive     out: list with sizes: bytes only the snapshot holds (Engine::snapshot_sizes)
+//! u64 shared        out: list with sizes: bytes of the nodes it shares
 //! u8  name[256]     in: create, delete, mount; out: list. NUL-terminated
 //! u8  dir[4096]     in: mount: the absolute path to mount the snapshot on. NUL-terminated
 //! ```
@@ -37,15 +39,15 @@ use crate::{MountOptions, Unmounter};
 use crate::pg_ioctl::MAGIC;
 
 /// Size of `struct amaranth_snapshot_args`.
-pub const ARGS_SIZE: usize = 288 + DIR_MAX;
+pub const ARGS_SIZE: usize = DIR_AT + DIR_MAX;
 /// Bytes of the mount directory's field.
 const DIR_MAX: usize = 4096;
 /// Offset of the mount directory.
-const DIR_AT: usize = 288;
+const DIR_AT: usize = NAME_AT + 256;
 /// The command's `nr` (the patchgroup commands use 1–7, the clone 16).
 const NR: u32 = 17;
 /// Offset of the name in the argument.
-const NAME_AT: usize = 32;
+const NAME_AT: usize = 48;
 /// The FUSE node id of a mount's root.
 const ROOT_NODE: u64 = 1;
 
@@ -60,6 +62,8 @@ pub enum SnapOp {
     List = 3,
     /// Mount snapshot `name` read-only on `dir`.
     Mount = 4,
+    /// Describe snapshot number `index` with its sizes (a walk of its nodes).
+    ListSizes = 5,
 }
 
 /// The ioctl request number: `_IOWR(0xA7, 17, struct amaranth_snapshot_args)`.
@@ -86,6 +90,10 @@ pub struct Args {
     pub time_ns: u64,
     /// Out: its record's message number.
     pub msn: u64,
+    /// Out (list with sizes): bytes only the snapshot holds.
+    pub exclusive: u64,
+    /// Out (list with sizes): bytes of the nodes it shares.
+    pub shared: u64,
     /// The snapshot's name (at most 255 bytes).
     pub name: Vec<u8>,
     /// Mount: where (an absolute path, at most 4,095 bytes).
@@ -101,6 +109,8 @@ impl Args {
             count: 0,
             time_ns: 0,
             msn: 0,
+            exclusive: 0,
+            shared: 0,
             name: name.to_vec(),
             dir: Vec::new(),
         }
@@ -117,6 +127,8 @@ impl Args {
         b[8..16].copy_from_slice(&self.count.to_ne_bytes());
         b[16..24].copy_from_slice(&self.time_ns.to_ne_bytes());
         b[24..32].copy_from_slice(&self.msn.to_ne_bytes());
+        b[32..40].copy_from_slice(&self.exclusive.to_ne_bytes());
+        b[40..48].copy_from_slice(&self.shared.to_ne_bytes());
         b[NAME_AT..NAME_AT + self.name.len()].copy_from_slice(&self.name);
         b[DIR_AT..DIR_AT + self.dir.len()].copy_from_slice(&self.dir);
         Some(b)
@@ -133,6 +145,7 @@ impl Args {
             2 => SnapOp::Delete,
             3 => SnapOp::List,
             4 => SnapOp::Mount,
+            5 => SnapOp::ListSizes,
             _ => return None,
         };
         let name = &b[NAME_AT..DIR_AT];
@@ -145,6 +158,8 @@ impl Args {
             count: u64_at(8),
             time_ns: u64_at(16),
             msn: u64_at(24),
+            exclusive: u64_at(32),
+            shared: u64_at(40),
             name: name[..len].to_vec(),
             dir: dir[..dir_len].to_vec(),
         })
@@ -177,12 +192,12 @@ pub fn handle(fs: &Fs, node: u64, uid: u32, input: &[u8]) -> Result<[u8; ARGS_SI
             let dir = std::ffi::OsStr::from_bytes(&a.dir);
             mount_snapshot(fs, name, Path::new(dir))?;
         }
-        SnapOp::List => {}
+        SnapOp::List | SnapOp::ListSizes => {}
     }
     let all = engine.snapshots();
     a.count = all.len() as u64;
     let described = match a.op {
-        SnapOp::List => Some(all.get(a.index as usize).ok_or(Errno::ENOENT)?),
+        SnapOp::List | SnapOp::ListSizes => Some(all.get(a.index as usize).ok_or(Errno::ENOENT)?),
         SnapOp::Create | SnapOp::Mount => all.iter().find(|s| s.name.as_bytes() == a.name),
         SnapOp::Delete => None,
     };
@@ -190,6 +205,11 @@ pub fn handle(fs: &Fs, node: u64, uid: u32, input: &[u8]) -> Result<[u8; ARGS_SI
         a.name = s.name.as_bytes().to_vec();
         a.time_ns = s.time_ns;
         a.msn = s.msn;
+        if a.op == SnapOp::ListSizes {
+            let sizes = engine.snapshot_sizes(&s.name)?;
+            a.exclusive = sizes.exclusive_bytes;
+            a.shared = sizes.shared_bytes;
+        }
     }
     a.encode().ok_or(Errno::EINVAL)
 }
@@ -279,7 +299,7 @@ mod tests {
 
     #[test]
     fn the_number_and_the_argument() {
-        assert_eq!(number(), 0xD120_A711);
+        assert_eq!(number(), 0xD130_A711);
         assert!(is_snapshot(number()));
         assert!(!crate::clone_ioctl::is_clone(number()));
         let a = Args {
@@ -288,6 +308,8 @@ mod tests {
             count: 7,
             time_ns: 1 << 60,
             msn: 42,
+            exclusive: 1 << 40,
+            shared: 3,
             name: b"nightly".to_vec(),
             dir: b"/mnt/x".to_vec(),
         };

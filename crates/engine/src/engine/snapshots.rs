@@ -12,7 +12,7 @@ use crate::engine::data::{BlockRead, StoredValue};
 use crate::error::{Error, Result};
 use crate::node::NodeId;
 use crate::ops::Op;
-use crate::snapshot::{check_snapshot_name, SnapshotInfo};
+use crate::snapshot::{check_snapshot_name, SnapshotInfo, SnapshotSizes};
 use crate::wal::Lsn;
 
 impl Engine {
@@ -56,6 +56,15 @@ impl Engine {
     /// The snapshots, by name.
     pub fn snapshots(&self) -> Vec<SnapshotInfo> {
         self.inner.tree.snapshots.lock().list()
+    }
+
+    /// What snapshot `name` holds alone (what deleting it would give back) and what it shares
+    /// (see [`SnapshotSizes`]): a walk of its nodes, reading the skeletons of its internal nodes
+    /// and its exclusive leaves.
+    pub fn snapshot_sizes(&self, name: &str) -> Result<SnapshotSizes> {
+        let v = self.snapshot_view(name)?;
+        let r = self.inner.tree.snapshot_sizes(v.root);
+        self.inner.seen(r)
     }
 
     /// A read-only view of snapshot `name` ([`Error::NoSuchSnapshot`] if there is none). The

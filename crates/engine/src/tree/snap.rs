@@ -120,6 +120,71 @@ impl Tree {
         Ok(())
     }
 
+    /// What the snapshot under `root` holds (docs/SURGERY.md §4.7, "List"): its *exclusive*
+    /// part, the nodes reached from its root only through nodes of count 1 and the out-of-line
+    /// blocks only those nodes name (what deleting it gives back), and its *shared* part, the
+    /// nodes of the subtrees it shares (each counted once; the out-of-line blocks of shared
+    /// leaves are not counted, so that only exclusive leaves are read). Node sizes are their
+    /// images' extents (a node not written yet: its image's length). Walks skeletons, bounded by the node
+    /// count; the tree may change meanwhile (a figure of the moment). The caller holds a view.
+    pub(crate) fn snapshot_sizes(&self, root: NodeId) -> Result<crate::SnapshotSizes> {
+        let mut out = crate::SnapshotSizes::default();
+        let block = amaranth_device::BLOCK_SIZE as u64;
+        // Its image's extent; a node not written yet is in memory (dirty): its image's length.
+        let bytes = |id| match self.store.location(id) {
+            Some(e) => e.blocks * block,
+            None => self.cache.peek(id).map_or(0, |cn| {
+                (cn.read().image_len() as u64).div_ceil(block) * block
+            }),
+        };
+        let mut seen = std::collections::HashSet::new();
+        // (node, reached only through nodes of count 1, whether it is a leaf)
+        let mut stack = vec![(root, true, false)];
+        while let Some((id, only, leaf)) = stack.pop() {
+            if !seen.insert(id) {
+                continue;
+            }
+            let exclusive = only && !self.is_shared(id);
+            if exclusive {
+                out.exclusive_nodes += 1;
+                out.exclusive_bytes += bytes(id);
+            } else {
+                out.shared_nodes += 1;
+                out.shared_bytes += bytes(id);
+            }
+            if leaf && !exclusive {
+                continue;
+            }
+            let cn = if leaf {
+                self.pin_whole(id)?
+            } else {
+                self.pin(id)?
+            };
+            {
+                let g = cn.read();
+                match &g.body {
+                    Body::Internal(n) => {
+                        let below_leaves = g.height == 1;
+                        for &c in &n.children {
+                            stack.push((c, exclusive, below_leaves));
+                        }
+                    }
+                    Body::Leaf(_) => {
+                        let d = self.store.data.lock();
+                        for b in g.ref_blocks() {
+                            if d.refs.refs(b) == 1 {
+                                out.exclusive_bytes += amaranth_device::BLOCK_SIZE as u64;
+                            }
+                        }
+                    }
+                }
+            }
+            drop(cn);
+            self.make_room()?;
+        }
+        Ok(out)
+    }
+
     /// The roots of every snapshot.
     pub(crate) fn snapshot_roots(&self) -> Vec<NodeId> {
         self.snapshots.lock().roots()
