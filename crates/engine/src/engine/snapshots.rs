@@ -73,6 +73,9 @@ impl Engine {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
+        // Not between a delete's check and its application (both under `writers` exclusive):
+        // a view taken there would read a snapshot being freed.
+        let _w = self.inner.tree.writers.read();
         let mut cat = self.inner.tree.snapshots.lock();
         let e = cat
             .entries

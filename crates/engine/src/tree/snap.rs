@@ -113,6 +113,7 @@ impl Tree {
             .entries
             .remove(name)
             .expect("a checked snapshot delete");
+        assert_eq!(e.readers, 0, "snapshot {name:?} deleted while it is read");
         assert!(
             self.store.btt.lock().refs.drop_ref(e.root),
             "a snapshot root is named by its catalog entry only"
