@@ -131,7 +131,7 @@ pub fn run(src: &Path, dst: &Path, verbose: bool) -> CliResult<i32> {
 }
 
 /// Whether `f` is on a FUSE mount.
-fn on_fuse(f: &File) -> bool {
+pub(crate) fn on_fuse(f: &File) -> bool {
     // SAFETY: an all-zero statfs is a valid buffer for fstatfs to fill.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: a valid descriptor and buffer.

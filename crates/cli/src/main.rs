@@ -10,6 +10,9 @@
 //! amaranth install-helper                # /usr/local/bin/amaranth + helpers in /sbin
 //! amaranth pg depend "CMD1" "CMD2"       # CMD2's changes reach the disk after CMD1's (no fsync)
 //! amaranth clone SRC DST                 # a directory tree (or file) cloned on its mount, atomically
+//! amaranth snapshot create|delete NAME MOUNTPOINT  # a snapshot of the whole mount (root only)
+//! amaranth snapshot list MOUNTPOINT
+//! amaranth snapshot mount NAME MOUNTPOINT DIR   # read-only beside the live tree
 //! ```
 //!
 //! Installed under the helper names (`mount.fuse.amaranth`, `umount.fuse.amaranth`,
@@ -40,6 +43,7 @@ mod probe;
 mod release;
 mod remount;
 mod rundir;
+mod snapshot;
 mod stat;
 mod umount;
 mod upgrade;
@@ -218,6 +222,18 @@ enum Command {
         #[arg(short, long)]
         verbose: bool,
     },
+    /// Snapshots of a whole mounted file system: read-only, point-in-time, taken in the time of
+    /// one small copy while the file system is in use, kept until deleted (docs/SURGERY.md
+    /// §4.7). Creating and deleting need root. A snapshot holds every change acknowledged
+    /// before it and none after (after a crash too); changes still in the kernel's page cache
+    /// are not acknowledged: `sync` first to include them. Errors change nothing.
+    #[command(
+        after_help = "Examples:\n  amaranth snapshot create nightly /mnt/data\n  amaranth snapshot list /mnt/data\n  amaranth snapshot delete nightly /mnt/data"
+    )]
+    Snapshot {
+        #[command(subcommand)]
+        command: snapshot::SnapshotCommand,
+    },
     /// The mount helper: `IMAGE DIR -o OPTIONS` as mount(8) passes them.
     #[command(hide = true)]
     MountHelper {
@@ -344,6 +360,7 @@ fn main() {
         }
         Command::Pg { command } => pg::run(command),
         Command::Clone { src, dst, verbose } => clone::run(&src, &dst, verbose),
+        Command::Snapshot { command } => snapshot::run(command),
     };
     exit_with(r)
 }

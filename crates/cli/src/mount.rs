@@ -706,6 +706,11 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
     if let Err(e) = handle.join() {
         log::warn!("amaranth: the FUSE session ended with: {e}");
     }
+    // The snapshots this daemon serves go with it.
+    let left = amaranth_fuse::snapshot_ioctl::unmount_snapshots(std::time::Duration::from_secs(10));
+    if left > 0 {
+        log::warn!("amaranth: {left} snapshot mounts are still busy; closing anyway");
+    }
     log::info!("amaranth: {} unmounted; closing", mountpoint.display());
     if let Err(e) = fs.end_session() {
         log::warn!("amaranth: deleting files unlinked while in use: {e} (the next mount does)");

@@ -95,6 +95,7 @@ pub fn engine_json(s: &Stats) -> Value {
             "range_moves": s.range_moves,
             "cow_copies": s.cow_copies,
             "nodes_collected": s.nodes_collected,
+            "snapshots": s.snapshots,
         },
         "free_extents": s.free_extents,
         "device_size": s.device_bytes,
@@ -368,6 +369,10 @@ fn print_sharing(v: &Value) {
         human(g("shared_data_bytes")),
         g("dead_nodes"),
         human(g("dead_node_bytes"))
+    );
+    say!(
+        "snapshots:       {} (`amaranth snapshot list MOUNTPOINT`)",
+        g("snapshots")
     );
 }
 

@@ -98,8 +98,9 @@ fn unmount_and_wait(dir: &Path, lazy: bool, deadline: Option<Instant>) -> CliRes
     if util::is_root() {
         crate::utab::remove(&mp);
     }
-    if lazy {
+    if lazy || m.source.starts_with("snapshot:") {
         // The daemon finishes when the last user of the mount leaves; nothing to wait for here.
+        // A mounted snapshot is a second session of a daemon that goes on serving its own mount.
         return Ok(());
     }
     let Some(pid) = pid else {

@@ -13,6 +13,7 @@ use crate::dataref::{DataRef, Stored};
 use crate::destination;
 use crate::error::{Error, Result};
 use crate::msg::PointOp;
+use crate::node::{NodeId, ROOT_ID};
 use crate::ops::{self, GroupMark, Op};
 use crate::prefix;
 use crate::read::Target;
@@ -134,6 +135,7 @@ fn apply_placed(
     destination::check_destinations(&ops, tree.format.max_key_len, &mut |lo, hi| {
         has_key_in(tree, lo, hi)
     })?;
+    tree.check_snapshot_ops(&ops, log.is_some())?;
     let r = expand(tree, &ops, &mut before);
     match r {
         Ok(()) => Ok(lsn),
@@ -173,6 +175,22 @@ fn expand(tree: &Tree, ops: &[Op], before: &mut dyn FnMut(u64) -> Result<()>) ->
                     continue;
                 }
                 (from, to, clone)
+            }
+            Op::SnapshotCreate { name, time_ns } => {
+                if !simple.is_empty() {
+                    inject(std::mem::take(&mut simple), before)?;
+                }
+                // The copy holds at most a node's worth of buffers, as any written node does.
+                go_on_without_space(flush_root(tree, true))?;
+                tree.snapshot_create(name, *time_ns, before)?;
+                continue;
+            }
+            Op::SnapshotDelete { name } => {
+                if !simple.is_empty() {
+                    inject(std::mem::take(&mut simple), before)?;
+                }
+                tree.snapshot_delete(name, before)?;
+                continue;
             }
             other => {
                 other.clone().into_msgs(&mut simple);
@@ -385,9 +403,20 @@ pub(crate) fn scan_tree(
     hi: Option<&[u8]>,
     f: &mut dyn FnMut(&[u8], Stored<'_>) -> bool,
 ) -> Result<()> {
+    scan_tree_at(tree, ROOT_ID, lo, hi, f)
+}
+
+/// [`scan_tree`] in the tree under `root` (the live root or a snapshot's).
+pub(crate) fn scan_tree_at(
+    tree: &Tree,
+    root: NodeId,
+    lo: &[u8],
+    hi: Option<&[u8]>,
+    f: &mut dyn FnMut(&[u8], Stored<'_>) -> bool,
+) -> Result<()> {
     let mut cursor = lo.to_vec();
     loop {
-        let chunk = tree.chunk(Target::AtOrAfter(&cursor), &cursor, hi)?;
+        let chunk = tree.chunk_at(root, Target::AtOrAfter(&cursor), &cursor, hi)?;
         if !chunk.walk(&cursor, hi, true, f) {
             return Ok(());
         }

@@ -255,6 +255,11 @@ const BTT_MAGIC: [u8; 4] = *b"AMBT";
 const BTT_VERSION_UNSHARED: u16 = 1;
 /// Tables with reference counts: 0 for a dead node awaiting collection, above 1 for a shared one.
 const BTT_VERSION: u16 = 2;
+/// Version 2 followed by a snapshot catalog (`snapshot.rs`), whose length the header holds at
+/// [`BTT_CATALOG_AT`]: written only while the image has snapshots, so that builds from before
+/// snapshots refuse such an image and read any other.
+const BTT_VERSION_SNAPSHOTS: u16 = 3;
+const BTT_CATALOG_AT: usize = 20;
 const BTT_HEADER: usize = 32;
 const BTT_CRC_AT: usize = 16;
 
@@ -262,9 +267,22 @@ const BTT_CRC_AT: usize = 16;
 /// node; `counts` holds the counts other than 1. Version 1 when there are none (a build from
 /// before reference counts reads it), else version 2.
 pub fn encode_btt(map: &HashMap<NodeId, Extent>, counts: &HashMap<NodeId, u32>) -> AlignedBuf {
+    encode_btt_with_catalog(map, counts, None)
+}
+
+/// [`encode_btt`] followed by an encoded snapshot catalog (version 3) when there is one: the
+/// table's checksum covers the header (with the catalog's length) and the entries, the catalog
+/// has its own.
+pub fn encode_btt_with_catalog(
+    map: &HashMap<NodeId, Extent>,
+    counts: &HashMap<NodeId, u32>,
+    catalog: Option<&[u8]>,
+) -> AlignedBuf {
     let mut entries: Vec<(&NodeId, &Extent)> = map.iter().collect();
     entries.sort();
-    let version = if counts.keys().any(|id| map.contains_key(id)) {
+    let version = if catalog.is_some() {
+        BTT_VERSION_SNAPSHOTS
+    } else if counts.keys().any(|id| map.contains_key(id)) {
         BTT_VERSION
     } else {
         BTT_VERSION_UNSHARED
@@ -275,7 +293,8 @@ pub fn encode_btt(map: &HashMap<NodeId, Extent>, counts: &HashMap<NodeId, u32>) 
     e.u16(0);
     e.u64(entries.len() as u64);
     e.u32(0); // crc at 16
-    e.raw(&[0u8; 12]);
+    e.u32(catalog.map_or(0, |c| c.len() as u32)); // at BTT_CATALOG_AT
+    e.raw(&[0u8; 8]);
     for (id, ext) in entries {
         e.u64(*id);
         e.u64(ext.block);
@@ -284,7 +303,28 @@ pub fn encode_btt(map: &HashMap<NodeId, Extent>, counts: &HashMap<NodeId, u32>) 
     }
     let c = crc_with_hole(&e.buf, BTT_CRC_AT);
     e.put_u32_at(BTT_CRC_AT, c);
+    if let Some(cat) = catalog {
+        e.raw(cat);
+    }
     AlignedBuf::from_slice(&e.buf)
+}
+
+/// The snapshot catalog after a table that [`decode_btt`] accepted (`count` entries): empty
+/// unless the table is version 3.
+pub(crate) fn decode_btt_catalog(bytes: &[u8], count: u64) -> Result<crate::snapshot::Catalog> {
+    if u16::from_le_bytes([bytes[4], bytes[5]]) != BTT_VERSION_SNAPSHOTS {
+        return Ok(Default::default());
+    }
+    let len = u32::from_le_bytes(
+        bytes[BTT_CATALOG_AT..BTT_CATALOG_AT + 4]
+            .try_into()
+            .expect("4 bytes"),
+    ) as usize;
+    let at = BTT_HEADER + count as usize * 24;
+    let cat = bytes
+        .get(at..at + len)
+        .ok_or_else(|| Error::Corrupt("snapshot catalog beyond its table's extent".into()))?;
+    crate::snapshot::Catalog::decode(cat)
 }
 
 /// A table as read: each node's extent, and the reference counts other than 1.
@@ -324,9 +364,9 @@ pub fn decode_btt(
         return Err(Error::Corrupt("block translation table: bad magic".into()));
     }
     let version = d.u16()?;
-    if version != BTT_VERSION && version != BTT_VERSION_UNSHARED {
+    if !(BTT_VERSION_UNSHARED..=BTT_VERSION_SNAPSHOTS).contains(&version) {
         return Err(Error::Corrupt(format!(
-            "block translation table: version {version}, this build reads 1 and 2"
+            "block translation table: version {version}, this build reads 1 to 3"
         )));
     }
     d.u16()?;
@@ -343,7 +383,7 @@ pub fn decode_btt(
         let block = d.u64()?;
         let blocks = d.u32()? as u64;
         let refcount = d.u32()?;
-        let count_ok = refcount == 1 || version == BTT_VERSION && id != ROOT_ID;
+        let count_ok = refcount == 1 || version >= BTT_VERSION && id != ROOT_ID;
         if !count_ok || blocks == 0 || block < data_start || block + blocks > dev_blocks {
             return Err(Error::Corrupt(format!(
                 "block translation table: bad entry for node {id}"
@@ -398,11 +438,11 @@ mod tests {
             (b.checkpointed.clone(), counts)
         );
         let mut newer = enc2[..BTT_HEADER + 24].to_vec();
-        newer[4] = 3;
+        newer[4] = 4;
         let c = crc_with_hole(&newer, BTT_CRC_AT);
         newer[BTT_CRC_AT..BTT_CRC_AT + 4].copy_from_slice(&c.to_le_bytes());
         let err = decode_btt(&newer, 1, 0, 100, 0).unwrap_err().to_string();
-        assert!(err.contains("version 3"), "{err}");
+        assert!(err.contains("version 4"), "{err}");
         let mut bad = enc.to_vec();
         bad[BTT_HEADER + 3] ^= 1;
         assert!(decode_btt(&bad, 1, 0, 100, 0).is_err());

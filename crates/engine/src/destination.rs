@@ -95,7 +95,7 @@ impl Occupancy<'_, '_> {
                         return Ok(true);
                     }
                 }
-                Op::Delete { .. } => {}
+                Op::Delete { .. } | Op::SnapshotCreate { .. } | Op::SnapshotDelete { .. } => {}
                 Op::RangeDelete { lo, hi } => {
                     if lo.as_slice() <= p && hi.as_slice() >= end.as_slice() {
                         return Ok(false);

@@ -10,6 +10,7 @@
 //! - `reclaim.rs`: pushing range deletes down so that deleted data's space comes back;
 //! - `threads.rs`: the background threads (log flusher, checkpointer, cleaner);
 //! - `stats.rs`, `range.rs`: [`Stats`] and the range iterator;
+//! - `snapshots.rs`: taking, listing and deleting snapshots, and their read-only views;
 //! - `atomic.rs`: atomic groups; `mode.rs`: switching between read-only and writable.
 
 mod atomic;
@@ -21,6 +22,7 @@ mod open;
 mod range;
 mod reclaim;
 mod sharing;
+mod snapshots;
 mod stats;
 mod threads;
 mod write;
@@ -38,6 +40,7 @@ use crate::config::{Format, Options};
 use crate::error::{Error, Result};
 use crate::load::load_checkpoint;
 use crate::msg::Patch;
+use crate::node::ROOT_ID;
 #[cfg(test)]
 use crate::ops;
 use crate::ops::{Batch, Op};
@@ -54,6 +57,7 @@ pub(crate) use checkpoint::Checkpointer;
 pub use data::{BlockRead, BlockRef, StoredValue};
 pub use range::RangeIter;
 pub use sharing::Sharing;
+pub use snapshots::View;
 pub use stats::Stats;
 
 /// A write-optimized key-value store on a block device.
@@ -64,6 +68,9 @@ pub use stats::Stats;
 pub struct Engine {
     inner: Arc<Inner>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// For a handle that reads a snapshot ([`Engine::snapshot_engine`]): the view it reads
+    /// through. Such a handle refuses every change and runs no thread.
+    snap: Option<View>,
 }
 
 struct Inner {
@@ -131,9 +138,31 @@ struct EngineCounters {
 }
 
 impl Engine {
+    /// The root reads start from: the live tree's, or the snapshot's this handle reads.
+    fn root(&self) -> crate::node::NodeId {
+        self.snap.as_ref().map_or(ROOT_ID, View::root)
+    }
+
+    /// Refuses a change through a handle that reads a snapshot.
+    fn refuse_if_snapshot(&self) -> Result<()> {
+        match &self.snap {
+            Some(v) => Err(Error::ReadOnly(format!(
+                "snapshot {:?} is read-only",
+                v.name()
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The write path of every batch through this handle.
+    fn write_ops(&self, ops: Vec<Op>) -> Result<Lsn> {
+        self.refuse_if_snapshot()?;
+        self.inner.write_ops(ops)
+    }
+
     /// Sets `key` to `value`.
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<Lsn> {
-        self.inner.write_ops(vec![Op::Put {
+        self.write_ops(vec![Op::Put {
             key: key.to_vec(),
             value: value.to_vec(),
         }])
@@ -141,12 +170,12 @@ impl Engine {
 
     /// Removes `key` (a no-op if absent).
     pub fn delete(&self, key: &[u8]) -> Result<Lsn> {
-        self.inner.write_ops(vec![Op::Delete { key: key.to_vec() }])
+        self.write_ops(vec![Op::Delete { key: key.to_vec() }])
     }
 
     /// Patches the value of `key` without reading it.
     pub fn upsert(&self, key: &[u8], patch: Patch) -> Result<Lsn> {
-        self.inner.write_ops(vec![Op::Upsert {
+        self.write_ops(vec![Op::Upsert {
             key: key.to_vec(),
             patch,
         }])
@@ -154,7 +183,7 @@ impl Engine {
 
     /// Removes every key in `[lo, hi)`.
     pub fn range_delete(&self, lo: &[u8], hi: &[u8]) -> Result<Lsn> {
-        self.inner.write_ops(vec![Op::RangeDelete {
+        self.write_ops(vec![Op::RangeDelete {
             lo: lo.to_vec(),
             hi: hi.to_vec(),
         }])
@@ -162,7 +191,7 @@ impl Engine {
 
     /// Applies a batch atomically (one log record) and returns its LSN.
     pub fn write(&self, batch: &Batch) -> Result<Lsn> {
-        self.inner.write_ops(batch.ops.clone())
+        self.write_ops(batch.ops.clone())
     }
 
     /// Records `bytes` of memory held outside the engine that the cache bound covers as well (the
@@ -170,6 +199,10 @@ impl Engine {
     /// less than half of it (see [`Engine::external_memory_allowance`]). Takes effect at the next
     /// eviction.
     pub fn set_external_memory(&self, bytes: usize) {
+        // The live tree's owner sets it (a snapshot's handle shares its cache).
+        if self.snap.is_some() {
+            return;
+        }
         self.inner.tree.cache.set_external(bytes);
     }
 
@@ -181,23 +214,12 @@ impl Engine {
 
     /// [`Engine::write`] of a batch the caller gives up (its keys and values are not copied).
     pub fn write_owned(&self, batch: Batch) -> Result<Lsn> {
-        self.inner.write_ops(batch.ops)
+        self.write_ops(batch.ops)
     }
 
     /// The value of `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        if self.inner.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed);
-        }
-        if key.len() > self.inner.tree.format.max_key_len {
-            return Err(Error::KeyTooLong {
-                len: key.len(),
-                max: self.inner.tree.format.max_key_len,
-            });
-        }
-        let r = self.inner.get_value(key);
-        let _ = self.inner.tree.make_room();
-        r
+        self.inner.get_checked(self.root(), key)
     }
 
     /// Calls `f(key, value)` for every live entry of the range in key order until it returns false.
@@ -210,7 +232,7 @@ impl Engine {
         hi: Bound<&[u8]>,
         mut f: impl FnMut(&[u8], &[u8]) -> bool,
     ) -> Result<()> {
-        self.inner.scan_values(lo, hi, &mut f)
+        self.inner.scan_values(self.root(), lo, hi, &mut f)
     }
 
     /// Waits until the leaves being read ahead for sequential scans are in memory (tests and
@@ -237,18 +259,21 @@ impl Engine {
 
     /// Iterates over the range in increasing key order (owned copies; see [`Engine::scan`]).
     pub fn range(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> RangeIter<'_> {
-        RangeIter::new(self, lo, hi, true)
+        RangeIter::new(&self.inner, self.root(), lo, hi, true)
     }
 
     /// Iterates over the range in decreasing key order.
     pub fn range_rev(&self, lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> RangeIter<'_> {
-        RangeIter::new(self, lo, hi, false)
+        RangeIter::new(&self.inner, self.root(), lo, hi, false)
     }
 
     /// Returns once every operation acknowledged before the call is on stable storage (and will
     /// survive a crash: if an atomic group's first record precedes the call, this waits for the
     /// group's commit, see [`Engine::begin_atomic`]).
     pub fn sync(&self) -> Result<()> {
+        if self.snap.is_some() {
+            return Ok(());
+        }
         self.inner.settle_before(self.inner.log.next_lsn())?;
         self.inner.sync()
     }
@@ -256,6 +281,9 @@ impl Engine {
     /// Returns once the operation with LSN `lsn` (and everything before it) is on stable storage
     /// (waiting, like [`Engine::sync`], for an atomic group that began before it).
     pub fn sync_to(&self, lsn: Lsn) -> Result<()> {
+        if self.snap.is_some() {
+            return Ok(());
+        }
         self.inner.settle_before(lsn + 1)?;
         let target = self.inner.log.next_lsn();
         self.inner
@@ -268,6 +296,7 @@ impl Engine {
 
     /// Writes a checkpoint now (every dirty node, the table, a superblock), freeing log space.
     pub fn checkpoint(&self) -> Result<()> {
+        self.refuse_if_snapshot()?;
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
@@ -277,6 +306,7 @@ impl Engine {
     /// Flushes buffers until none holds more than `threshold` bytes along the heaviest paths
     /// (what the background cleaner does when idle). Returns the number of flush steps.
     pub fn flush_buffers(&self, threshold: usize, max_steps: usize) -> Result<usize> {
+        self.refuse_if_snapshot()?;
         self.inner.check_writable()?;
         let mut n = 0;
         while n < max_steps {
@@ -298,6 +328,9 @@ impl Engine {
     /// quarters of the leaf, so that later range operations find their boundaries at pivots
     /// (docs/SURGERY.md §3.5). Where a node splits changes no key; the setting is not stored.
     pub fn set_split_boundaries(&self, bytes: &[u8]) {
+        if self.snap.is_some() {
+            return;
+        }
         *self.inner.tree.split_boundaries.write() = bytes.to_vec();
     }
 
@@ -305,6 +338,7 @@ impl Engine {
     /// §3.2, step 7): what the background cleaner does between other work. Returns how many it
     /// healed (0 when none waits).
     pub fn heal_fringes(&self, max: usize) -> Result<usize> {
+        self.refuse_if_snapshot()?;
         self.inner.check_writable()?;
         let n = {
             let _w = self.inner.tree.writers.read();
@@ -319,6 +353,7 @@ impl Engine {
     /// Returns the height of the node and how many of its slots the range took.
     #[doc(hidden)]
     pub fn slice_for_tests(&self, lo: &[u8], hi: &[u8]) -> Result<(u32, usize)> {
+        self.refuse_if_snapshot()?;
         self.inner.check_writable()?;
         let tree = &self.inner.tree;
         let r = {
@@ -353,6 +388,7 @@ impl Engine {
     /// each round (old node images are freed only once a checkpoint no longer needs them, so working in
     /// rounds keeps the temporary space small). Readers wait while a round runs. Returns free bytes.
     pub fn reclaim_space(&self, target_free: u64) -> Result<u64> {
+        self.refuse_if_snapshot()?;
         self.inner.check_writable()?;
         let mut from: Vec<u8> = Vec::new();
         let node_size = self.inner.tree.format.node_size as u64;
@@ -426,6 +462,7 @@ impl Engine {
     /// has found (or repaired) the image whole. The next checkpoint, at the latest at close,
     /// writes it.
     pub fn clear_needs_check(&self) -> Result<()> {
+        self.refuse_if_snapshot()?;
         self.inner.check_writable()?;
         self.inner.ckpt.clear_needs_check();
         Ok(())
@@ -439,6 +476,7 @@ impl Engine {
     /// Sets the image's uuid and label (`mkfs -U`, `-L`); they are written with the next checkpoint
     /// (at the latest when the engine is closed).
     pub fn set_identity(&self, uuid: [u8; 16], label: &str) -> Result<()> {
+        self.refuse_if_snapshot()?;
         crate::superblock::check_label(label).map_err(Error::InvalidArgument)?;
         self.inner.check_writable()?;
         self.inner.ckpt.set_identity(uuid, label);
@@ -457,6 +495,10 @@ impl Engine {
 
     /// Stops the background threads, writes a final checkpoint and marks the image clean.
     pub fn close(self) -> Result<()> {
+        if self.snap.is_some() {
+            // The engine goes on: a snapshot's handle only lets go of its view.
+            return Ok(());
+        }
         self.stop_threads();
         let failure = self.inner.failure();
         let r = if self.inner.tree.is_read_only() || failure.is_some() {
@@ -489,6 +531,9 @@ impl Engine {
     /// Simulates a crash for tests: stops the threads and abandons everything in memory without
     /// writing anything more.
     pub fn abandon(self) {
+        if self.snap.is_some() {
+            return;
+        }
         self.stop_threads();
         self.inner.closed.store(true, Ordering::Release);
     }
@@ -562,7 +607,7 @@ impl Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        if self.inner.closed.load(Ordering::Acquire) {
+        if self.snap.is_some() || self.inner.closed.load(Ordering::Acquire) {
             return;
         }
         self.stop_threads();

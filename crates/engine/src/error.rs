@@ -97,6 +97,12 @@ pub enum Error {
     /// closed); later changes in it are refused.
     #[error("atomic group {0} was committed at its time limit; it takes no more changes")]
     GroupExpired(u64),
+    /// A snapshot of that name exists already (nothing was changed).
+    #[error("a snapshot named {0:?} exists already")]
+    SnapshotExists(String),
+    /// No snapshot has that name (nothing was changed).
+    #[error("no snapshot named {0:?}")]
+    NoSuchSnapshot(String),
 }
 
 /// Result type of the engine.
@@ -171,6 +177,8 @@ impl Clone for Error {
                 max: *max,
             },
             Error::GroupExpired(g) => Error::GroupExpired(*g),
+            Error::SnapshotExists(s) => Error::SnapshotExists(s.clone()),
+            Error::NoSuchSnapshot(s) => Error::NoSuchSnapshot(s.clone()),
         }
     }
 }

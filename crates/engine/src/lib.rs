@@ -72,6 +72,7 @@ mod read;
 mod rebuild;
 mod refcheck;
 mod salvage;
+mod snapshot;
 mod space;
 mod store;
 mod superblock;
@@ -86,13 +87,14 @@ mod writebuf;
 pub use config::{Compression, Format, Options};
 #[doc(hidden)]
 pub use copies::Located;
-pub use engine::{BlockRead, BlockRef, Engine, RangeIter, Sharing, Stats, StoredValue};
+pub use engine::{BlockRead, BlockRef, Engine, RangeIter, Sharing, Stats, StoredValue, View};
 pub use error::{Error, Result};
 pub use info::ImageInfo;
 pub use msg::Patch;
 pub use ops::{prefix_end, Batch, BlockData, Op};
 pub use refcheck::RefCheck;
 pub use salvage::{Damage, DamagedPart, SalvageReport};
+pub use snapshot::{check_snapshot_name, SnapshotInfo, SnapshotSizes, MAX_SNAPSHOT_NAME};
 pub use space::SpaceUse;
 /// The superblock itself, for tests that read or forge images byte by byte; tools read an image
 /// through [`ImageInfo`], and only the engine's checkpointer writes superblocks.

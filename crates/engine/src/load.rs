@@ -44,7 +44,7 @@ pub(crate) fn load_checkpoint(dev: &Arc<dyn BlockDevice>, options: &Options) -> 
     }
     let format = sb.format()?;
     options.validate(&format)?;
-    let (table, counts) = read_table(dev, &sb)?;
+    let ((table, counts), catalog) = read_table_with_catalog(dev, &sb)?;
     let data = read_data_table(dev, &sb)?;
     let alloc = build_allocator(&sb, &table, &data)?;
     let btt = Btt {
@@ -71,12 +71,22 @@ pub(crate) fn load_checkpoint(dev: &Arc<dyn BlockDevice>, options: &Options) -> 
         sb.next_msn,
     );
     tree.check_invariants |= options.check_invariants;
+    *tree.snapshots.lock() = catalog;
     // A read-only open writes nothing, not even the nodes that replaying the log dirtied.
     tree.set_read_only(options.read_only);
     Ok(Loaded { located, sb, tree })
 }
 
 pub(crate) fn read_table(dev: &Arc<dyn BlockDevice>, sb: &Superblock) -> Result<DecodedBtt> {
+    read_table_with_catalog(dev, sb).map(|(t, _)| t)
+}
+
+/// The table of `sb`'s checkpoint and its snapshot catalog (empty without snapshots), each
+/// snapshot's root checked to be in the table.
+pub(crate) fn read_table_with_catalog(
+    dev: &Arc<dyn BlockDevice>,
+    sb: &Superblock,
+) -> Result<(DecodedBtt, crate::snapshot::Catalog)> {
     let mut raw = amaranth_device::AlignedBuf::zeroed(sb.btt.len());
     dev.read_at(sb.btt.offset(), &mut raw)
         .map_err(|e| Error::io("reading block translation table", e))?;
@@ -99,7 +109,16 @@ pub(crate) fn read_table(dev: &Arc<dyn BlockDevice>, sb: &Superblock) -> Result<
             "the block translation table has no root".into(),
         ));
     }
-    Ok(table)
+    let catalog = store::decode_btt_catalog(&raw, sb.btt_count)?;
+    for (name, e) in &catalog.entries {
+        if !table.0.contains_key(&e.root) || e.root == sb.root_id {
+            return Err(Error::Corrupt(format!(
+                "snapshot {name:?} names root node {}, which the table does not hold",
+                e.root
+            )));
+        }
+    }
+    Ok((table, catalog))
 }
 
 /// The data table of `sb`'s checkpoint (empty in a format-3 image, which has none).

@@ -92,6 +92,22 @@ pub enum Op {
         /// The most bytes of keys and values a range is copied at rather than cloned by surgery.
         copy_max: u32,
     },
+    /// Takes a snapshot of the whole tree named `name` (docs/SURGERY.md §4.7): a read-only,
+    /// point-in-time copy holding every operation logged before it and none after, made by
+    /// copying the root node and sharing its children. Refused if the name is taken.
+    SnapshotCreate {
+        /// The snapshot's name (see [`crate::check_snapshot_name`]).
+        name: String,
+        /// When it is taken, in nanoseconds since the Unix epoch (kept in the record, so that a
+        /// replay lists the same time).
+        time_ns: u64,
+    },
+    /// Deletes the snapshot named `name`; its nodes that the tree does not share are freed in
+    /// the background. Refused if there is none.
+    SnapshotDelete {
+        /// The snapshot's name.
+        name: String,
+    },
 }
 
 impl Op {
@@ -104,6 +120,8 @@ impl Op {
                 | Op::CopyPrefix { .. }
                 | Op::RangeMove { .. }
                 | Op::RangeClone { .. }
+                | Op::SnapshotCreate { .. }
+                | Op::SnapshotDelete { .. }
         )
     }
 
@@ -120,6 +138,8 @@ impl Op {
             Op::RangeMove { from, to, .. } | Op::RangeClone { from, to, .. } => {
                 from.len() + to.len() + 4
             }
+            Op::SnapshotCreate { name, .. } => name.len() + 8,
+            Op::SnapshotDelete { name } => name.len(),
         }
     }
 
@@ -232,6 +252,9 @@ impl Op {
                             .into(),
                     ));
                 }
+            }
+            Op::SnapshotCreate { name, .. } | Op::SnapshotDelete { name } => {
+                crate::snapshot::check_snapshot_name(name)?
             }
         }
         Ok(())
@@ -513,6 +536,8 @@ const TAG_PUT_BLOCKS: u8 = 13;
 const PUT_BLOCKS_PER_KEY: usize = 8;
 const TAG_RANGE_MOVE: u8 = 9;
 const TAG_RANGE_CLONE: u8 = 10;
+const TAG_SNAPSHOT_CREATE: u8 = 11;
+const TAG_SNAPSHOT_DELETE: u8 = 12;
 /// Bytes a group mark adds to a record (its tag and the group id).
 pub(crate) const MARK_BYTES: usize = 9;
 
@@ -606,6 +631,15 @@ pub(crate) fn encode_marked_record(ops: &[Op], mark: Option<GroupMark>) -> Vec<u
                 e.bytes(to);
                 e.u32(*copy_max);
             }
+            Op::SnapshotCreate { name, time_ns } => {
+                e.u8(TAG_SNAPSHOT_CREATE);
+                e.bytes(name.as_bytes());
+                e.u64(*time_ns);
+            }
+            Op::SnapshotDelete { name } => {
+                e.u8(TAG_SNAPSHOT_DELETE);
+                e.bytes(name.as_bytes());
+            }
         }
     }
     e.buf
@@ -694,6 +728,13 @@ pub fn decode_record(payload: &[u8], f: &Format) -> Result<(u64, Vec<Op>)> {
                 to: d.bytes(mk)?.to_vec(),
                 copy_max: d.u32()?,
             },
+            TAG_SNAPSHOT_CREATE => Op::SnapshotCreate {
+                name: snapshot_name(&mut d)?,
+                time_ns: d.u64()?,
+            },
+            TAG_SNAPSHOT_DELETE => Op::SnapshotDelete {
+                name: snapshot_name(&mut d)?,
+            },
             t => return Err(d.corrupt(format!("unknown operation tag {t}"))),
         };
         op.validate(f)
@@ -702,6 +743,15 @@ pub fn decode_record(payload: &[u8], f: &Format) -> Result<(u64, Vec<Op>)> {
     }
     d.finish()?;
     Ok((first_msn, ops))
+}
+
+/// A snapshot name in a log record.
+fn snapshot_name(d: &mut Dec<'_>) -> Result<String> {
+    let b = d.bytes(crate::snapshot::MAX_SNAPSHOT_NAME)?;
+    match std::str::from_utf8(b) {
+        Ok(s) => Ok(s.to_string()),
+        Err(_) => Err(d.corrupt("a snapshot name that is not UTF-8")),
+    }
 }
 
 #[cfg(test)]
@@ -773,6 +823,11 @@ mod tests {
                 to: b"lm/".to_vec(),
                 copy_max: 7,
             },
+            Op::SnapshotCreate {
+                name: "nightly".into(),
+                time_ns: 1 << 62,
+            },
+            Op::SnapshotDelete { name: "ü".into() },
         ];
         let mut rec = encode_record(&ops);
         rec[..8].copy_from_slice(&42u64.to_le_bytes());

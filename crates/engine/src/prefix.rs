@@ -63,7 +63,11 @@ pub(crate) fn check_keys(ops: &[Op], max_key: usize, tree: &mut LongestInTree<'_
 pub(crate) fn is_refusal(e: &Error) -> bool {
     matches!(
         e,
-        Error::KeyTooLong { .. } | Error::ValueTooLarge { .. } | Error::InvalidArgument(_)
+        Error::KeyTooLong { .. }
+            | Error::ValueTooLarge { .. }
+            | Error::InvalidArgument(_)
+            | Error::SnapshotExists(_)
+            | Error::NoSuchSnapshot(_)
     )
 }
 
@@ -110,7 +114,7 @@ impl<'a, 'b> Check<'a, 'b> {
                         best = best.max(Some(key.len()));
                     }
                 }
-                Op::Delete { .. } => {}
+                Op::Delete { .. } | Op::SnapshotCreate { .. } | Op::SnapshotDelete { .. } => {}
                 Op::RangeDelete { lo, hi } => {
                     if lo.as_slice() <= p && prefix_end(p, self.max_key) <= *hi {
                         return Ok(best);

@@ -13,7 +13,7 @@ use crate::cache::{CachedNode, ReadGuard};
 use crate::dataref::{Stored, Val};
 use crate::error::{Error, Result};
 use crate::msg::{KeyMsgs, Msn, RangeDel};
-use crate::node::{child_index, Body, NodeId, ROOT_ID};
+use crate::node::{child_index, Body, NodeId};
 use crate::partition::Partition;
 use crate::tree::{Bounds, Tree, LIFT_KEYS};
 
@@ -27,22 +27,23 @@ thread_local! {
 }
 
 impl Tree {
-    /// The value of `key`, with pending messages applied (a reference is not read here).
-    pub fn get(&self, key: &[u8]) -> Result<Option<Val>> {
+    /// The value of `key` in the tree under `root` (the live root, `ROOT_ID`, or a
+    /// snapshot's), with pending messages applied (a reference is not read here).
+    pub fn get_at(&self, root: NodeId, key: &[u8]) -> Result<Option<Val>> {
         let mut bounds = POINT_BOUNDS.with(Cell::take);
-        let r = self.get_with(key, &mut bounds);
+        let r = self.get_with(root, key, &mut bounds);
         POINT_BOUNDS.with(|c| c.set(bounds));
         r
     }
 
-    fn get_with(&self, key: &[u8], bounds: &mut Bounds) -> Result<Option<Val>> {
+    fn get_with(&self, root: NodeId, key: &[u8], bounds: &mut Bounds) -> Result<Option<Val>> {
         let mut pins = Vec::new();
         for _ in 0..MAX_RESTARTS {
             // (range delete msn covering the key, folded point messages), top to bottom.
             let mut layers: Vec<(Option<Msn>, Option<KeyMsgs>)> = Vec::new();
             // The node's bounds; the key as it stores it is `key[bounds.prefix().len()..]`.
             bounds.reset_root();
-            let mut cn = self.pin(ROOT_ID)?;
+            let mut cn = self.pin(root)?;
             let mut g = cn.read();
             loop {
                 let stored = bounds.lift(key);
@@ -130,7 +131,14 @@ impl Tree {
     /// The chunk of the tree around a position: the part of one leaf's range that lies in
     /// `[from, to)`, with every pending message applied. Only the partitions and buffers that
     /// part needs are read.
-    pub fn chunk(&self, target: Target<'_>, from: &[u8], to: Option<&[u8]>) -> Result<Chunk> {
+    /// `root` is the live root (`ROOT_ID`) or a snapshot's.
+    pub fn chunk_at(
+        &self,
+        root: NodeId,
+        target: Target<'_>,
+        from: &[u8],
+        to: Option<&[u8]>,
+    ) -> Result<Chunk> {
         let mut pins = Vec::new();
         'restart: for _ in 0..MAX_RESTARTS {
             let mut bounds = Bounds::root();
@@ -138,7 +146,7 @@ impl Tree {
             // only the messages for the wanted range are copied out of each ancestor's buffer.
             // Each buffer comes with the prefix length of the node holding it.
             let mut path: Vec<(ReadGuard, Arc<Buffer>, usize)> = Vec::new();
-            let mut cn = self.pin(ROOT_ID)?;
+            let mut cn = self.pin(root)?;
             let mut g = cn.read();
             loop {
                 let next = match &g.body {

@@ -579,11 +579,13 @@ impl<'t> Walker<'t> {
         {
             *named.entry(*c).or_default() += 1;
         }
+        // Snapshot roots are named by the catalog, not by a node: no orphans either.
+        let snapshot_roots: HashSet<NodeId> = self.tree.snapshot_roots().into_iter().collect();
         let mut tops: Vec<NodeId> = {
             let btt = self.tree.store.btt.lock();
             headers
                 .iter()
-                .filter(|(id, h)| h.is_ok() && **id != ROOT_ID)
+                .filter(|(id, h)| h.is_ok() && **id != ROOT_ID && !snapshot_roots.contains(id))
                 .filter(|(id, _)| named.get(id).copied().unwrap_or(0) < btt.refs.count(**id))
                 .map(|(id, _)| *id)
                 .collect()

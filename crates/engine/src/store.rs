@@ -22,7 +22,8 @@ use crate::error::{Error, Result};
 use crate::node::NodeId;
 use crate::superblock::Extent;
 
-pub use crate::btt::{decode_btt, encode_btt, Btt, DecodedBtt};
+pub(crate) use crate::btt::decode_btt_catalog;
+pub use crate::btt::{decode_btt, encode_btt, encode_btt_with_catalog, Btt, DecodedBtt};
 
 /// Free space as extents of blocks, best-fit.
 #[derive(Debug, Default)]

@@ -12,6 +12,7 @@
 //!   before changing it ([`Tree::own_child`]), and the test hook that shares subtrees;
 //! - `tree/collect.rs`: freeing dead nodes (count 0) and what they reference, a bounded step at a
 //!   time;
+//! - `tree/snap.rs`: snapshots, copies of the root sharing its children (docs/SURGERY.md §4.7);
 //! - `tree/surgery.rs`: tree surgery, operations that cut and graft whole subtrees (the range
 //!   move, which moves every key under a prefix by swinging the subtrees that hold them to the
 //!   other prefix's place), built on the modification protocol below ([`Tree::begin_modify`],
@@ -56,6 +57,7 @@ mod readahead;
 mod refs;
 mod share;
 mod slice;
+mod snap;
 mod split_merge;
 mod surgery;
 
@@ -130,6 +132,8 @@ pub struct TreeCounters {
     pub subtrees_dropped: AtomicU64,
     /// Run slots queued to be flushed into their subtrees after a range move.
     pub range_move_drains: AtomicU64,
+    /// Snapshots taken (roots copied).
+    pub snapshots_taken: AtomicU64,
     /// Messages injected at the root.
     pub messages: AtomicU64,
     /// Bytes of user data in injected messages.
@@ -181,6 +185,8 @@ pub struct Tree {
     /// a pass pushing range deletes down and a range move all collect, and two of them taking
     /// the same dead ids freed a node twice.
     collecting: Mutex<()>,
+    /// The snapshots and their roots (`snapshot.rs`), changed only under `writers` exclusive.
+    pub(crate) snapshots: Mutex<crate::snapshot::Catalog>,
 }
 
 impl Tree {
@@ -209,6 +215,7 @@ impl Tree {
             split_boundaries: RwLock::new(Vec::new()),
             holds: Mutex::new(Vec::new()),
             collecting: Mutex::new(()),
+            snapshots: Mutex::new(crate::snapshot::Catalog::default()),
         }
     }
 

@@ -90,9 +90,9 @@ fn broken(msg: String) -> Error {
     Error::Corrupt(msg)
 }
 
-/// Walks the whole tree, the subtrees the test hook holds and the dead subtrees waiting for the
+/// Walks the whole tree, every snapshot's tree, the subtrees the test hook holds and the dead subtrees waiting for the
 /// collector, visiting each node once and counting the references to it: every node's reference
-/// count must equal the slots, roots and holders that name it (no leaked and no over-freed
+/// count must equal the slots, roots, catalog entries and holders that name it (no leaked and no over-freed
 /// node). Holds `writers` exclusive so the tree does not change meanwhile.
 pub fn verify(tree: &Tree) -> Result<Report> {
     let _w = tree.writers.write();
@@ -123,6 +123,10 @@ pub fn verify(tree: &Tree) -> Result<Report> {
     }
     for h in tree.holds() {
         stack.push(root(h.id, h.bounds, Some(h.height), true, true));
+    }
+    // Snapshot roots: each named by its catalog entry, bounded as the live root is.
+    for id in tree.snapshot_roots() {
+        stack.push(root(id, Bounds::root(), None, true, true));
     }
     stack.push(root(ROOT_ID, Bounds::root(), None, true, true));
     let mut refs = RunMap::default();

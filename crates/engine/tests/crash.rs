@@ -32,9 +32,10 @@ fn crash_at_every_flush_and_between() {
     eprintln!("checked {states} crash states");
 }
 
-/// Range moves, by surgery and by copy, crashed at every flush and between: each moved range is
-/// wholly at its source or wholly at its destination (the state is a prefix of the operations),
-/// and the recovered tree verifies with no leaked node.
+/// Range moves, by surgery and by copy, and snapshots taken and deleted, crashed at every flush
+/// and between: each moved range is wholly at its source or wholly at its destination, each
+/// snapshot there or not and, when there, equal to the model at its record (the state, snapshots
+/// included, is a prefix of the operations), and the recovered tree verifies with no leaked node.
 #[test]
 fn range_moves_are_whole_after_a_crash_anywhere() {
     let runs: u64 = std::env::var("AMARANTH_CRASH_RUNS")

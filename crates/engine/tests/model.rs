@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use amaranth_device::MemDevice;
 use amaranth_engine::{Batch, Compression, Engine, Error, Op, Options};
+use common::snaps::Snaps;
 use common::*;
 use rand::Rng;
 
@@ -50,6 +51,8 @@ fn run_with(seed: u64, steps: usize, surgery: bool, node_size: usize) {
     let cap = if surgery { 256 } else { GEN_KEY_MAX };
     // Whether the test hook holds subtrees (shared: every change below them copies them).
     let mut holding = false;
+    // Snapshots, each beside a frozen copy of the model (docs/SURGERY.md §4.7).
+    let mut snaps = Snaps::default();
     for step in 0..steps {
         let r = g.rng.gen_range(0..1000);
         match r {
@@ -183,6 +186,7 @@ fn run_with(seed: u64, steps: usize, surgery: bool, node_size: usize) {
                         .unwrap_or_else(|err| panic!("seed {seed} step {step}: heal: {err}"));
                 }
             }
+            860..=879 => snaps.step(&e, &m, &mut g, &format!("seed {seed} step {step}")),
             690..=899 => {
                 let k = g.key();
                 check_get(&e, &m, &k, seed, step);
@@ -204,12 +208,14 @@ fn run_with(seed: u64, steps: usize, surgery: bool, node_size: usize) {
                 );
                 holding = false;
                 verified(&e, seed, step, "reopen");
+                snaps.check_all(&e, &mut g, &format!("seed {seed} step {step} reopen"));
             }
             _ => {
                 // A crash after sync: nothing acknowledged may be lost.
                 e = restart(e, &dev, &options, true, &format!("seed {seed} step {step}"));
                 holding = false;
                 verified(&e, seed, step, "recovery");
+                snaps.check_all(&e, &mut g, &format!("seed {seed} step {step} recovery"));
             }
         }
         if step % 100 == 99 {
@@ -220,6 +226,10 @@ fn run_with(seed: u64, steps: usize, surgery: bool, node_size: usize) {
         }
     }
     assert!(dump(&e) == m, "seed {seed}: final contents differ");
+    snaps.check_all(&e, &mut g, &format!("seed {seed} end"));
+    // Deleting the snapshots gives back what only they held: nothing dead or leaked after
+    // the collection.
+    snaps.delete_all(&e, &format!("seed {seed} end"));
     all_collected(&e, holding, seed);
     if std::env::var("AMARANTH_SEED").is_ok() {
         eprintln!("{:#?}", e.stats());

@@ -60,6 +60,7 @@ impl From<Error> for Errno {
             Error::NoSpace(_) => {}
             Error::KeyTooLong { .. } => {}
             Error::GroupExpired(_) | Error::GroupTooLarge { .. } => {}
+            Error::SnapshotExists(_) | Error::NoSuchSnapshot(_) | Error::InUse(_) => {}
             _ => log::error!("amaranth: engine error: {e}"),
         }
         Errno(errno_of(&e))
@@ -79,6 +80,8 @@ fn errno_of(e: &Error) -> i32 {
         Error::Closed => libc::ESHUTDOWN,
         Error::GroupTooLarge { .. } => libc::EFBIG,
         Error::GroupExpired(_) => libc::ETIMEDOUT,
+        Error::SnapshotExists(_) => libc::EEXIST,
+        Error::NoSuchSnapshot(_) => libc::ENOENT,
         Error::BadMagic(_)
         | Error::UnsupportedVersion { .. }
         | Error::Checksum { .. }

@@ -512,15 +512,20 @@ impl Adapter {
         }
     }
 
-    /// Restricted ioctls on any file or directory: the patchgroup commands (pg_ioctl.rs) and
-    /// the clone (clone_ioctl.rs).
+    /// Restricted ioctls on any file or directory: the patchgroup commands (pg_ioctl.rs), the
+    /// clone (clone_ioctl.rs) and, on the mount's root, snapshots (snapshot_ioctl.rs).
     fn ioctl(&self, h: &InHeader, x: IoctlIn, p: &[u8], r: &mut Reply) -> R<()> {
         let clone = crate::clone_ioctl::is_clone(x.cmd);
-        if !clone && !crate::pg_ioctl::is_patchgroup(x.cmd) {
+        let snapshot = crate::snapshot_ioctl::is_snapshot(x.cmd);
+        if !clone && !snapshot && !crate::pg_ioctl::is_patchgroup(x.cmd) {
             return Err(libc::ENOTTY);
         }
         let input = p.get(..x.in_size as usize).ok_or(libc::EINVAL)?;
-        let out = if clone {
+        let out = if snapshot {
+            crate::snapshot_ioctl::handle(&self.fs, h.nodeid, h.uid, input)
+                .map_err(err)?
+                .to_vec()
+        } else if clone {
             let (out, a, _) =
                 crate::clone_ioctl::handle(&self.fs, h.nodeid, (h.uid, h.gid, h.pid), input)
                     .map_err(err)?;

@@ -37,6 +37,7 @@ mod forget;
 pub mod pg_ioctl;
 mod reply;
 mod session;
+pub mod snapshot_ioctl;
 mod uring;
 
 pub use counters::RequestCounts;

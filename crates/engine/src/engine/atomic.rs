@@ -183,7 +183,7 @@ impl Inner {
     }
 
     /// Applies `ops` as a record of group `id`.
-    fn write_in_group(&self, id: u64, ops: Vec<Op>) -> Result<Lsn> {
+    pub(super) fn write_in_group(&self, id: u64, ops: Vec<Op>) -> Result<Lsn> {
         let past_deadline = {
             let st = self.groups.state.lock();
             if st.cut.contains(&id) {
@@ -242,6 +242,7 @@ impl Engine {
     /// uncommitted group). One group is open at a time: this waits while another one is open
     /// (at most until that group's deadline, when it is cut). Returns the group's id.
     pub fn begin_atomic(&self) -> Result<u64> {
+        self.refuse_if_snapshot()?;
         let inner = &*self.inner;
         loop {
             inner.check_writable()?;
@@ -265,6 +266,7 @@ impl Engine {
     /// applied, if it would make the group larger than [`Engine::max_batch_bytes`]
     /// ([`Error::GroupTooLarge`]) or if the group was cut ([`Error::GroupExpired`]).
     pub fn write_atomic(&self, id: u64, batch: &Batch) -> Result<Lsn> {
+        self.refuse_if_snapshot()?;
         self.inner.write_in_group(id, batch.ops.clone())
     }
 
@@ -272,6 +274,7 @@ impl Engine {
     /// nothing), or [`Error::GroupExpired`] if it was cut meanwhile (what it held then is
     /// committed). Not durable yet: [`Engine::sync`] (or the next background flush) makes it so.
     pub fn commit_atomic(&self, id: u64) -> Result<Option<Lsn>> {
+        self.refuse_if_snapshot()?;
         let inner = &*self.inner;
         let cut = |st: &mut State| st.cut.remove(&id).then_some(Error::GroupExpired(id));
         {
@@ -300,6 +303,9 @@ impl Engine {
     /// record before that group's first one (every record, if no group has any) is durable. For
     /// the group's own owner, which [`Engine::sync`] would make wait for itself.
     pub fn flush_log(&self) -> Result<()> {
+        if self.snap.is_some() {
+            return Ok(());
+        }
         self.inner.sync()
     }
 }

@@ -51,6 +51,8 @@ struct Begun {
     /// The data table of the references the checkpoint's tree holds, and its runs.
     data_table: AlignedBuf,
     data_runs: u64,
+    /// The snapshot catalog of the checkpoint's tree, encoded (`None`: no snapshot).
+    catalog: Option<Vec<u8>>,
 }
 
 /// Extents a checkpoint wrote for its tables, freed again if it fails.
@@ -216,7 +218,12 @@ impl Checkpointer {
                 let mut d = tree.store.data.lock();
                 (d.begin_checkpoint(), d.refs.runs() as u64)
             };
+            let catalog = {
+                let c = tree.snapshots.lock();
+                (!c.entries.is_empty()).then(|| c.encode())
+            };
             return Ok(Begun {
+                catalog,
                 data_table,
                 data_runs,
                 tail_voff,
@@ -266,7 +273,10 @@ impl Checkpointer {
                 .refs_in_progress
                 .as_ref()
                 .expect("checkpoint in progress");
-            (store::encode_btt(ip, counts), ip.len() as u64)
+            (
+                store::encode_btt_with_catalog(ip, counts, begun.catalog.as_deref()),
+                ip.len() as u64,
+            )
         };
         let ext = tree.store.write_new(&table, "block translation table")?;
         tables.btt = Some(ext);

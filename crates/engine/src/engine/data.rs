@@ -10,9 +10,10 @@ use amaranth_device::{AlignedBuf, BLOCK_SIZE};
 
 use super::range::normalize;
 use super::{Engine, Inner};
-use crate::apply::scan_tree;
+use crate::apply::scan_tree_at;
 use crate::dataref::{DataRef, Stored, StoredBuf, Val};
 use crate::error::{Error, Result};
+use crate::node::{NodeId, ROOT_ID};
 use crate::refcheck::{check_refs, RefCheck};
 
 /// The most references a scan reads in one batch (1 MiB of blocks). Batches start at one block and
@@ -77,10 +78,7 @@ impl Engine {
         hi: Bound<&[u8]>,
         mut f: impl FnMut(&[u8], StoredValue<'_>) -> bool,
     ) -> Result<()> {
-        self.inner.scan_with(lo, hi, &mut |k, v| match v {
-            Stored::Bytes(b) => f(k, StoredValue::Bytes(b)),
-            Stored::Ref(r) => f(k, StoredValue::Block(&BlockRef(DataRef::decode_checked(r)))),
-        })
+        self.inner.scan_stored_at(self.root(), lo, hi, &mut f)
     }
 
     /// Reads the blocks `reads` name into `dest`: each block checked against its checksum (a
@@ -89,15 +87,20 @@ impl Engine {
     /// whole block lands on a 4 KiB-aligned place). One device request per run of consecutive
     /// blocks, in the order given.
     pub fn read_blocks(&self, reads: &[BlockRead<'_>], dest: &mut [u8]) -> Result<()> {
-        for r in reads {
-            assert!(
-                r.from + r.len <= BLOCK_SIZE && r.at + r.len <= dest.len(),
-                "a block read outside its block or its destination"
-            );
-        }
-        let r = self.inner.tree.store.read_data(reads, dest, true);
-        self.inner.seen(r)
+        read_blocks(&self.inner, reads, dest)
     }
+}
+
+/// [`Engine::read_blocks`] (and a snapshot view's).
+pub(super) fn read_blocks(inner: &Inner, reads: &[BlockRead<'_>], dest: &mut [u8]) -> Result<()> {
+    for r in reads {
+        assert!(
+            r.from + r.len <= BLOCK_SIZE && r.at + r.len <= dest.len(),
+            "a block read outside its block or its destination"
+        );
+    }
+    let r = inner.tree.store.read_data(reads, dest, true);
+    inner.seen(r)
 }
 
 impl Engine {
@@ -159,6 +162,7 @@ impl Engine {
     /// referenced free blocks claimed. Returns what was found; blocks inside node images are left
     /// as they are (their references name no data of their own).
     pub fn repair_references(&self) -> Result<RefCheck> {
+        self.refuse_if_snapshot()?;
         self.inner.check_writable()?;
         let tree = &self.inner.tree;
         let _w = tree.writers.write();
@@ -168,9 +172,41 @@ impl Engine {
 }
 
 impl Inner {
+    /// The value of `key` in the tree under `root` (the engine closed and keys past the limit
+    /// refused), an out-of-line block read and checked.
+    pub(super) fn get_checked(&self, root: NodeId, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        let max = self.tree.format.max_key_len;
+        if key.len() > max {
+            return Err(Error::KeyTooLong {
+                len: key.len(),
+                max,
+            });
+        }
+        let r = self.get_value(root, key);
+        let _ = self.tree.make_room();
+        r
+    }
+
+    /// [`Engine::scan_stored`] in the tree under `root`.
+    pub(super) fn scan_stored_at(
+        &self,
+        root: NodeId,
+        lo: Bound<&[u8]>,
+        hi: Bound<&[u8]>,
+        f: &mut dyn FnMut(&[u8], StoredValue<'_>) -> bool,
+    ) -> Result<()> {
+        self.scan_with(root, lo, hi, &mut |k, v| match v {
+            Stored::Bytes(b) => f(k, StoredValue::Bytes(b)),
+            Stored::Ref(r) => f(k, StoredValue::Block(&BlockRef(DataRef::decode_checked(r)))),
+        })
+    }
+
     /// The value of `key`, an out-of-line block read and checked.
-    pub(super) fn get_value(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        match self.seen(self.tree.get(key))? {
+    fn get_value(&self, root: NodeId, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        match self.seen(self.tree.get_at(root, key))? {
             None => Ok(None),
             Some(Val::Bytes(b)) => Ok(Some(b)),
             Some(Val::Ref(r)) => self.seen(self.tree.store.read_value(&r, key)).map(Some),
@@ -180,6 +216,7 @@ impl Inner {
     /// A scan of stored values (references not read), with read-ahead for sequential scans.
     pub(super) fn scan_with(
         &self,
+        root: NodeId,
         lo: Bound<&[u8]>,
         hi: Bound<&[u8]>,
         f: &mut dyn FnMut(&[u8], Stored<'_>) -> bool,
@@ -190,8 +227,9 @@ impl Inner {
         let (lo, hi) = normalize(lo, hi);
         let Some(lo) = lo else { return Ok(()) };
         let tree = &self.tree;
-        let sequential = tree.note_scan(&lo, hi.as_deref());
-        self.seen(scan_tree(tree, &lo, hi.as_deref(), f))?;
+        // Read-ahead follows the live tree's leaves: not for a snapshot's.
+        let sequential = root == ROOT_ID && tree.note_scan(&lo, hi.as_deref());
+        self.seen(scan_tree_at(tree, root, &lo, hi.as_deref(), f))?;
         if let (true, Some(h)) = (sequential, &hi) {
             tree.read_ahead_from(h);
         }
@@ -201,6 +239,7 @@ impl Inner {
     /// A scan handing resolved values to `f` (see [`Engine::scan`]).
     pub(super) fn scan_values(
         &self,
+        root: NodeId,
         lo: Bound<&[u8]>,
         hi: Bound<&[u8]>,
         f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
@@ -208,7 +247,7 @@ impl Inner {
         let mut batch = Resolver::default();
         let mut stopped = false;
         let mut failed = None;
-        self.scan_with(lo, hi, &mut |k, v| {
+        self.scan_with(root, lo, hi, &mut |k, v| {
             if batch.is_empty() && !v.is_ref() {
                 return f(k, v.raw());
             }

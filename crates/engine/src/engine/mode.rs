@@ -18,7 +18,7 @@ use crate::superblock::Superblock;
 impl Engine {
     /// Whether the engine refuses writes and writes nothing to the device.
     pub fn is_read_only(&self) -> bool {
-        self.inner.tree.is_read_only()
+        self.snap.is_some() || self.inner.tree.is_read_only()
     }
 
     /// Makes the engine read-only or writable while it is open (see the module documentation).
@@ -26,6 +26,10 @@ impl Engine {
     /// made the engine refuse writes, and with `Damaged` if the image has known damage; the
     /// engine then stays read-only.
     pub fn set_read_only(&self, read_only: bool) -> Result<()> {
+        if read_only && self.snap.is_some() {
+            return Ok(());
+        }
+        self.refuse_if_snapshot()?;
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }

@@ -159,6 +159,7 @@ impl Engine {
         let store = tree.store.clone();
         log.set_flush_barrier(Box::new(move || store.writer.barrier()));
         Engine {
+            snap: None,
             inner: Arc::new(Inner {
                 dev,
                 tree,

@@ -4,8 +4,9 @@ use std::collections::VecDeque;
 use std::ops::Bound;
 
 use super::data::Resolver;
-use super::Engine;
+use super::Inner;
 use crate::error::Result;
+use crate::node::{NodeId, ROOT_ID};
 use crate::read::Target;
 
 /// Out-of-line blocks one refill reads at most: it stops its leaf's walk there and goes on from
@@ -40,7 +41,9 @@ pub(super) fn normalize(lo: Bound<&[u8]>, hi: Bound<&[u8]>) -> (Option<Vec<u8>>,
 
 /// An iterator over a key range, one leaf at a time.
 pub struct RangeIter<'a> {
-    engine: &'a Engine,
+    inner: &'a Inner,
+    /// The root of the tree read (the live one or a snapshot's).
+    root: NodeId,
     lo: Vec<u8>,
     hi: Option<Vec<u8>>,
     forward: bool,
@@ -53,7 +56,8 @@ pub struct RangeIter<'a> {
 
 impl<'a> RangeIter<'a> {
     pub(super) fn new(
-        engine: &'a Engine,
+        inner: &'a Inner,
+        root: NodeId,
         lo: Bound<&[u8]>,
         hi: Bound<&[u8]>,
         forward: bool,
@@ -63,7 +67,8 @@ impl<'a> RangeIter<'a> {
             .as_ref()
             .map(|l| if forward { Some(l.clone()) } else { hi.clone() });
         RangeIter {
-            engine,
+            inner,
+            root,
             lo: lo.unwrap_or_default(),
             hi,
             forward,
@@ -74,7 +79,7 @@ impl<'a> RangeIter<'a> {
     }
 
     fn refill(&mut self) -> Result<()> {
-        let inner = &self.engine.inner;
+        let inner = self.inner;
         let tree = &inner.tree;
         while self.buf.is_empty() {
             let Some(cur) = self.cursor.take() else {
@@ -94,7 +99,12 @@ impl<'a> RangeIter<'a> {
             };
             if self.forward {
                 let start = cur.expect("forward cursor");
-                let chunk = tree.chunk(Target::AtOrAfter(&start), &start, self.hi.as_deref())?;
+                let chunk = tree.chunk_at(
+                    self.root,
+                    Target::AtOrAfter(&start),
+                    &start,
+                    self.hi.as_deref(),
+                )?;
                 let whole = chunk.walk(&start, self.hi.as_deref(), true, &mut push);
                 self.cursor = match (&chunk.hi, last) {
                     (_, Some(mut k)) if !whole => {
@@ -107,13 +117,18 @@ impl<'a> RangeIter<'a> {
                 // A forward iteration past its first leaf is sequential: read the next leaves
                 // ahead while the caller consumes this one.
                 if let Some(Some(h)) = &self.cursor {
-                    if self.leaves > 0 {
+                    if self.leaves > 0 && self.root == ROOT_ID {
                         tree.read_ahead_from(h);
                     }
                 }
                 self.leaves += 1;
             } else {
-                let chunk = tree.chunk(Target::Before(cur.as_deref()), &self.lo, cur.as_deref())?;
+                let chunk = tree.chunk_at(
+                    self.root,
+                    Target::Before(cur.as_deref()),
+                    &self.lo,
+                    cur.as_deref(),
+                )?;
                 let whole = chunk.walk(&self.lo, cur.as_deref(), false, &mut push);
                 self.cursor = match last {
                     Some(k) if !whole => Some(Some(k)),
@@ -134,7 +149,7 @@ impl Iterator for RangeIter<'_> {
     fn next(&mut self) -> Option<Self::Item> {
         if self.buf.is_empty() {
             if let Err(e) = self.refill() {
-                self.engine.inner.note_damage(&e);
+                self.inner.note_damage(&e);
                 self.cursor = None;
                 return Some(Err(e));
             }

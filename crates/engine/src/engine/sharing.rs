@@ -34,6 +34,7 @@ impl Engine {
     /// checkpoint. The background cleaner runs this a bounded step at a time; returns how many
     /// nodes it freed.
     pub fn collect_garbage(&self, max: usize) -> Result<usize> {
+        self.refuse_if_snapshot()?;
         self.inner.check_writable()?;
         let tree = &self.inner.tree;
         let n = {
@@ -80,6 +81,7 @@ impl Engine {
     /// without them (a subtree only a hold names is written dead, and collected after a reopen).
     #[doc(hidden)]
     pub fn hold_for_tests(&self, height: u32, every: usize) -> Result<usize> {
+        self.refuse_if_snapshot()?;
         self.inner.check_writable()?;
         let tree = &self.inner.tree;
         let n = {
@@ -96,6 +98,7 @@ impl Engine {
     /// shared node first).
     #[doc(hidden)]
     pub fn release_holds_for_tests(&self) -> Result<usize> {
+        self.refuse_if_snapshot()?;
         let tree = &self.inner.tree;
         let n = {
             let _w = tree.writers.write();

@@ -113,6 +113,10 @@ pub struct Stats {
     pub nodes_collected: u64,
     /// Dead nodes waiting for the collector.
     pub garbage_nodes: u64,
+    /// Snapshots the image keeps.
+    pub snapshots: u64,
+    /// Snapshots taken since the engine opened (log replay included).
+    pub snapshots_taken: u64,
     /// Subtrees range deletes covered whole and let go instead of flushing into them.
     pub subtrees_dropped: u64,
     /// What range clones share now, and what waits for the collector.
@@ -243,6 +247,8 @@ impl Engine {
             cow_copies: tc.cow_copies.load(Ordering::Relaxed),
             nodes_collected: tc.collected.load(Ordering::Relaxed),
             garbage_nodes: i.tree.garbage_nodes() as u64,
+            snapshots: i.tree.snapshots.lock().entries.len() as u64,
+            snapshots_taken: tc.snapshots_taken.load(Ordering::Relaxed),
             subtrees_dropped: tc.subtrees_dropped.load(Ordering::Relaxed),
             sharing: self.sharing(),
             range_move_drains: tc.range_move_drains.load(Ordering::Relaxed),

@@ -14,12 +14,13 @@ use crate::node::{child_index, Body, Leaf, ROOT_ID};
 
 impl Tree {
     /// Counts the references to out-of-line blocks the whole tree holds (every node read once,
-    /// a shared one too; the subtrees the test hook holds and dead ones waiting for the
+    /// a shared one too; the snapshots' trees, the subtrees the test hook holds and dead ones waiting for the
     /// collector included: their references are counted until they are freed).
     pub(crate) fn recount_refs(&self) -> Result<RunMap> {
         let mut refs = RunMap::default();
         let mut stack = self.store.btt.lock().refs.dead(usize::MAX);
         stack.extend(self.holds().iter().map(|h| h.id));
+        stack.extend(self.snapshot_roots());
         stack.push(ROOT_ID);
         let mut seen = HashSet::new();
         while let Some(id) = stack.pop() {

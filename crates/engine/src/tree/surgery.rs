@@ -361,7 +361,7 @@ impl Tree {
 
     /// Takes the operation's one message number, calling `before` with it under the root latch
     /// (log order is application order, as for injected messages).
-    fn take_msn(&self, before: &mut dyn FnMut(Msn) -> Result<()>) -> Result<()> {
+    pub(super) fn take_msn(&self, before: &mut dyn FnMut(Msn) -> Result<()>) -> Result<()> {
         let root = self.pin(ROOT_ID)?;
         let _g = root.write();
         let first = self.next_msn.load(Ordering::Relaxed);

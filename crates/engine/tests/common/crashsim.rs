@@ -16,6 +16,34 @@ pub fn hash_model(m: &Model) -> u64 {
     h.finish()
 }
 
+/// The state a crash must recover to: the live contents and, when there are snapshots, each
+/// snapshot's name and contents (the live contents' hash alone when there is none).
+pub fn state_hash(m: &Model, snaps: &BTreeMap<String, Model>) -> u64 {
+    if snaps.is_empty() {
+        return hash_model(m);
+    }
+    let mut h = DefaultHasher::new();
+    hash_model(m).hash(&mut h);
+    for (name, s) in snaps {
+        (name, hash_model(s)).hash(&mut h);
+    }
+    h.finish()
+}
+
+/// [`state_hash`] of what the engine holds: its contents and every snapshot's, read through
+/// their views.
+pub fn engine_state(e: &Engine) -> u64 {
+    let snaps: BTreeMap<String, Model> = e
+        .snapshots()
+        .into_iter()
+        .map(|s| {
+            let m = super::snaps::snapshot_dump(e, &s.name);
+            (s.name, m)
+        })
+        .collect();
+    state_hash(&dump(e), &snaps)
+}
+
 pub struct Run {
     pub dev: Arc<FaultDevice>,
     /// Hash of the model after each prefix of operations (index = number of operations).
@@ -61,7 +89,27 @@ pub fn workload_in(
     let mut states = vec![hash_model(&m)];
     let mut syncs = Vec::new();
     let mut holding = false;
+    // With range moves, snapshots too (docs/SURGERY.md §4.7): each a frozen copy of the model.
+    let mut snaps: BTreeMap<String, Model> = BTreeMap::new();
+    let mut snap_names = 0;
     for step in 0..steps {
+        if range_moves && g.rng.gen_bool(0.04) {
+            // A snapshot taken, or one deleted: one record, all or nothing at a crash.
+            if snaps.len() < 4 && (snaps.is_empty() || g.rng.gen_bool(0.6)) {
+                snap_names += 1;
+                let name = format!("s{snap_names}");
+                e.snapshot_create(&name)
+                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: snapshot: {err}"));
+                snaps.insert(name, m.clone());
+            } else {
+                let name = snaps.keys().next().expect("a snapshot").clone();
+                e.snapshot_delete(&name)
+                    .unwrap_or_else(|err| panic!("seed {seed} step {step}: delete: {err}"));
+                snaps.remove(&name);
+            }
+            states.push(state_hash(&m, &snaps));
+            continue;
+        }
         let mut b = Batch::new();
         let n = if g.rng.gen_bool(0.2) {
             g.rng.gen_range(2..5)
@@ -108,7 +156,7 @@ pub fn workload_in(
         }
         e.write(&b)
             .unwrap_or_else(|err| panic!("seed {seed} step {step}: {err}"));
-        states.push(hash_model(&m));
+        states.push(state_hash(&m, &snaps));
         match g.rng.gen_range(0..100) {
             0..=11 => {
                 e.sync().unwrap();
@@ -144,7 +192,7 @@ pub fn workload_in(
         let moved = e.stats().range_moves + e.stats().range_clones;
         let st = e.stats();
         eprintln!(
-            "{moved} range moves and clones by surgery ({} clones), {} copies of shared nodes, {} subtrees dropped, {} nodes collected",
+            "{moved} range moves and clones by surgery ({} clones), {} copies of shared nodes, {} subtrees dropped, {} nodes collected, {snap_names} snapshots taken",
             st.range_clones, st.cow_copies, st.subtrees_dropped, st.nodes_collected
         );
         assert!(moved > 0, "seed {seed}: no range move took the surgery");
@@ -194,7 +242,7 @@ pub fn check_crash(run: &Run, pos: usize, plan: &CrashPlan, what: &str) -> usize
         report.leaked_nodes.is_empty(),
         "{what}: leaked nodes after recovery"
     );
-    let h = hash_model(&dump(&e));
+    let h = engine_state(&e);
     let min = synced_by(&run.syncs, pos);
     let found = (min..run.states.len()).rev().find(|&k| run.states[k] == h);
     let k = found.unwrap_or_else(|| {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod crashsim;
+pub mod snaps;
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
@@ -50,6 +51,12 @@ pub fn roomy_options() -> Options {
 
 /// Puts `n` keys `{prefix}{i:07}` of `len`-byte values, in batches of 100, in the engine and the
 /// model.
+/// A new engine of the small format on a memory device of `bytes`, with roomy options.
+pub fn roomy_engine(bytes: u64) -> Engine {
+    let dev = std::sync::Arc::new(amaranth_device::MemDevice::new(bytes));
+    Engine::create(dev, small_format(), roomy_options()).expect("create")
+}
+
 pub fn fill_family(e: &Engine, m: &mut Model, prefix: &str, n: u32, len: usize) {
     for chunk in (0..n).collect::<Vec<_>>().chunks(100) {
         let mut b = Batch::new();
@@ -115,6 +122,8 @@ pub fn apply_model(m: &mut Model, op: &Op) {
                 m.insert(nk, v);
             }
         }
+        // The live tree is as it was (the snapshot is kept by the test beside the model).
+        Op::SnapshotCreate { .. } | Op::SnapshotDelete { .. } => {}
     }
 }
 
