@@ -314,6 +314,12 @@ fn print_salvage(engine: &Engine, r: &SalvageReport) {
         r.orphans_adopted,
         r.orphans_left.len()
     );
+    if !r.snapshots_dropped.is_empty() {
+        say!(
+            "salvage: the rebuilt tree shares nothing with the snapshots, which were deleted: {}",
+            r.snapshots_dropped.join(", ")
+        );
+    }
     let ranges: Vec<(Vec<u8>, Option<Vec<u8>>)> =
         r.damage.iter().filter_map(|d| d.range.clone()).collect();
     match describe::files_in_ranges(engine, &ranges, FILES_SHOWN) {

@@ -114,6 +114,10 @@ pub struct SalvageReport {
     pub log: Option<String>,
     /// What was wrong with the superblock copies.
     pub superblock: Vec<String>,
+    /// The snapshots a rebuild deleted, by name: the rebuilt tree shares no node with them, and
+    /// their nodes are dropped with the old tree's (a snapshot may hold the very node that was
+    /// damaged; its own tree is not salvaged).
+    pub snapshots_dropped: Vec<String>,
 }
 
 impl SalvageReport {
@@ -716,6 +720,10 @@ pub(crate) fn rebuild(tree: &Tree) -> Result<SalvageReport> {
     let build = build.expect("a rebuilding walk has a builder");
     let keep: HashSet<NodeId> = build.reused.keys().copied().collect();
     {
+        // Every node outside the rebuilt tree leaves the table below, the snapshot roots and
+        // what only they reach among them: the catalog must not name them any more.
+        let dropped = std::mem::take(&mut *tree.snapshots.lock());
+        report.snapshots_dropped = dropped.list().into_iter().map(|s| s.name).collect();
         let mut btt = tree.store.btt.lock();
         // The rebuilt tree reaches each node it keeps once (a shared leaf is kept at one place
         // and copied for the others): every count is 1, and nothing is dead (the dead nodes are

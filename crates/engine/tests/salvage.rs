@@ -455,3 +455,34 @@ fn shared_and_dead_nodes_are_no_damage_and_a_repair_keeps_the_rest() {
     );
     assert!(internal > 1, "{internal} internal nodes damaged");
 }
+
+/// A repair that rebuilds the tree deletes the snapshots, and says so: the rebuilt tree shares
+/// no node with them, the old tree's nodes leave the table, and a catalog still naming the
+/// snapshot roots would name nodes that are gone.
+#[test]
+fn a_rebuild_deletes_the_snapshots_and_names_them() {
+    let dev = Arc::new(MemDevice::new(24 << 20));
+    let e = Engine::create(dev.clone(), small_format(), small_options()).unwrap();
+    let mut m = Model::new();
+    fill_family(&e, &mut m, "a/", 1500, 40);
+    e.snapshot_create("before").unwrap();
+    fill_family(&e, &mut m, "b/", 1500, 40);
+    e.snapshot_create("after").unwrap();
+    e.close().unwrap();
+    let (_, block, blocks) = extents(&dev)
+        .into_iter()
+        .find(|&(id, _, b)| id != 1 && b > 2)
+        .unwrap();
+    dev.with_bytes_mut(|b| b[((block + blocks - 1) * 4096) as usize..][..4096].fill(0));
+    let r = repair_and_check(&dev, &m, "snapshots");
+    assert!(r.rebuilt, "{r:?}");
+    assert_eq!(
+        r.snapshots_dropped,
+        vec!["after".to_string(), "before".to_string()]
+    );
+    let e = Engine::open(dev.clone(), small_options()).unwrap();
+    assert!(e.snapshots().is_empty(), "{:?}", e.snapshots());
+    let v = e.verify().unwrap();
+    assert!(v.leaked_nodes.is_empty(), "{:?}", v.leaked_nodes);
+    e.close().unwrap();
+}
