@@ -50,6 +50,7 @@ pub(crate) use links::NAMES_SCHEMA;
 mod orphans;
 mod readdir;
 mod rename;
+mod rename_shared;
 mod times;
 mod upgrade;
 
@@ -268,6 +269,12 @@ pub struct Fs {
     engine: Arc<Engine>,
     opts: FsOptions,
     ns: RwLock<()>,
+    /// Taken shared by renames under the shared namespace lock, exclusive by the readers that
+    /// do not check [`Fs::moves`] (`fs/rename_shared.rs`).
+    moving: RwLock<()>,
+    /// Renames under the shared namespace lock so far (each adds one before its batch is
+    /// committed): readers check it to notice keys that moved under them.
+    moves: AtomicU64,
     pub(crate) table: Mutex<Table>,
     alloc: Mutex<InoAlloc>,
     inodes_used: AtomicU64,
@@ -371,6 +378,8 @@ impl Fs {
             engine,
             opts,
             ns: RwLock::new(()),
+            moving: RwLock::new(()),
+            moves: AtomicU64::new(0),
             table: Mutex::new(Table::new(root)),
             alloc: Mutex::new(InoAlloc {
                 next,

@@ -161,9 +161,7 @@ impl Fs {
         if self.table.lock().has_no_xattrs(ino) {
             return Err(Errno::ENODATA);
         }
-        let fk = self.file_key(ino)?;
-        self.engine
-            .get(&keys::xattr_key(&fk, name))?
+        self.with_file_key(ino, |fk| Ok(self.engine.get(&keys::xattr_key(fk, name))?))?
             .ok_or(Errno::ENODATA)
     }
 
@@ -173,17 +171,18 @@ impl Fs {
         if self.table.lock().has_no_xattrs(ino) {
             return Ok(Vec::new());
         }
-        let fk = self.file_key(ino)?;
-        let p = keys::xattr_prefix(&fk);
-        let end = amaranth_engine::prefix_end(&p, self.max_key());
-        let mut out = Vec::new();
-        self.engine
-            .scan(Bound::Included(&p), Bound::Excluded(&end), |k, _| {
-                out.extend_from_slice(&k[p.len()..]);
-                out.push(0);
-                true
-            })?;
-        Ok(out)
+        self.with_file_key(ino, |fk| {
+            let p = keys::xattr_prefix(fk);
+            let end = amaranth_engine::prefix_end(&p, self.max_key());
+            let mut out = Vec::new();
+            self.engine
+                .scan(Bound::Included(&p), Bound::Excluded(&end), |k, _| {
+                    out.extend_from_slice(&k[p.len()..]);
+                    out.push(0);
+                    true
+                })?;
+            Ok(out)
+        })
     }
 
     /// Removes an extended attribute.
