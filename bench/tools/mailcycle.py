@@ -1,7 +1,8 @@
 """A small reproduction of the mail aging cycle (bench/workloads/mail_aging.py) on Amaranth and kernel file
 systems in one run, with Amaranth's FUSE requests by opcode and the daemon's CPU time per cycle.
 
-    python3 bench/tools/mailcycle.py [--fs amaranth,ext4] [--amaranth target/release/amaranth] [--users 2]
+    python3 bench/tools/mailcycle.py [--fs amaranth,ext4] [--amaranth target/release/amaranth]
+        [--amaranth-before OTHER_BINARY (file system "amaranth-before")] [--users 2]
         [--boxes 10] [--msgs 200] [--ops 1000] [--rounds 2] [--dir /var/tmp/mailcycle] [--strace] [--cache-size N]
 
 Each file system gets a fresh image on a loop device (direct I/O, as the bench does), the mail store is written
@@ -52,11 +53,12 @@ class Mounted:
             f.truncate(args.image_gib << 30)
         self.loop = sh(["losetup", "--find", "--show", "--direct-io=on", str(self.img)]).strip()
         self.pid = None
-        if fs == "amaranth":
-            sh([args.amaranth, "mkfs", self.loop])
-            pidf = root / "amaranth.pid"
-            sh([args.amaranth, "mount", self.loop, str(self.mnt), "--pid-file", str(pidf),
-                "--log-file", str(root / "amaranth.daemon.log")] +
+        self.bin = args.amaranth_before if fs == "amaranth-before" else args.amaranth
+        if fs.startswith("amaranth"):
+            sh([self.bin, "mkfs", self.loop])
+            pidf = root / f"{fs}.pid"
+            sh([self.bin, "mount", self.loop, str(self.mnt), "--pid-file", str(pidf),
+                "--log-file", str(root / f"{fs}.daemon.log")] +
                (["--cache-size", args.cache_size] if args.cache_size else []))
             self.pid = int(pidf.read_text().strip())
         else:
@@ -97,6 +99,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fs", default="amaranth,ext4")
     ap.add_argument("--amaranth", default=str(HERE / "target/release/amaranth"))
+    ap.add_argument("--amaranth-before", default="", help="a second binary, run as file system amaranth-before")
     ap.add_argument("--users", type=int, default=2)
     ap.add_argument("--boxes", type=int, default=10)
     ap.add_argument("--msgs", type=int, default=200)
@@ -130,7 +133,7 @@ def main():
                 if args.strace and r == args.rounds - 1:
                     st = m.mnt.parent / f"strace-{m.fs}.txt"
                     cmd = ["strace", "-c", "-f", "-o", str(st)] + cmd
-                c0 = amaranth_counts(args.amaranth, m.mnt) if m.pid else {}
+                c0 = amaranth_counts(m.bin, m.mnt) if m.pid else {}
                 cpu0 = daemon_cpu(m.pid) if m.pid else 0.0
                 t0 = time.monotonic()
                 out = json.loads(sh(cmd, cwd=HERE).strip().splitlines()[-1])
@@ -140,7 +143,7 @@ def main():
                        "cycle_seconds": round(out["seconds"], 3), "deliver": out["deliver"],
                        "delete": out["delete"], "not_ok": out["not_ok"]}
                 if m.pid:
-                    c1 = amaranth_counts(args.amaranth, m.mnt)
+                    c1 = amaranth_counts(m.bin, m.mnt)
                     res["daemon_cpu_s"] = round(daemon_cpu(m.pid) - cpu0, 3)
                     d = {k: v - c0.get(k, 0) for k, v in c1.items() if v - c0.get(k, 0) > 0}
                     ns = {k[3:]: v for k, v in d.items() if k.startswith("ns:")}

@@ -340,3 +340,22 @@ fn renames_racing_unlinks_and_makes_of_the_same_names() {
     assert_eq!(listed, made - removed, "seed {seed}: names listed");
     close_and_check(fs, dev, &format!("seed {seed}"));
 }
+
+/// A rename whose source or target name is one of the two directories (a directory into itself,
+/// a file over its own parent) is decided without locking a parent twice: refused as POSIX says,
+/// not deadlocked.
+#[test]
+fn renames_naming_one_of_their_directories_are_refused() {
+    let (fs, dev) = new_fs();
+    let ctx = Ctx::default();
+    let d = fs.mkdir(ROOT_INO, b"d", 0o755, ctx).unwrap().ino;
+    fs.mknod(d, b"f", libc::S_IFREG | 0o644, 0, ctx).unwrap();
+    assert_eq!(fs.rename(ROOT_INO, b"d", d, b"x", 0), Err(Errno::EINVAL));
+    assert_eq!(fs.rename(d, b"f", ROOT_INO, b"d", 0), Err(Errno::EISDIR));
+    fs.rename(d, b"f", ROOT_INO, b"g", 0).unwrap();
+    assert_eq!(
+        fs.rename(ROOT_INO, b"g", ROOT_INO, b"d", 0),
+        Err(Errno::EISDIR)
+    );
+    close_and_check(fs, dev, "renames naming their directories");
+}

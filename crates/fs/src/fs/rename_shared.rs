@@ -54,6 +54,18 @@ impl Fs {
         let _moving = self.moving.read();
         let (src_dkey, src_dir) = self.dir(parent)?;
         let (dst_dkey, dst_dir) = self.dir(new_parent)?;
+        // A directory on either side goes exclusive, decided before the parents are locked: a
+        // lookup locks the inode it finds, which could be one of them (a directory moved into
+        // itself). Directories keep their names under the shared lock, so whatever these names
+        // hold once the parents are locked is no parent either.
+        let is_dir = |p: u64, k: &[u8], n: &[u8]| -> Result<bool> {
+            Ok(self
+                .find(p, k, n)?
+                .is_some_and(|f| f.inode.kind == Kind::Dir))
+        };
+        if is_dir(parent, &src_dkey, name)? || is_dir(new_parent, &dst_dkey, new_name)? {
+            return Ok(false);
+        }
         let same_parent = parent == new_parent;
         let (mut sg, mut dg) = if same_parent {
             (src_dir.lock(), None)
