@@ -111,6 +111,9 @@ def main():
     ap.add_argument("--strace", action="store_true")
     ap.add_argument("--cache-size", default="", help="Amaranth --cache-size")
     ap.add_argument("--label", default="")
+    ap.add_argument("--maildir-ops", type=int, default=0,
+                    help="also run bench/tools/maildir_ops.py (2 clients, this many deliveries and deletes each) "
+                         "on every file system in every round (--ops 0: only that)")
     args = ap.parse_args()
     import pwd
     pw = pwd.getpwnam("amabench")
@@ -123,11 +126,20 @@ def main():
         for fs in args.fs.split(","):
             m = Mounted(fs, root, args)
             mounts.append(m)
-            sh(tool(args, m, "populate", "--seed", "1"), cwd=HERE)
-            sh(tool(args, m, "warm"), cwd=HERE)
+            if args.ops:
+                sh(tool(args, m, "populate", "--seed", "1"), cwd=HERE)
+                sh(tool(args, m, "warm"), cwd=HERE)
         drop_caches()
         for r in range(args.rounds):
             for m in mounts:
+                if args.maildir_ops:
+                    cmd = [sys.executable, str(HERE / "bench/tools/maildir_ops.py"), str(m.mnt), "--n",
+                           str(args.maildir_ops), "--clients", "2"] + (["--amaranth", m.bin] if m.pid else [])
+                    j = json.loads(sh(cmd).strip().splitlines()[-1])
+                    print(json.dumps({"fs": m.fs, "round": r + 1, "maildir_ops": j}), flush=True)
+                    results.append({"fs": m.fs, "round": r + 1, "maildir_ops": j})
+                if not args.ops:
+                    continue
                 cmd = tool(args, m, "cycle", "--ops", str(args.ops), "--seed", str(100 + r))
                 st = None
                 if args.strace and r == args.rounds - 1:
@@ -163,9 +175,18 @@ def main():
         for m in mounts:
             m.close()
     first = args.fs.split(",")[0]
+    if args.maildir_ops:
+        for ph in ("deliver", "delete (flag change + expunge)"):
+            print(f"\n| {ph} round | " + " | ".join(f"{f} us/op" for f in args.fs.split(",")) + " |")
+            for r in range(args.rounds):
+                row = {x["fs"]: x["maildir_ops"][ph]["us_per_op"] for x in results
+                       if x["round"] == r + 1 and "maildir_ops" in x}
+                print(f"| {r + 1} | " + " | ".join(f"{row[f]:.0f}" for f in args.fs.split(",")) + " |")
+    if not args.ops:
+        return
     print(f"\n| {args.label} round | " + " | ".join(f"{f} s" for f in args.fs.split(",")) + " | ratios |")
     for r in range(args.rounds):
-        row = {x["fs"]: x["seconds_incl_sync"] for x in results if x["round"] == r + 1}
+        row = {x["fs"]: x["seconds_incl_sync"] for x in results if x["round"] == r + 1 and "seconds_incl_sync" in x}
         ratios = ", ".join(f"{f}/{first} {row[f] / row[first]:.2f}" for f in row if f != first)
         print(f"| {r + 1} | " + " | ".join(f"{row[f]:.2f}" for f in args.fs.split(",")) + f" | {ratios} |")
 
