@@ -394,15 +394,6 @@ impl Cache {
         true
     }
 
-    /// Runs `f` if nobody pins `cn` (one reference in the map, one held by the caller, the
-    /// eviction candidate list), with the map locked: nobody pins it meanwhile either. For
-    /// dropping a node's sub-blocks: one who pinned a node (taking it from the map) loads its
-    /// sub-blocks and then latches it to change them, and finds them resident.
-    pub fn if_unpinned<R>(&self, cn: &Arc<CachedNode>, f: impl FnOnce() -> R) -> Option<R> {
-        let _map = self.map.lock();
-        (Arc::strong_count(cn) == 2).then(f)
-    }
-
     /// Eviction candidates, least recently used first: nodes nobody pins.
     pub fn victims(&self) -> Vec<Arc<CachedNode>> {
         let map = self.map.lock();

@@ -177,9 +177,6 @@ pub struct Tree {
     pub split_boundaries: RwLock<Vec<u8>>,
     /// Subtrees the test hook holds a reference to (`tree/share.rs`).
     holds: Mutex<Vec<share::Hold>>,
-    /// Held by the collector of dead nodes (`tree/collect.rs`): two at once would take the same
-    /// dead ids and free each twice.
-    collecting: Mutex<()>,
 }
 
 impl Tree {
@@ -206,7 +203,6 @@ impl Tree {
             readahead: ReadAhead::default(),
             heal: Mutex::new(BTreeSet::new()),
             split_boundaries: RwLock::new(Vec::new()),
-            collecting: Mutex::new(()),
             holds: Mutex::new(Vec::new()),
         }
     }

@@ -140,35 +140,28 @@ impl Tree {
                 return false;
             }
         }
-        // Never under someone who pinned the node: it loaded (or is loading) the sub-blocks to
-        // change them once it has the node's write latch (a flush into a child, a range move's
-        // slicing), and would find them gone.
-        let drop_clean = || {
-            let mut dropped = false;
-            match &g.body {
-                Body::Leaf(l) => {
-                    for slot in &l.parts {
-                        let mut st = slot.state.lock();
-                        if st.data.is_some() && st.loc.is_some() {
-                            st.data = None;
-                            dropped = true;
-                        }
-                    }
-                }
-                Body::Internal(n) => {
-                    for slot in &n.buffers {
-                        let mut st = slot.state.lock();
-                        if (st.data.is_some() || st.raw.is_some()) && st.loc.is_some() {
-                            st.data = None;
-                            st.raw = None;
-                            dropped = true;
-                        }
+        let mut dropped = false;
+        match &g.body {
+            Body::Leaf(l) => {
+                for slot in &l.parts {
+                    let mut st = slot.state.lock();
+                    if st.data.is_some() && st.loc.is_some() {
+                        st.data = None;
+                        dropped = true;
                     }
                 }
             }
-            dropped
-        };
-        let dropped = self.cache.if_unpinned(cn, drop_clean).unwrap_or(false);
+            Body::Internal(n) => {
+                for slot in &n.buffers {
+                    let mut st = slot.state.lock();
+                    if (st.data.is_some() || st.raw.is_some()) && st.loc.is_some() {
+                        st.data = None;
+                        st.raw = None;
+                        dropped = true;
+                    }
+                }
+            }
+        }
         if dropped {
             if cn.prefetched.swap(false, Ordering::Relaxed) {
                 self.cache

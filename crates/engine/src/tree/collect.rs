@@ -30,8 +30,6 @@ impl Tree {
     /// Frees up to about `max` dead nodes (a step may free the leaves of one more node). Returns
     /// how many it freed. The caller holds `writers` shared and no latch.
     pub fn collect(&self, max: usize) -> Result<usize> {
-        // One collector at a time: the dead ids are not claimed when they are taken.
-        let _one = self.collecting.lock();
         let mut freed = 0;
         while freed < max {
             let ids = self.store.btt.lock().refs.dead(max - freed);
