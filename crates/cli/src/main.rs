@@ -24,6 +24,7 @@ mod out;
 
 mod clone;
 mod control;
+mod failstop;
 mod files;
 mod fsck;
 mod fsck_cmd;
@@ -246,6 +247,7 @@ fn exit_with(r: CliResult<i32>) -> ! {
 fn main() {
     // Before any thread starts.
     memlimit::bound_allocator();
+    failstop::install();
     // Not `env::args()`: it panics on arguments that are not UTF-8.
     let argv: Vec<OsString> = std::env::args_os().collect();
     let argv0 = argv

@@ -691,6 +691,7 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
         &run,
     );
     spawn_signal_thread(handle.unmounter());
+    crate::failstop::panic_later_for_tests();
     ready.ok(handle.transport());
     if foreground {
         note!(

@@ -394,6 +394,14 @@ impl Cache {
         true
     }
 
+    /// Whether `cn` is pinned by anyone but the map and the `held` references the caller knows
+    /// of. Checked under the map's lock, where every pin is taken ([`Cache::get`],
+    /// [`Cache::peek`]), as [`Cache::evict_if_idle`] does.
+    pub fn pinned_by_others(&self, cn: &Arc<CachedNode>, held: usize) -> bool {
+        let _map = self.map.lock();
+        Arc::strong_count(cn) > 1 + held
+    }
+
     /// Eviction candidates, least recently used first: nodes nobody pins.
     pub fn victims(&self) -> Vec<Arc<CachedNode>> {
         let map = self.map.lock();

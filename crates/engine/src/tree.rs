@@ -177,6 +177,10 @@ pub struct Tree {
     pub split_boundaries: RwLock<Vec<u8>>,
     /// Subtrees the test hook holds a reference to (`tree/share.rs`).
     holds: Mutex<Vec<share::Hold>>,
+    /// Held by a collection of dead nodes for its whole step (`tree/collect.rs`): the cleaner,
+    /// a pass pushing range deletes down and a range move all collect, and two of them taking
+    /// the same dead ids freed a node twice.
+    collecting: Mutex<()>,
 }
 
 impl Tree {
@@ -204,6 +208,7 @@ impl Tree {
             heal: Mutex::new(BTreeSet::new()),
             split_boundaries: RwLock::new(Vec::new()),
             holds: Mutex::new(Vec::new()),
+            collecting: Mutex::new(()),
         }
     }
 

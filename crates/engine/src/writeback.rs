@@ -130,10 +130,18 @@ impl Tree {
     /// Drops the in-memory copies of a clean node's sub-blocks that are on disk. Returns whether
     /// anything was dropped.
     fn shed(&self, cn: &Arc<CachedNode>) -> bool {
-        // Not waiting: see `make_room`.
-        let Some(g) = cn.try_read() else {
+        // Not waiting: see `make_room`. The write latch, and no pin but the map's and the
+        // caller's (checked under the map's lock, where pins are taken): a thread that pinned the
+        // node has made it whole, or is about to check that under a latch, and then changes it
+        // under its write latch. Shedding behind its back between the two (under a read latch, as
+        // before) left a node being changed without its partitions: the cleaner's pass pushing
+        // range deletes down panicked in the middle of a delivery (aging run, 2026-11-27).
+        let Some(g) = cn.try_write() else {
             return false;
         };
+        if self.cache.pinned_by_others(cn, 1) {
+            return false;
+        }
         {
             let m = cn.meta.lock();
             if m.dirty || m.pending || m.deleted {

@@ -29,7 +29,13 @@ impl Tree {
 
     /// Frees up to about `max` dead nodes (a step may free the leaves of one more node). Returns
     /// how many it freed. The caller holds `writers` shared and no latch.
+    ///
+    /// One collection at a time: the dead ids are taken from the table without being removed
+    /// (a node leaves it only once freed), so two collectors at once took the same ids, and the
+    /// second read a node the first had freed ("referenced but has no location"), found it no
+    /// longer dead (a panic), or took its children's references a second time.
     pub fn collect(&self, max: usize) -> Result<usize> {
+        let _one = self.collecting.lock();
         let mut freed = 0;
         while freed < max {
             let ids = self.store.btt.lock().refs.dead(max - freed);

@@ -119,6 +119,7 @@ impl Tree {
             max_flushes,
             deletes_only,
             flushes: 0,
+            reloads: 0,
         };
         let resume = self.drain_node(&root, &mut g, from, &Bounds::root(), &mut work)?;
         Ok((work.flushes, resume))
@@ -173,6 +174,18 @@ impl Tree {
                 None
             };
             let mut cg = ccn.write();
+            if !cg.fully_resident() {
+                // Shed between the load and the latch (a pinned node is not shed, but keep the
+                // flush's rule: a node is changed only whole). Try again from this child.
+                drop(cg);
+                drop(_sibling);
+                work.reloads += 1;
+                if work.reloads > MAX_RELOADS {
+                    // Give this round up; the next one starts here.
+                    return Ok(Some(lo));
+                }
+                continue;
+            }
             if pending {
                 let alive = self.flush_into_child(cn, g, bounds, i, &ccn, &mut cg)?;
                 work.flushes += 1;
@@ -335,4 +348,10 @@ pub(super) struct DrainWork {
     /// Flush only buffers holding a range delete.
     deletes_only: bool,
     flushes: usize,
+    /// Children found partly shed under their latch and loaded again.
+    reloads: usize,
 }
+
+/// How many times a drain round loads a shed child again before it stops (the next round
+/// resumes at that child).
+const MAX_RELOADS: usize = 256;
