@@ -16,12 +16,15 @@
 //! these hold their directory's attribute lock from the check that the name is free until the
 //! table knows it, see `Fs::make`) and by the common removals (the unlink of a file the kernel
 //! holds with one name, the rmdir of a directory the table holds: they also hold the removed
-//! inode's lock), and exclusive by the other name changes (rename, link, the other unlinks and
-//! rmdirs, clones), so a path's key cannot change under an operation that uses it. An inode's attribute lock is held
-//! from reading its attributes until the batch that changes them is submitted, so changes to one
-//! inode reach the log in the order they were made; its key is read under that lock too, because
-//! the last release of an unlinked file deletes it under the shared namespace lock, holding the
-//! inode lock, and a deleted inode has no key. The table lock is innermost and brief.
+//! inode's lock), by the common renames of files (`fs/rename_shared.rs`: they hold the parents'
+//! and the files' locks, and readers that use a key without the file's lock check `moves`), and
+//! exclusive by the other name changes (the other renames, link, the other unlinks and rmdirs,
+//! clones), so a path's key cannot change under an operation that uses it unnoticed. An inode's
+//! attribute lock is held from reading its attributes until the batch that changes them is
+//! submitted, so changes to one inode reach the log in the order they were made; its key is read
+//! under that lock too, because the last release of an unlinked file deletes it under the shared
+//! namespace lock, holding the inode lock, and a deleted inode has no key. The table lock is
+//! innermost and brief.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -50,6 +53,7 @@ pub(crate) use links::NAMES_SCHEMA;
 mod orphans;
 mod readdir;
 mod rename;
+mod rename_shared;
 mod times;
 mod upgrade;
 
@@ -268,6 +272,12 @@ pub struct Fs {
     engine: Arc<Engine>,
     opts: FsOptions,
     ns: RwLock<()>,
+    /// Taken shared by renames under the shared namespace lock, exclusive by the readers that
+    /// do not check [`Fs::moves`] (`fs/rename_shared.rs`).
+    moving: RwLock<()>,
+    /// Renames under the shared namespace lock so far (each adds one before its batch is
+    /// committed): readers check it to notice keys that moved under them.
+    moves: AtomicU64,
     pub(crate) table: Mutex<Table>,
     alloc: Mutex<InoAlloc>,
     inodes_used: AtomicU64,
@@ -371,6 +381,8 @@ impl Fs {
             engine,
             opts,
             ns: RwLock::new(()),
+            moving: RwLock::new(()),
+            moves: AtomicU64::new(0),
             table: Mutex::new(Table::new(root)),
             alloc: Mutex::new(InoAlloc {
                 next,

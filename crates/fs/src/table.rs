@@ -318,8 +318,8 @@ impl Table {
         self.nodes.get(&ino).is_some_and(|n| n.no_xattrs)
     }
 
-    /// Records whether `ino` is known to have no extended attributes: true only for an inode
-    /// just made; false before anything may give it one.
+    /// Records whether `ino` is known to have no extended attributes: true for an inode just
+    /// made or one a lookup found none of (under its lock); false before anything may give it one.
     pub fn set_no_xattrs(&mut self, ino: u64, none: bool) {
         if let Some(n) = self.nodes.get_mut(&ino) {
             n.no_xattrs = none;

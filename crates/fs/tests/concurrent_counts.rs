@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 
 use amaranth_device::MemDevice;
-use amaranth_engine::{Engine, Options};
-use amaranth_fs::{check, Ctx, Errno, Fs, ROOT_INO};
-use common::{engine_options, format, fs_options};
+use amaranth_engine::Engine;
+use amaranth_fs::{Ctx, Errno, Fs, ROOT_INO};
+use common::{close_and_check, engine_options, format, fs_options, root_dirs};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -60,26 +60,6 @@ fn concurrent_last_forgets_keep_the_inode_counter_exact() {
 
 /// Closes `fs` and runs the checker on its image: it must find nothing (the counter exact, no
 /// orphan left).
-fn close_and_check(fs: Arc<Fs>, dev: Arc<MemDevice>, what: &str) {
-    let engine = Arc::try_unwrap(fs)
-        .ok()
-        .expect("sole owner")
-        .engine()
-        .clone();
-    Arc::try_unwrap(engine)
-        .ok()
-        .expect("sole engine owner")
-        .close()
-        .unwrap();
-    let ro = Options {
-        read_only: true,
-        ..engine_options()
-    };
-    let engine = Engine::open(dev, ro).unwrap();
-    let report = check::check(&engine, false, |_| {});
-    assert_eq!(report.exit_code(), 0, "{what}: checker: {report:?}");
-}
-
 fn new_fs() -> (Arc<Fs>, Arc<MemDevice>) {
     let dev = Arc::new(MemDevice::new(64 << 20));
     let engine = Engine::create(dev.clone(), format(), engine_options()).unwrap();
@@ -182,13 +162,7 @@ fn concurrent_names_opens_and_last_forgets_keep_the_inode_counter_exact() {
     eprintln!("seed {seed} (replay with AMARANTH_SEED={seed})");
     let (fs, dev) = new_fs();
     let ctx = Ctx::default();
-    let dirs: Vec<u64> = (0..2)
-        .map(|d| {
-            fs.mkdir(ROOT_INO, format!("d{d}").as_bytes(), 0o755, ctx)
-                .unwrap()
-                .ino
-        })
-        .collect();
+    let dirs = root_dirs(&fs, 2);
     let threads = 4u64;
     let go = Arc::new(Barrier::new(threads as usize));
     // Opens of inodes found deleted (the race this test is about), and successful removals.
@@ -315,13 +289,7 @@ fn concurrent_names_opens_and_last_forgets_keep_the_inode_counter_exact() {
 fn concurrent_makes_of_one_name_succeed_once() {
     let (fs, dev) = new_fs();
     let ctx = Ctx::default();
-    let dirs: Vec<u64> = (0..3)
-        .map(|d| {
-            fs.mkdir(ROOT_INO, format!("d{d}").as_bytes(), 0o755, ctx)
-                .unwrap()
-                .ino
-        })
-        .collect();
+    let dirs = root_dirs(&fs, 3);
     let threads = 4u64;
     let go = Arc::new(Barrier::new(threads as usize + 1));
     let made = Arc::new(AtomicU64::new(0));

@@ -161,10 +161,34 @@ impl Fs {
         if self.table.lock().has_no_xattrs(ino) {
             return Err(Errno::ENODATA);
         }
-        let fk = self.file_key(ino)?;
+        let value =
+            self.with_file_key(ino, |fk| Ok(self.engine.get(&keys::xattr_key(fk, name))?))?;
+        if value.is_none() {
+            self.note_if_no_xattrs(ino)?;
+        }
+        value.ok_or(Errno::ENODATA)
+    }
+
+    /// After a probe found no attribute: if the inode has none at all, the table remembers it,
+    /// so the kernel's next probes (`security.capability` at every write to a file) are answered
+    /// without an engine lookup. Under the inode's lock, which `setxattr` holds from clearing the
+    /// mark until its batch is in: the scan sees every attribute set before, and one set after
+    /// clears the mark again.
+    fn note_if_no_xattrs(&self, ino: u64) -> Result<()> {
+        let shared = self.node_inode(ino)?;
+        let _i = shared.lock();
+        let p = keys::xattr_prefix(&self.file_key(ino)?);
+        let end = amaranth_engine::prefix_end(&p, self.max_key());
+        let mut any = false;
         self.engine
-            .get(&keys::xattr_key(&fk, name))?
-            .ok_or(Errno::ENODATA)
+            .scan(Bound::Included(&p), Bound::Excluded(&end), |_, _| {
+                any = true;
+                false
+            })?;
+        if !any {
+            self.table.lock().set_no_xattrs(ino, true);
+        }
+        Ok(())
     }
 
     /// Names of all extended attributes, each followed by a NUL byte.
@@ -173,17 +197,18 @@ impl Fs {
         if self.table.lock().has_no_xattrs(ino) {
             return Ok(Vec::new());
         }
-        let fk = self.file_key(ino)?;
-        let p = keys::xattr_prefix(&fk);
-        let end = amaranth_engine::prefix_end(&p, self.max_key());
-        let mut out = Vec::new();
-        self.engine
-            .scan(Bound::Included(&p), Bound::Excluded(&end), |k, _| {
-                out.extend_from_slice(&k[p.len()..]);
-                out.push(0);
-                true
-            })?;
-        Ok(out)
+        self.with_file_key(ino, |fk| {
+            let p = keys::xattr_prefix(fk);
+            let end = amaranth_engine::prefix_end(&p, self.max_key());
+            let mut out = Vec::new();
+            self.engine
+                .scan(Bound::Included(&p), Bound::Excluded(&end), |k, _| {
+                    out.extend_from_slice(&k[p.len()..]);
+                    out.push(0);
+                    true
+                })?;
+            Ok(out)
+        })
     }
 
     /// Removes an extended attribute.

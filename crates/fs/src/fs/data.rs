@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 
 use amaranth_engine::{Batch, BlockRead, BlockRef, Op, Patch, StoredValue};
 
+use super::rename_shared::MOVE_RETRIES;
 use super::{
     Fs, COPY_MAX, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, MAX_FILE_SIZE,
 };
@@ -18,7 +19,14 @@ use crate::keys::{self, BLOCK};
 use crate::space::{self, RESERVED_BLOCK_COST};
 
 /// A read's file key, the end of its bytes (at most the file's size) and the file's inode.
-type ReadSpan = (Vec<u8>, u64, Arc<Mutex<Inode>>);
+/// What a read covers: the file's key, the end of the bytes to read, the file, and the move
+/// count when the key was taken (`fs/rename_shared.rs`).
+struct ReadSpan {
+    fk: Vec<u8>,
+    end: u64,
+    shared: Arc<Mutex<Inode>>,
+    moves: u64,
+}
 
 impl Fs {
     pub(super) fn truncate_ops(&self, b: &mut Batch, fk: &[u8], size: u64) {
@@ -52,11 +60,29 @@ impl Fs {
     /// the number of bytes appended; on error `out` is left as it was.
     pub fn read_into(&self, ino: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<usize> {
         let _ns = self.ns.read();
-        let Some((fk, end, shared)) = self.read_span(ino, offset, size as u64)? else {
-            return Ok(0);
-        };
-        self.read_bytes_into(&fk, offset, end, out)?;
-        Ok(self.read_done(ino, &shared, offset, end))
+        let start = out.len();
+        for attempt in 0..=MOVE_RETRIES {
+            let Some(s) = self.read_span(ino, offset, size as u64)? else {
+                return Ok(0);
+            };
+            let r = if attempt < MOVE_RETRIES {
+                self.read_bytes_into(&s.fk, offset, s.end, out)
+            } else {
+                let _i = s.shared.lock();
+                self.read_bytes_into(&self.file_key(ino)?, offset, s.end, out)
+            };
+            if let Err(e) = r {
+                out.truncate(start);
+                return Err(e);
+            }
+            if attempt < MOVE_RETRIES && self.moved_since(s.moves) {
+                // A rename moved keys meanwhile (perhaps this file's): read again.
+                out.truncate(start);
+                continue;
+            }
+            return Ok(self.read_done(ino, &s.shared, offset, s.end));
+        }
+        unreachable!("the last attempt reads under the file's lock")
     }
 
     /// [`Fs::read`] into `out` (up to its length; a transport's own reply buffer, so that nothing
@@ -65,21 +91,34 @@ impl Fs {
     /// of bytes written at the start of `out`.
     pub fn read_to_slice(&self, ino: u64, offset: u64, out: &mut [u8]) -> Result<usize> {
         let _ns = self.ns.read();
-        let Some((fk, end, shared)) = self.read_span(ino, offset, out.len() as u64)? else {
-            return Ok(0);
-        };
-        let n = (end - offset) as usize;
-        self.fill(&fk, offset, end, &mut out[..n])?;
-        Ok(self.read_done(ino, &shared, offset, end))
+        for attempt in 0..=MOVE_RETRIES {
+            let Some(s) = self.read_span(ino, offset, out.len() as u64)? else {
+                return Ok(0);
+            };
+            let n = (s.end - offset) as usize;
+            if attempt < MOVE_RETRIES {
+                self.fill(&s.fk, offset, s.end, &mut out[..n])?;
+                if self.moved_since(s.moves) {
+                    // A rename moved keys meanwhile (perhaps this file's): read again.
+                    continue;
+                }
+            } else {
+                let _i = s.shared.lock();
+                self.fill(&self.file_key(ino)?, offset, s.end, &mut out[..n])?;
+            }
+            return Ok(self.read_done(ino, &s.shared, offset, s.end));
+        }
+        unreachable!("the last attempt reads under the file's lock")
     }
 
     /// What a read of `size` bytes at `offset` covers: the file's key and the end of the bytes to
     /// read (at most the file's size), or `None` when there is nothing to read.
     fn read_span(&self, ino: u64, offset: u64, size: u64) -> Result<Option<ReadSpan>> {
         let shared = self.node_inode(ino)?;
-        let (fk, file_size, kind) = {
+        let (fk, file_size, kind, moves) = {
             let i = shared.lock();
-            (self.file_key(ino)?, i.size, i.kind)
+            let moves = self.moves.load(Ordering::SeqCst);
+            (self.file_key(ino)?, i.size, i.kind, moves)
         };
         if kind == Kind::Dir {
             return Err(Errno::EISDIR);
@@ -87,7 +126,12 @@ impl Fs {
         if offset >= file_size || size == 0 {
             return Ok(None);
         }
-        Ok(Some((fk, file_size.min(offset + size), shared)))
+        Ok(Some(ReadSpan {
+            fk,
+            end: file_size.min(offset + size),
+            shared,
+            moves,
+        }))
     }
 
     /// Counts a read of `[offset, end)` and updates the access time; returns its length.
@@ -410,6 +454,8 @@ impl Fs {
     /// `lseek` with `SEEK_DATA` or `SEEK_HOLE` (others are the kernel's business).
     pub fn lseek(&self, ino: u64, offset: u64, whence: i32) -> Result<u64> {
         let _ns = self.ns.read();
+        // No rename moves the file's keys while it scans them (`fs/rename_shared.rs`).
+        let _moving = self.moving.write();
         let shared = self.node_inode(ino)?;
         let size = shared.lock().size;
         let fk = self.file_key(ino)?;
@@ -510,6 +556,8 @@ impl Fs {
         len: u64,
     ) -> Result<u64> {
         let _ns = self.ns.read();
+        // No rename moves either file's keys meanwhile (`fs/rename_shared.rs`).
+        let _moving = self.moving.write();
         let size_in = self.node_inode(ino_in)?.lock().size;
         let shared = self.node_inode(ino_out)?;
         if shared.lock().kind != Kind::File {

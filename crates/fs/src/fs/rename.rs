@@ -27,6 +27,12 @@ impl Fs {
         {
             return Err(Errno::EINVAL);
         }
+        {
+            let _ns = self.ns.read();
+            if self.rename_shared(parent, name, new_parent, new_name, flags)? {
+                return Ok(());
+            }
+        }
         let _ns = self.ns.write();
         let (src_dkey, src_dir) = self.dir(parent)?;
         let (dst_dkey, dst_dir) = self.dir(new_parent)?;
@@ -233,7 +239,7 @@ impl Fs {
 
     /// Operations moving the entry `found` (metadata, and for path-keyed inodes their data, xattrs
     /// and subtree) to the path key `to`.
-    fn move_entry_ops(&self, b: &mut Batch, found: &Found, to: &[u8]) {
+    pub(super) fn move_entry_ops(&self, b: &mut Batch, found: &Found, to: &[u8]) {
         let from = &found.key;
         b.delete(keys::meta_key(from));
         if found.redirect {

@@ -91,13 +91,14 @@ impl Fs {
             return;
         }
         let _ns = self.ns.read();
-        let (Some(shared), Some(fk)) = ({
-            let t = self.table.lock();
-            (t.inode(ino), t.file_key(ino))
-        }) else {
+        let Some(shared) = self.table.lock().inode(ino) else {
             return;
         };
         let i = shared.lock();
+        // Under the inode's lock: a rename under the shared namespace lock moves it holding that.
+        let Some(fk) = self.table.lock().file_key(ino) else {
+            return;
+        };
         let key = keys::meta_key(&fk);
         // Only if the key still holds this inode: an unlinked inode is never written back.
         let current = self.engine.get(&key).ok().flatten();

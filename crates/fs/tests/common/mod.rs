@@ -67,6 +67,39 @@ pub fn engine_options() -> Options {
     }
 }
 
+/// Closes the engine of `fs` (nobody else may hold either), opens the image on `dev` read-only
+/// and asserts that the checker finds nothing (`what` says which run failed).
+pub fn close_and_check(fs: Arc<Fs>, dev: Arc<MemDevice>, what: &str) {
+    let engine = Arc::try_unwrap(fs)
+        .ok()
+        .expect("sole owner")
+        .engine()
+        .clone();
+    Arc::try_unwrap(engine)
+        .ok()
+        .expect("sole engine owner")
+        .close()
+        .unwrap();
+    let ro = Options {
+        read_only: true,
+        ..engine_options()
+    };
+    let engine = Engine::open(dev, ro).unwrap();
+    let report = check::check(&engine, false, |_| {});
+    assert_eq!(report.exit_code(), 0, "{what}: checker: {report:?}");
+}
+
+/// Makes directories `d0`, `d1`, ... in the root; returns their inode numbers.
+pub fn root_dirs(fs: &Fs, n: usize) -> Vec<u64> {
+    (0..n)
+        .map(|d| {
+            fs.mkdir(ROOT_INO, format!("d{d}").as_bytes(), 0o755, Ctx::default())
+                .unwrap()
+                .ino
+        })
+        .collect()
+}
+
 /// Drops `fs` and closes its engine (which nothing else may still hold).
 pub fn close_engine(fs: Fs) {
     let engine = fs.engine().clone();
