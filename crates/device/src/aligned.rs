@@ -3,6 +3,7 @@
 use std::alloc::{self, Layout};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::BLOCK_SIZE;
 
@@ -22,6 +23,24 @@ pub struct AlignedBuf {
 /// (128 on a loop device: 512 KiB), one into a huge page is one request.
 const HUGE_PAGE: usize = 2 << 20;
 
+/// Bytes of all live buffers and the most they ever were at once (process-wide), for the memory
+/// accounting of the programs above (the daemon's memory bound) and its tests.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static LIVE_PEAK: AtomicUsize = AtomicUsize::new(0);
+
+/// Bytes held by live [`AlignedBuf`]s in this process, and the highest that ever was.
+pub fn aligned_bytes() -> (usize, usize) {
+    (
+        LIVE.load(Ordering::Relaxed),
+        LIVE_PEAK.load(Ordering::Relaxed),
+    )
+}
+
+fn count(len: usize) {
+    let now = LIVE.fetch_add(len, Ordering::Relaxed) + len;
+    LIVE_PEAK.fetch_max(now, Ordering::Relaxed);
+}
+
 /// The size from which a buffer is mapped rather than allocated (the daemon's allocator maps
 /// blocks from 64 KiB on as well, so memory goes back to the system alike).
 const MAPPED_MIN: usize = 64 * 1024;
@@ -35,6 +54,7 @@ impl AlignedBuf {
     /// Allocates `len` zeroed bytes, rounded up to a whole number of blocks.
     pub fn zeroed(len: usize) -> AlignedBuf {
         let len = round_up(len.max(1));
+        count(len);
         let layout = Layout::from_size_align(len, BLOCK_SIZE).expect("aligned buffer layout");
         if len >= MAPPED_MIN {
             // A buffer of a huge page or more starts at a huge-page boundary: map one huge page
@@ -130,6 +150,7 @@ pub fn round_up(n: usize) -> usize {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        LIVE.fetch_sub(self.len, Ordering::Relaxed);
         if self.len >= MAPPED_MIN {
             // SAFETY: mapped in `zeroed` with exactly this address and length, unmapped once.
             let r = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };

@@ -19,7 +19,7 @@ mod fault;
 mod file;
 mod memory;
 
-pub use aligned::{advised_huge_for_tests, round_up, AlignedBuf};
+pub use aligned::{advised_huge_for_tests, aligned_bytes, round_up, AlignedBuf};
 pub use fault::{CrashPlan, FaultDevice, FaultRule, IoKind, PendingWrite};
 pub use file::FileDevice;
 pub use memory::MemDevice;
