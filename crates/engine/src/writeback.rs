@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::node::{self, Body, NodeId, SubLoc};
 use crate::store::Placement;
 use crate::superblock::Extent;
-use crate::tree::Tree;
+use crate::tree::{SavedImage, Tree};
 
 impl Tree {
     /// Once usage is over the eviction point (the bound less the headroom of one operation),
@@ -341,8 +341,16 @@ impl Tree {
         let mut written = Vec::new();
         loop {
             let item = self.ckpt_queue.lock().pop();
-            let Some((id, buf, was_at)) = item else {
+            let Some((id, saved, was_at)) = item else {
                 return Ok(written);
+            };
+            let buf = match saved {
+                SavedImage::Held(buf) => buf,
+                SavedImage::Written(ext) => {
+                    // Written and recorded by its modifier ([`Tree::begin_modify`]).
+                    written.push((id, ext, was_at));
+                    continue;
+                }
             };
             let len = buf.len();
             let r = self
@@ -381,8 +389,11 @@ impl Tree {
     /// Forgets queued checkpoint images (after a failed checkpoint).
     pub fn clear_checkpoint_queue(&self) {
         let items = std::mem::take(&mut *self.ckpt_queue.lock());
-        for (_, buf, _) in items {
-            self.cache.add_used(-(buf.len() as isize));
+        for (_, saved, _) in items {
+            // A written one is in the aborted checkpoint's table, which the abort releases.
+            if let SavedImage::Held(buf) = saved {
+                self.cache.add_used(-(buf.len() as isize));
+            }
         }
     }
 }

@@ -117,6 +117,10 @@ pub struct Stats {
     pub snapshots: u64,
     /// Snapshots taken since the engine opened (log replay included).
     pub snapshots_taken: u64,
+    /// Images of nodes that the running checkpoint still had to write, written by the threads
+    /// about to change them because the cache had no room to hold the images until the
+    /// checkpoint got to them.
+    pub checkpoint_images_written_early: u64,
     /// Subtrees range deletes covered whole and let go instead of flushing into them.
     pub subtrees_dropped: u64,
     /// What range clones share now, and what waits for the collector.
@@ -249,6 +253,9 @@ impl Engine {
             garbage_nodes: i.tree.garbage_nodes() as u64,
             snapshots: i.tree.snapshots.lock().entries.len() as u64,
             snapshots_taken: tc.snapshots_taken.load(Ordering::Relaxed),
+            checkpoint_images_written_early: tc
+                .checkpoint_images_written_early
+                .load(Ordering::Relaxed),
             subtrees_dropped: tc.subtrees_dropped.load(Ordering::Relaxed),
             sharing: self.sharing(),
             range_move_drains: tc.range_move_drains.load(Ordering::Relaxed),
