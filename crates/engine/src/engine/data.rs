@@ -92,8 +92,8 @@ impl Engine {
 }
 
 impl Engine {
-    /// [`Engine::read_blocks`] for references [`Engine::scan_stored`] found in the live tree,
-    /// which may have been let go of since: between the scan and the read, an overwrite or a
+    /// [`Engine::read_blocks`] for references [`Engine::scan_stored`] found (in this handle's
+    /// tree: the live one or its snapshot's), which may have been let go of since: between the scan and the read, an overwrite or a
     /// truncation can release a block, a checkpoint free it and a new write reuse it. On a
     /// checksum mismatch every key of `reads` is looked up again: if one of them no longer holds
     /// the reference it was read by, the read raced such a change and this returns `Ok(false)`
@@ -103,11 +103,14 @@ impl Engine {
     pub fn read_found_blocks(&self, reads: &[BlockRead<'_>], dest: &mut [u8]) -> Result<bool> {
         check_places(reads, dest);
         let inner = &*self.inner;
+        // The tree the references were found in: the live one, or a snapshot's (whose blocks
+        // nothing lets go of while it is open, so a mismatch there is always damage).
+        let root = self.root();
         match inner.tree.store.read_data(reads, dest, true) {
             Ok(()) => Ok(true),
             Err(e @ Error::Checksum { .. }) => {
                 for r in reads {
-                    match inner.seen(inner.tree.get_at(ROOT_ID, r.key))? {
+                    match inner.seen(inner.tree.get_at(root, r.key))? {
                         Some(Val::Ref(now)) if now == r.block.0 => {}
                         _ => {
                             inner
