@@ -56,6 +56,7 @@ pub fn engine_json(s: &Stats) -> Value {
         "data_bytes_written": s.data_bytes_written,
         "data_reads": s.data_reads,
         "data_bytes_read": s.data_bytes_read,
+        "data_reads_raced": s.data_reads_raced,
         "data_buffers_pooled": s.data_buffers_pooled,
         "data_buffers_unpooled": s.data_buffers_unpooled,
         "data_buffer_slabs_mapped": s.data_buffer_slabs_mapped,

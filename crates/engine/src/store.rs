@@ -315,6 +315,9 @@ pub struct StoreCounters {
     pub data_reads: AtomicU64,
     /// Bytes of out-of-line data read.
     pub data_bytes_read: AtomicU64,
+    /// Reads of blocks a scan had found that met a block let go of (and perhaps reused) since,
+    /// and were done again ([`crate::Engine::read_found_blocks`]).
+    pub data_reads_raced: AtomicU64,
     /// Discard passes ended by a refused discard.
     pub discard_failures: AtomicU64,
 }

@@ -91,14 +91,58 @@ impl Engine {
     }
 }
 
-/// [`Engine::read_blocks`] (and a snapshot view's).
-pub(super) fn read_blocks(inner: &Inner, reads: &[BlockRead<'_>], dest: &mut [u8]) -> Result<()> {
+impl Engine {
+    /// [`Engine::read_blocks`] for references [`Engine::scan_stored`] found (in this handle's
+    /// tree: the live one or its snapshot's), which may have been let go of since: between the scan and the read, an overwrite or a
+    /// truncation can release a block, a checkpoint free it and a new write reuse it. On a
+    /// checksum mismatch every key of `reads` is looked up again: if one of them no longer holds
+    /// the reference it was read by, the read raced such a change and this returns `Ok(false)`
+    /// (nothing in `dest` is to be trusted; scan again) without noting damage; if they all still
+    /// do, the block is damaged (noted, and the error returned). `Ok(true)`: `dest` holds the
+    /// blocks, as [`Engine::read_blocks`] leaves it.
+    pub fn read_found_blocks(&self, reads: &[BlockRead<'_>], dest: &mut [u8]) -> Result<bool> {
+        check_places(reads, dest);
+        let inner = &*self.inner;
+        // The tree the references were found in: the live one, or a snapshot's (whose blocks
+        // nothing lets go of while it is open, so a mismatch there is always damage).
+        let root = self.root();
+        match inner.tree.store.read_data(reads, dest, true) {
+            Ok(()) => Ok(true),
+            Err(e @ Error::Checksum { .. }) => {
+                for r in reads {
+                    match inner.seen(inner.tree.get_at(root, r.key))? {
+                        Some(Val::Ref(now)) if now == r.block.0 => {}
+                        _ => {
+                            inner
+                                .tree
+                                .store
+                                .counters
+                                .data_reads_raced
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            return Ok(false);
+                        }
+                    }
+                }
+                inner.seen(Err(e))
+            }
+            Err(e) => inner.seen(Err(e)),
+        }
+    }
+}
+
+/// Asserts that every block read stays inside its block and its destination.
+fn check_places(reads: &[BlockRead<'_>], dest: &[u8]) {
     for r in reads {
         assert!(
             r.from + r.len <= BLOCK_SIZE && r.at + r.len <= dest.len(),
             "a block read outside its block or its destination"
         );
     }
+}
+
+/// [`Engine::read_blocks`] (and a snapshot view's).
+pub(super) fn read_blocks(inner: &Inner, reads: &[BlockRead<'_>], dest: &mut [u8]) -> Result<()> {
+    check_places(reads, dest);
     let r = inner.tree.store.read_data(reads, dest, true);
     inner.seen(r)
 }

@@ -84,6 +84,9 @@ pub struct Stats {
     pub data_reads: u64,
     /// Bytes of out-of-line data read.
     pub data_bytes_read: u64,
+    /// Reads of out-of-line blocks that raced an overwrite (the block let go of, perhaps reused,
+    /// between the scan that found it and its read) and were done again.
+    pub data_reads_raced: u64,
     /// Discard passes ended by a refused discard (docs/DESIGN.md, "Discard"; what was discarded
     /// is in `device`).
     pub discard_failures: u64,
@@ -233,6 +236,7 @@ impl Engine {
             data_bytes_written: sc.data_bytes_written.load(Ordering::Relaxed),
             data_reads: sc.data_reads.load(Ordering::Relaxed),
             data_bytes_read: sc.data_bytes_read.load(Ordering::Relaxed),
+            data_reads_raced: sc.data_reads_raced.load(Ordering::Relaxed),
             discard_failures: sc.discard_failures.load(Ordering::Relaxed),
             write_amplification: if user > 0 {
                 device.bytes_written as f64 / user as f64

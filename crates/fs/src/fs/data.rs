@@ -10,6 +10,11 @@ use parking_lot::Mutex;
 use amaranth_engine::{Batch, BlockRead, BlockRef, Op, Patch, StoredValue};
 
 use super::rename_shared::MOVE_RETRIES;
+
+/// Times [`Fs::read_bytes`] reads again when what it found was let go of before it was read
+/// (each time an overwrite, a checkpoint and a reuse of the block must have come between its
+/// scan and its read).
+const RACED_READ_RETRIES: usize = 8;
 use super::{
     Fs, COPY_MAX, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE, MAX_FILE_SIZE,
 };
@@ -70,13 +75,18 @@ impl Fs {
             } else {
                 let _i = s.shared.lock();
                 self.read_bytes_into(&self.file_key(ino)?, offset, s.end, out)
+                    .and_then(|found| settled(found).map(|()| true))
             };
-            if let Err(e) = r {
-                out.truncate(start);
-                return Err(e);
-            }
-            if attempt < MOVE_RETRIES && self.moved_since(s.moves) {
-                // A rename moved keys meanwhile (perhaps this file's): read again.
+            let found = match r {
+                Ok(found) => found,
+                Err(e) => {
+                    out.truncate(start);
+                    return Err(e);
+                }
+            };
+            if attempt < MOVE_RETRIES && (!found || self.moved_since(s.moves)) {
+                // A rename moved keys meanwhile (perhaps this file's), or a block found was let
+                // go of before it was read: read again.
                 out.truncate(start);
                 continue;
             }
@@ -97,14 +107,15 @@ impl Fs {
             };
             let n = (s.end - offset) as usize;
             if attempt < MOVE_RETRIES {
-                self.fill(&s.fk, offset, s.end, &mut out[..n])?;
-                if self.moved_since(s.moves) {
-                    // A rename moved keys meanwhile (perhaps this file's): read again.
+                let found = self.fill(&s.fk, offset, s.end, &mut out[..n])?;
+                if !found || self.moved_since(s.moves) {
+                    // A rename moved keys meanwhile (perhaps this file's), or a block found was
+                    // let go of before it was read: read again.
                     continue;
                 }
             } else {
                 let _i = s.shared.lock();
-                self.fill(&self.file_key(ino)?, offset, s.end, &mut out[..n])?;
+                settled(self.fill(&self.file_key(ino)?, offset, s.end, &mut out[..n])?)?;
             }
             return Ok(self.read_done(ino, &s.shared, offset, s.end));
         }
@@ -145,18 +156,26 @@ impl Fs {
     }
 
     /// The bytes `[offset, end)` of the file at `fk` (holes and missing tails read as zeros).
+    /// The caller need not hold the file's lock (`copy_file_range` holds the target's): a read
+    /// that raced an overwrite of the file is done again, a few times.
     pub(super) fn read_bytes(&self, fk: &[u8], offset: u64, end: u64) -> Result<Vec<u8>> {
-        let mut buf = Vec::new();
-        self.read_bytes_into(fk, offset, end, &mut buf)?;
-        Ok(buf)
+        for _ in 0..RACED_READ_RETRIES {
+            let mut buf = Vec::new();
+            if self.read_bytes_into(fk, offset, end, &mut buf)? {
+                return Ok(buf);
+            }
+        }
+        // Changed every time: an error.
+        settled(false).map(|()| Vec::new())
     }
 
     /// Appends the bytes `[offset, end)` of the file at `fk` to `out` (holes and missing tails
-    /// read as zeros); on error `out` is truncated back to its length at the call.
-    fn read_bytes_into(&self, fk: &[u8], offset: u64, end: u64, out: &mut Vec<u8>) -> Result<()> {
+    /// read as zeros); on error `out` is truncated back to its length at the call. `Ok(false)`
+    /// as [`Fs::fill`].
+    fn read_bytes_into(&self, fk: &[u8], offset: u64, end: u64, out: &mut Vec<u8>) -> Result<bool> {
         let base = out.len();
         if end <= offset {
-            return Ok(());
+            return Ok(true);
         }
         out.resize(base + (end - offset) as usize, 0);
         let r = self.fill(fk, offset, end, &mut out[base..]);
@@ -170,10 +189,14 @@ impl Fs {
     /// values the tree holds copied from its partitions, out-of-line blocks read from the device
     /// once the scan is done (one request per run of consecutive blocks, straight into `out`
     /// where a whole block lands on an aligned place), holes and missing tails zero-filled.
-    fn fill(&self, fk: &[u8], offset: u64, end: u64, out: &mut [u8]) -> Result<()> {
+    /// `Ok(false)`: a block the scan found was let go of before it was read (an overwrite or a
+    /// truncation of the file, then a checkpoint, freed it and a write may have reused it:
+    /// `Engine::read_found_blocks`); `out` holds nothing to trust, read again. Never while the
+    /// caller holds the file's lock: every change that lets go of a file's blocks holds it.
+    fn fill(&self, fk: &[u8], offset: u64, end: u64, out: &mut [u8]) -> Result<bool> {
         assert_eq!(out.len() as u64, end - offset, "a read's buffer");
         if end <= offset {
-            return Ok(());
+            return Ok(true);
         }
         let prefix_len = keys::data_prefix(fk).len();
         let lo = keys::data_key(fk, offset / BLOCK);
@@ -226,9 +249,9 @@ impl Fs {
                     len: *len,
                 })
                 .collect();
-            self.engine.read_blocks(&reads, out)?;
+            return Ok(self.engine.read_found_blocks(&reads, out)?);
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Writes `data` at `offset` (at the end for `O_APPEND` handles). `kill_suidgid`: the writer
@@ -794,5 +817,17 @@ pub fn zero_ops(b: &mut Batch, fk: &[u8], start: u64, end: u64, exists: impl Fn(
     } else {
         zero_range(start, (first_full * BLOCK).min(end));
         zero_range((last_full * BLOCK).max(start), end);
+    }
+}
+
+/// The end of a read that must not race (made under the file's lock, where every change that
+/// lets go of a file's blocks waits, or read again too often): a block found changed before it
+/// was read is an error.
+fn settled(found: bool) -> Result<()> {
+    if found {
+        Ok(())
+    } else {
+        log::error!("amaranth: the blocks of a read kept changing before they were read");
+        Err(Errno::EIO)
     }
 }
