@@ -48,6 +48,8 @@ mod engine;
 mod error;
 #[cfg(test)]
 mod eviction_tests;
+#[cfg(test)]
+mod heal_tests;
 mod heap;
 mod info;
 #[cfg(test)]

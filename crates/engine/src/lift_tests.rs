@@ -10,7 +10,9 @@ use crate::node::{Body, ROOT_ID};
 use crate::tree::{Bounds, LIFT_KEYS};
 use crate::{Engine, Format, Options};
 
-fn options() -> Options {
+/// Options of the engine-internal tests: a small cache, no background threads (deterministic),
+/// every node's invariants checked.
+pub(crate) fn options() -> Options {
     Options {
         cache_size: 8 << 20,
         background_threads: false,

@@ -2,18 +2,21 @@
 //! key it cut at, and the path flushes of a range operation can leave a node over its size. The
 //! keys are queued (in memory only: healing changes no content, and after a crash the fringes
 //! merge the usual way, when flushes reach them); a heal step walks down to each queued key and
-//! to the keys just below it, flushing each slot it passes into its child and restructuring the
-//! child (split when over its size, merge with a sibling when the two fit in one node), and
-//! drains a node on the way whose buffers hold more than a node's worth.
+//! to the keys just below it, restructuring the child on its path (split when over its size,
+//! merge with a sibling when the two fit in one node, the slot's messages delivered first),
+//! flushing a heavy slot on its path into its child, and draining a node on the way whose buffers
+//! hold more than a node's worth. It reads a node whole only to change it (`heal_path`).
 
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::split_merge::{merge_relift_bytes, relift_size};
+use super::surgery::RUN_DRAIN_DIVISOR;
 use super::{Bounds, Tree};
 use crate::cache::CachedNode;
 use crate::error::Result;
-use crate::node::{child_index, Body, Node, ROOT_ID};
+use crate::node::{child_index, Body, Node, NodeId, ROOT_ID};
 
 /// Keys the heal queue holds at most (further fringes are left to the usual merges).
 const HEAL_QUEUE_MAX: usize = 4096;
@@ -67,22 +70,46 @@ impl Tree {
         Ok(done)
     }
 
-    /// Walks down to `k` (or, with `below`, to the keys just below it); at each level, flushes
-    /// the child on the path and splits it if over its size, or merges it with a sibling if the
-    /// two fit in one node (whatever their fill: the pieces slicing cut are put back together).
+    /// Walks down to `k` (or, with `below`, to the keys just below it); at each level, splits
+    /// the child on the path if over its size, or merges it with a sibling if the two fit in one
+    /// node (whatever their fill: the pieces slicing cut are put back together), and flushes the
+    /// child's slot into it when the slot is heavy or the child is restructured.
+    ///
+    /// A node on the path is read whole only when the walk changes it: an internal node passed
+    /// through is walked as its skeleton. When the walk finds it must change a node it holds as a
+    /// skeleton (its latch is held, so its sub-blocks cannot be loaded under it), it walks again
+    /// from the root with that node read whole from its parent (in the dirrename benchmark, the
+    /// heal read internal nodes of 4 MiB whole only to pass through them: 13 of the 39 MB the
+    /// first two cold renames read, while the renames waited for `writers`).
     pub(super) fn heal_path(&self, k: &[u8], below: bool) -> Result<()> {
+        let mut whole = HashSet::new();
+        for _ in 0..=MAX_HEIGHT {
+            match self.heal_walk(k, below, &whole)? {
+                // A node asked for again was shed meanwhile: left to a later heal or flush.
+                Some(id) if !whole.insert(id) => return Ok(()),
+                Some(_) => {}
+                None => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+
+    /// One walk of [`Tree::heal_path`]; the nodes in `whole` are read whole when entered.
+    /// Returns `Some(id)` when the walk stopped before changing node `id`, which it held as a
+    /// skeleton (nothing is changed in it; what the walk changed above it stays changed).
+    fn heal_walk(&self, k: &[u8], below: bool, whole: &HashSet<NodeId>) -> Result<Option<NodeId>> {
         let f = &self.format;
         let root = self.pin_whole(ROOT_ID)?;
         let mut g = root.write();
         if !g.fully_resident() {
-            return Ok(());
+            return Ok(None);
         }
         // The root's own shape first (a root left with one child collapses).
         for _ in 0..4 {
             match self.fix_root(&root, &mut g)? {
                 Ok(true) => {}
                 Ok(false) => break,
-                Err(_) => return Ok(()),
+                Err(_) => return Ok(None),
             }
         }
         let (mut cn, mut b) = (root, Bounds::root());
@@ -96,11 +123,14 @@ impl Tree {
                     Body::Internal(n) if n.buffered_bytes() > f.node_size => n.heaviest_child(),
                     _ => break,
                 };
+                if !g.fully_resident() {
+                    return Ok(Some(cn.id));
+                }
                 let cid = self.own_child(&cn, &mut g, c)?;
                 let ccn = self.pin_whole(cid)?;
                 let mut cg = ccn.write();
                 if !cg.fully_resident() {
-                    return Ok(());
+                    return Ok(None);
                 }
                 self.flush_into_child(&cn, &mut g, &b, c, &ccn, &mut cg)?;
             }
@@ -116,23 +146,29 @@ impl Tree {
                 };
                 Some((c, n.children[c]))
             };
-            let Some((c, _)) = path(&g) else {
-                return Ok(());
+            let Some((c, cid)) = path(&g) else {
+                return Ok(None);
             };
+            if self.is_shared(cid) && !g.fully_resident() {
+                return Ok(Some(cn.id));
+            }
             let cid = self.own_child(&cn, &mut g, c)?;
-            // An internal child is read whole (the walk goes on into it and may change it); a
-            // leaf only when it is changed: a 4 MiB leaf read for nothing cost a rename waiting
-            // on the heal a cold read.
-            let leaf_child = g.height == 1;
-            let ccn = if leaf_child {
-                self.pin(cid)?
-            } else {
+            // A child is read whole only when it is changed (here, or below when the walk asks
+            // for it): a 4 MiB leaf read for nothing cost a rename waiting on the heal a cold
+            // read, and so did an internal node passed through.
+            let ccn = if whole.contains(&cid) {
                 self.pin_whole(cid)?
+            } else {
+                self.pin(cid)?
             };
             let Body::Internal(n) = &g.body else {
                 unreachable!()
             };
-            let pending = !n.buffers[c].is_empty();
+            // The slot's messages go down with a restructuring of the child, or when the slot
+            // is heavy (the run slots a move re-keyed, `RUN_DRAIN_DIVISOR`). A few messages
+            // are left to the usual flushes: delivering them read a cold 4 MiB leaf whole, and
+            // most of the bytes the heal read in the dirrename benchmark were for that.
+            let pending = n.buffers[c].bytes() > f.node_size / RUN_DRAIN_DIVISOR;
             let over = {
                 let cg = ccn.read();
                 match &cg.body {
@@ -166,19 +202,18 @@ impl Tree {
                     break;
                 }
             }
+            let fits = sibling.is_some();
+            if (pending || over || fits) && !g.fully_resident() {
+                return Ok(Some(cn.id));
+            }
             if let Some(s) = sibling {
                 pins.push(self.pin_child_whole(n, s)?);
             }
-            let fits = sibling.is_some();
             if pending || over || fits {
-                let ccn = if leaf_child {
-                    self.pin_whole(cid)?
-                } else {
-                    ccn
-                };
+                let ccn = self.pin_whole(cid)?;
                 let mut cg = ccn.write();
                 if !cg.fully_resident() {
-                    return Ok(());
+                    return Ok(None);
                 }
                 self.deliver_into_child(&cn, &mut g, &b, c, &ccn, &mut cg)?;
                 if !self.split_child(&mut g, &b, c, &ccn, &mut cg) {
@@ -189,16 +224,19 @@ impl Tree {
                 self.end_modify(&cn, &g);
             }
             // Down to the child on the path as it is now (the step may have split or merged it).
-            let Some((c, _)) = path(&g) else {
-                return Ok(());
+            let Some((c, cid)) = path(&g) else {
+                return Ok(None);
             };
+            if self.is_shared(cid) && !g.fully_resident() {
+                return Ok(Some(cn.id));
+            }
             let cid = self.own_child(&cn, &mut g, c)?;
             let Some(ccn) = self.cache.get(cid) else {
-                return Ok(());
+                return Ok(None);
             };
             let cg = ccn.write();
             if cg.height == 0 {
-                return Ok(());
+                return Ok(None);
             }
             if let Body::Internal(n) = &g.body {
                 b.descend(n, c);

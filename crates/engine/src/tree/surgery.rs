@@ -33,8 +33,9 @@ use crate::node::{
 };
 use crate::ops::prefix_end;
 
-/// A run slot whose buffer holds more than a node's size over this is flushed after a move.
-const RUN_DRAIN_DIVISOR: usize = 16;
+/// A run slot whose buffer holds more than a node's size over this is flushed after a move (and
+/// a heal walk flushes a slot on its path only when it holds that much, `tree/heal.rs`).
+pub(super) const RUN_DRAIN_DIVISOR: usize = 16;
 
 /// What the source node keeps where the run was after a swing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
