@@ -75,6 +75,8 @@ pub fn engine_json(s: &Stats) -> Value {
         "internal_splits": s.internal_splits,
         "merges": s.merges,
         "checkpoints": s.checkpoints,
+        "checkpoint_images_written_early": s.checkpoint_images_written_early,
+        "checkpoint_writes_for_eviction": s.checkpoint_writes_for_eviction,
         "checkpoint_seconds": s.checkpoint_seconds,
         "syncs": s.syncs,
         "generation": s.generation,
@@ -305,11 +307,21 @@ fn print_live(v: &Value) {
         }
     );
     say!(
-        "checkpoints:     {} ({:.2} s), generation {}, {} syncs",
+        "checkpoints:     {} ({:.2} s), generation {}, {} syncs{}",
         g("checkpoints"),
         v["checkpoint_seconds"].as_f64().unwrap_or(0.0),
         g("generation"),
-        g("syncs")
+        g("syncs"),
+        match (
+            g("checkpoint_images_written_early"),
+            g("checkpoint_writes_for_eviction")
+        ) {
+            (0, 0) => String::new(),
+            (a, b) => format!(
+                "; the cache being full, {a} images written early by writers and {b} nodes by \
+                 eviction for the checkpoint"
+            ),
+        }
     );
     let log = &v["log"];
     say!(

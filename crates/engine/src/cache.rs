@@ -114,6 +114,8 @@ pub struct CacheCounters {
     pub evictions: AtomicU64,
     /// Dirty nodes written back by eviction.
     pub writebacks: AtomicU64,
+    /// Nodes the running checkpoint had still to write, written for it by eviction.
+    pub checkpoint_writes_for_eviction: AtomicU64,
     /// Highest accounted usage seen.
     pub peak: AtomicUsize,
     /// Leaves read ahead for a sequential scan.

@@ -105,11 +105,21 @@ impl Tree {
             if self.cache.used() <= target {
                 break;
             }
-            {
+            let (deleted, pending) = {
                 let m = cn.meta.lock();
-                if m.deleted || m.pending {
+                (m.deleted, m.pending)
+            };
+            if deleted {
+                continue;
+            }
+            if pending {
+                // The running checkpoint still has to write it: do that for it, or a cache full
+                // of such nodes (all dirty when the checkpoint began) could evict nothing until
+                // the checkpoint got to them.
+                if self.is_read_only() {
                     continue;
                 }
+                self.write_pending_for_eviction(cn)?;
             }
             if cn.is_dirty() {
                 if self.is_read_only() {
@@ -321,6 +331,83 @@ impl Tree {
             }
         }
         Ok(Some((cn.id, ext, was_at)))
+    }
+
+    /// Writes a node the running checkpoint has still to write, for eviction: the image goes to
+    /// the checkpoint's table as [`Tree::checkpoint_write`] would put it there, and to the
+    /// checkpoint's queue as written, so that the checkpoint adopts it like its own. Done under the
+    /// queue's lock, which the checkpoint takes before it finishes: it cannot end without this
+    /// image. Never waits for the node's latches (see [`Tree::make_room`]): a node latched by
+    /// someone is left to the checkpoint. The read latch is held across the write, so the image
+    /// is the node's state when the checkpoint began; a failed write leaves the node pending.
+    fn write_pending_for_eviction(&self, cn: &Arc<CachedNode>) -> Result<()> {
+        let mut q = self.ckpt_queue.lock();
+        let Some(g) = cn.try_read() else {
+            return Ok(());
+        };
+        let version = {
+            let mut m = cn.meta.lock();
+            if !m.pending || m.deleted {
+                return Ok(());
+            }
+            m.pending = false;
+            m.version
+        };
+        assert!(g.fully_resident(), "a dirty node is always fully resident");
+        let was_at = self.store.location(cn.id);
+        let img = node::serialize(cn.id, &g, self.format.compression);
+        let len = img.buf.len() as isize;
+        self.cache.add_used(len);
+        let r = self.store.write_placed(
+            &img.buf,
+            &format!("node {} (checkpoint, for eviction)", cn.id),
+            None,
+        );
+        self.cache.add_used(-len);
+        let ext = match r {
+            Ok(ext) => ext,
+            Err(e) => {
+                // Unchanged (the read latch is still held): the checkpoint writes it itself.
+                cn.meta.lock().pending = true;
+                return Err(e);
+            }
+        };
+        drop(g);
+        // Clean at the image if it did not change since (a write latch keeps it so).
+        let unchanged = cn.try_write().filter(|_| {
+            let m = cn.meta.lock();
+            m.version == version && !m.deleted
+        });
+        {
+            let mut btt = self.store.btt.lock();
+            if btt.in_progress.is_none() {
+                // The checkpoint failed meanwhile: nothing needs the image.
+                btt.written(ext);
+                btt.alloc.free(ext);
+                return Ok(());
+            }
+            btt.set_in_progress(cn.id, ext);
+            if unchanged.is_none() {
+                // `install` settles the write otherwise.
+                btt.written(ext);
+            }
+        }
+        match unchanged {
+            Some(wg) => self.install(cn, wg, version, ext, &img.sublocs, false),
+            None => {
+                let m = cn.meta.lock();
+                let mut btt = self.store.btt.lock();
+                if m.dirty && !m.deleted && btt.current.get(&cn.id) != Some(&ext) {
+                    btt.hold_for_adoption(cn.id, ext, was_at);
+                }
+            }
+        }
+        q.push((cn.id, SavedImage::Written(ext), was_at));
+        self.cache
+            .counters
+            .checkpoint_writes_for_eviction
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Sorts nodes into the order a checkpoint writes them: leaves in key order (by their lowest

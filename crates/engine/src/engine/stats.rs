@@ -56,6 +56,9 @@ pub struct Stats {
     pub evictions: u64,
     /// Dirty nodes written by eviction.
     pub writebacks: u64,
+    /// Nodes the running checkpoint had still to write, written for it by eviction (the cache
+    /// was full of them).
+    pub checkpoint_writes_for_eviction: u64,
     /// Operations written.
     pub writes: u64,
     /// Bytes of keys and values the user wrote.
@@ -222,6 +225,9 @@ impl Engine {
             data_buffer_slabs_mapped: crate::writebuf::POOL.slabs_mapped(),
             evictions: cc.evictions.load(Ordering::Relaxed),
             writebacks: cc.writebacks.load(Ordering::Relaxed),
+            checkpoint_writes_for_eviction: cc
+                .checkpoint_writes_for_eviction
+                .load(Ordering::Relaxed),
             writes: i.counters.writes.load(Ordering::Relaxed),
             user_bytes_written: user,
             device,
