@@ -58,9 +58,19 @@ impl Buffer {
     }
 
     /// An upper bound on the length of the keys with point messages: the longest ever added
-    /// (0 when none was; kept up as messages arrive, not recomputed).
+    /// (0 when none was; kept up as messages arrive, not recomputed). It depends on the
+    /// buffer's history (a decoded buffer's is exact, one whose longest key was flushed down
+    /// keeps it): for what is written, [`Buffer::longest_point_key_held`].
     pub fn longest_point_key(&self) -> usize {
         self.longest
+    }
+
+    /// The exact length of the longest key with point messages held now (0 when none):
+    /// computed from the keys, a pass over them. What a node image records
+    /// ([`crate::node::Node::longest_stored`]), so that an image depends on the node's contents
+    /// only.
+    pub fn longest_point_key_held(&self) -> usize {
+        self.points.keys().map(Vec::len).max().unwrap_or(0)
     }
 
     /// Number of keys with point messages, and number of range deletes.

@@ -596,7 +596,10 @@ impl Node {
 
     /// The exact length of the longest key this node holds, in its stored form, with its
     /// children's bounds for what lies below them: leaf entries, or point messages and child
-    /// bounds (docs/SURGERY.md §2.6). Needs the node fully resident.
+    /// bounds (docs/SURGERY.md §2.6). Needs the node fully resident. A function of the node's
+    /// contents (the point messages' keys are measured, not taken from a buffer's running
+    /// bound, which stays high after its longest key is flushed down): the header of an
+    /// unchanged node's image is the same before and after an eviction and reload.
     pub fn longest_stored(&self) -> usize {
         match &self.body {
             Body::Leaf(l) => l
@@ -612,7 +615,7 @@ impl Node {
                     let msgs = b
                         .data()
                         .expect("a node whose bound is computed is fully resident")
-                        .longest_point_key();
+                        .longest_point_key_held();
                     msgs.max(b.longest as usize)
                 })
                 .max()
