@@ -785,7 +785,12 @@ fn a_cold_sequential_read_is_read_ahead() {
                 "{hits} leaves read ahead were used ({loads} read)"
             );
             assert!(hits <= loads);
-            assert!(nodes < len as u64 * 12 / 10, "{nodes} bytes read for {len}");
+            // Measured on a loaded machine (2 CPUs, 70 runs): 1.05x typically, up to 1.18x when
+            // the 64 MiB cache sheds or evicts a leaf that a reader or read-ahead still needed
+            // (the kernel sends its 1 MiB reads from two threads, not strictly in order). Before
+            // read-ahead kept to its reader, 1.23x was seen in CI; before leaves were read whole,
+            // 2.5x.
+            assert!(nodes < len as u64 * 5 / 4, "{nodes} bytes read for {len}");
         } else {
             assert!(
                 blocks >= len as u64 && blocks < len as u64 * 11 / 10,

@@ -71,6 +71,8 @@ mod placement;
 mod prefer_tests;
 mod prefix;
 mod read;
+#[cfg(test)]
+mod readahead_tests;
 mod rebuild;
 mod refcheck;
 mod salvage;

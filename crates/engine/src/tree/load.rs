@@ -54,6 +54,7 @@ impl Tree {
         if let Ok(cn) = self.cache.begin_load(id) {
             return Ok(cn);
         }
+        self.readahead.reader_loads(id);
         let result = self.make_room().and_then(|_| self.read_node(id, whole));
         let out = result.map(|(node, ext)| self.cache.insert(id, node, false, ext.blocks));
         self.cache.finish_load(id);
@@ -118,6 +119,7 @@ impl Tree {
     /// one read per sub-block. Each is checked against its checksum and the node's index.
     pub fn load_subblocks(&self, cn: &Arc<CachedNode>, from: usize, to: usize) -> Result<()> {
         self.make_room()?;
+        self.readahead.reader_loads(cn.id);
         let _loading = cn.subblock_load.lock();
         self.load_subblocks_locked(cn, from, to, false).map(|_| ())
     }

@@ -1,0 +1,116 @@
+//! Read-ahead that falls behind its reader: a worker scheduled late (a loaded machine) must not
+//! read a leaf the reader has already loaded itself, used and let the cache shed. Before, it did,
+//! and nobody used that copy (the CLI's read-ahead test failed in CI with 12 leaves read ahead,
+//! 9 used and 1.2x the file's bytes read).
+
+use std::ops::Bound;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use amaranth_device::MemDevice;
+
+use crate::node::{Body, ROOT_ID};
+use crate::{Engine, Format, Options};
+
+fn key(i: u32) -> Vec<u8> {
+    format!("f/{i:06}").into_bytes()
+}
+
+/// A cold engine (nothing in memory) over about 16 leaves under the root, with background
+/// threads off (no read-ahead workers: the test plays the worker) and read-ahead on.
+fn cold_engine() -> Engine {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let format = Format {
+        node_size: 64 << 10,
+        partition_size: 8 << 10,
+        max_fanout: 64,
+        ..Format::small_for_tests()
+    };
+    let options = Options {
+        cache_size: 8 << 20,
+        background_threads: false,
+        ..Options::default()
+    };
+    let e = Engine::create(dev.clone(), format, options.clone()).unwrap();
+    for i in 0..1200u32 {
+        e.put(&key(i), &[i as u8; 500]).unwrap();
+    }
+    e.close().unwrap();
+    let e = Engine::open(dev, options).unwrap();
+    e.tree().readahead.start(4);
+    e
+}
+
+/// The root's pivots (full keys: the root's prefix is empty); the tree must be two levels.
+fn root_pivots(e: &Engine) -> Vec<Vec<u8>> {
+    e.get(&key(0)).unwrap();
+    let cn = e.tree().cache.get(ROOT_ID).unwrap();
+    let g = cn.read();
+    assert_eq!(g.height, 1, "the test wants leaves right under the root");
+    let Body::Internal(n) = &g.body else {
+        unreachable!()
+    };
+    n.pivots.clone()
+}
+
+/// Scans `[lo, hi)` as a reader does; returns the number of entries.
+fn scan(e: &Engine, lo: &[u8], hi: &[u8]) -> usize {
+    let mut n = 0;
+    e.scan(Bound::Included(lo), Bound::Excluded(hi), |_, _| {
+        n += 1;
+        true
+    })
+    .unwrap();
+    n
+}
+
+#[test]
+fn a_late_worker_skips_the_leaf_a_reader_loaded_and_the_cache_shed() {
+    let e = cold_engine();
+    let tree = e.tree();
+    // The reader reads the first leaf; read-ahead queues the next ones.
+    let pivots = root_pivots(&e);
+    assert!(pivots.len() >= 6, "{} leaves", pivots.len() + 1);
+    assert!(scan(&e, &key(0), &pivots[0]) > 0);
+    tree.read_ahead_from(&pivots[0]);
+    let queued = tree.readahead.queued();
+    assert_eq!(queued.len(), 4, "{queued:?}");
+    // A worker takes the second leaf's job, and is then not scheduled for a while.
+    let late = tree.readahead.take_job().unwrap();
+    assert_eq!(late, queued[0]);
+    // Meanwhile the reader loads, reads and leaves that leaf and the next; the cache sheds them.
+    assert!(scan(&e, &pivots[0], &pivots[2]) > 0);
+    // (The reader's scan continued its last one: it queued the leaves after its end too.)
+    let now = tree.readahead.queued();
+    assert!(
+        !now.contains(&queued[1]),
+        "the job of the leaf the reader loaded itself is still queued: {now:?}"
+    );
+    assert_eq!(now[..2], queued[2..], "{now:?}");
+    for id in [queued[0], queued[1]] {
+        let cn = tree.cache.peek(id).unwrap();
+        assert!(
+            tree.cache.evict_if_idle(&cn),
+            "leaf {id} could not be evicted"
+        );
+    }
+    // The late worker runs its job now: nothing is read.
+    let reads = e.stats().node_reads;
+    tree.read_ahead_one(late).unwrap();
+    tree.readahead.finish(late);
+    assert_eq!(e.stats().node_reads, reads, "the late worker read the leaf");
+    assert_eq!(
+        tree.cache.counters.prefetch_loads.load(Ordering::Relaxed),
+        0
+    );
+    // A worker in time still reads ahead: the next job's leaf, then used by the reader.
+    let next = tree.readahead.take_job().unwrap();
+    assert_eq!(next, queued[2]);
+    tree.read_ahead_one(next).unwrap();
+    tree.readahead.finish(next);
+    assert_eq!(e.stats().node_reads, reads + 1);
+    assert!(scan(&e, &pivots[2], &pivots[3]) > 0);
+    let st = e.stats();
+    assert_eq!((st.prefetch_loads, st.prefetch_hits), (1, 1));
+    e.close().unwrap();
+}
