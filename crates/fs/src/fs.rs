@@ -51,9 +51,12 @@ mod namespace;
 pub(crate) use handles::{Place, INDEX_SCHEMA};
 pub(crate) use links::NAMES_SCHEMA;
 mod orphans;
+#[cfg(test)]
+mod race_tests;
 mod readdir;
 mod rename;
 mod rename_shared;
+mod test_points;
 mod times;
 mod upgrade;
 
@@ -305,6 +308,8 @@ pub struct Fs {
     pub counters: FsCounters,
     /// Patchgroups (patchgroup.rs): every batch is logged through them.
     pg: Arc<Patchgroups>,
+    /// Where unit tests force interleavings (nothing outside them).
+    test_points: test_points::TestPoints,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -401,6 +406,7 @@ impl Fs {
             modes,
             schema: AtomicU32::new(schema.expect("checked above")),
             counters: FsCounters::default(),
+            test_points: Default::default(),
         };
         let charged = fs.engine.clone();
         fs.table

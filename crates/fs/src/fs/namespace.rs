@@ -6,6 +6,7 @@ use std::ops::Bound;
 use amaranth_engine::Batch;
 
 use super::links::{self, Unhomed};
+use super::test_points::Point;
 use super::{check_name, handles, orphans, Ctx, Found, Fs, NewNode, NAME_MAX, SYMLINK_MAX};
 use crate::error::{Errno, Result};
 use crate::inode::{Inode, Kind, Meta, Time};
@@ -256,7 +257,9 @@ impl Fs {
         let mut dir = dir_shared.lock();
         let mut b = Batch::new();
         let now = Time::now();
-        let removal = self.remove_file_ops(&mut b, &found, now, false, (parent, name))?;
+        // Stable here: a FORGET takes the namespace lock shared.
+        let known = self.kernel_knows(found.inode.ino);
+        let removal = self.remove_file_ops(&mut b, &found, now, false, (parent, name), known)?;
         let mut next_dir = dir.clone();
         Self::touch_dir(&mut next_dir, now);
         b.put(keys::meta_key(&dkey), next_dir.encode());
@@ -283,7 +286,18 @@ impl Fs {
         if found.redirect || found.inode.kind != Kind::File || !self.kernel_knows(ino) {
             return Ok(false);
         }
+        self.test_points.reach(Point::UnlinkBeforeInodeLock);
         let mut inode = victim.lock();
+        // Again under the inode's lock: the kernel's last FORGET may have taken the inode out of
+        // the table since the check above, and seen the link count before this unlink (the file
+        // parked here would then be deleted by nobody until the next mount: counted as used, its
+        // space held). The exclusive path decides again. From here on a FORGET that takes it out
+        // waits for this lock and sees the file unlinked (`apply_removal`): the file is parked
+        // for it even when the table no longer holds it by the time the batch is made.
+        if !self.still_known(ino, &victim) {
+            return Ok(false);
+        }
+        self.test_points.reach(Point::UnlinkHoldingInodeLock);
         // As it is now (a write may have changed it since `find`); only an exclusive operation
         // could have given it a second name.
         assert!(
@@ -296,7 +310,7 @@ impl Fs {
         };
         let mut b = Batch::new();
         let now = Time::now();
-        let removal = self.remove_file_ops(&mut b, &found, now, false, (parent, name))?;
+        let removal = self.remove_file_ops(&mut b, &found, now, false, (parent, name), true)?;
         assert!(
             removal.unhomed.is_none() && removal.after.homed,
             "inode {ino}: an unlink under the shared lock parks the file"
@@ -313,7 +327,8 @@ impl Fs {
     }
 
     /// Operations removing the name `found` (`at`: its directory and name) of a non-directory.
-    /// Returns the inode's state after. A file the kernel still holds keeps existing, with link
+    /// Returns the inode's state after. A file the kernel still holds (`known`: decided by the
+    /// caller, under the exclusive namespace lock or the inode's lock) keeps existing, with link
     /// count 0, until the kernel forgets it (`fs/orphans.rs`): a regular file is parked at its
     /// path (nothing moves) or, when `reused` (a rename puts another file at that path in the same
     /// batch), moved to its home. A homed file left with one name moves back to it when it can
@@ -325,9 +340,9 @@ impl Fs {
         now: Time,
         reused: bool,
         at: (u64, &[u8]),
+        known: bool,
     ) -> Result<Removal> {
         let ino = found.inode.ino;
-        let known = self.kernel_knows(ino);
         let mut after = found.inode.clone();
         after.nlink = after.nlink.saturating_sub(1);
         after.ctime = now;

@@ -39,8 +39,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use amaranth_engine::Batch;
+use parking_lot::Mutex;
 
 use super::{handles, Fs};
 use crate::error::Result;
@@ -121,6 +123,16 @@ impl Fs {
     /// Whether the kernel holds `ino` (its lookup count is not zero).
     pub(super) fn kernel_knows(&self, ino: u64) -> bool {
         self.table.lock().get(ino).is_some_and(|n| n.lookups > 0)
+    }
+
+    /// Whether the kernel still knows `ino` and the table still holds `shared` for it: checked
+    /// under `shared`'s lock by an operation under the shared namespace lock, where a last FORGET
+    /// may run. After this check, a FORGET that takes the inode out of the table waits for that
+    /// lock, and sees what the operation made of the inode.
+    pub(super) fn still_known(&self, ino: u64, shared: &Arc<Mutex<Inode>>) -> bool {
+        let t = self.table.lock();
+        t.get(ino).is_some_and(|n| n.lookups > 0)
+            && t.inode(ino).is_some_and(|s| Arc::ptr_eq(&s, shared))
     }
 
     /// Records that `ino` was parked at `path` by a committed batch.

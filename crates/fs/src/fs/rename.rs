@@ -171,7 +171,9 @@ impl Fs {
                     });
                 } else {
                     let at = (new_parent, new_name);
-                    replaced = Some(self.remove_file_ops(&mut b, d, now, true, at)?);
+                    // Stable here: a FORGET takes the namespace lock shared.
+                    let known = self.kernel_knows(d.inode.ino);
+                    replaced = Some(self.remove_file_ops(&mut b, d, now, true, at, known)?);
                 }
             }
             self.move_entry_ops(&mut b, &src, &dst_key);

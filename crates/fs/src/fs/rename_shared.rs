@@ -28,6 +28,7 @@ use std::sync::atomic::Ordering;
 
 use amaranth_engine::Batch;
 
+use super::test_points::Point;
 use super::{handles, Found, Fs, RENAME_EXCHANGE, RENAME_NOREPLACE};
 use crate::error::{Errno, Result};
 use crate::inode::{Inode, Kind, Time};
@@ -128,6 +129,9 @@ impl Fs {
         }
         self.check_move_fits(&src, &dst_key)?;
         self.check_space(0)?;
+        if victim_shared.is_some() {
+            self.test_points.reach(Point::RenameBeforeLocks);
+        }
         // The files' locks, in inode order.
         let dst_ino = dst.as_ref().map_or(0, |d| d.inode.ino);
         let (mut si, mut vi) = match &victim_shared {
@@ -141,6 +145,15 @@ impl Fs {
                 (src_shared.lock(), Some(vg))
             }
         };
+        // Again under the files' locks: a last FORGET of the file replaced may have run since
+        // the check above (see `Fs::still_known`; for the file renamed, a FORGET changes nothing
+        // of its names).
+        if let Some(v) = &victim_shared {
+            if !self.still_known(dst_ino, v) {
+                return Ok(false);
+            }
+        }
+        self.test_points.reach(Point::RenameHoldingVictimLock);
         // Only an operation under the exclusive lock gives a file a second name (and its home).
         assert!(
             !si.homed,
@@ -175,7 +188,8 @@ impl Fs {
                     key: d.key.clone(),
                     redirect: false,
                 };
-                let r = self.remove_file_ops(&mut b, &d, now, true, (new_parent, new_name))?;
+                let at = (new_parent, new_name);
+                let r = self.remove_file_ops(&mut b, &d, now, true, at, true)?;
                 assert!(
                     r.unhomed.is_none() && r.after.homed,
                     "inode {dst_ino}: a file replaced under the shared lock goes to its home"
