@@ -131,6 +131,11 @@ pub fn live_json(
         json!(started.elapsed().as_secs_f64()),
     );
     o.insert("rss_bytes".into(), json!(rss_bytes()));
+    // Device buffers (node images, log chunks, data blocks in flight) live now and at most: the
+    // part of the daemon's memory beyond the cache that passes through the device.
+    let (io_live, io_peak) = amaranth_device::aligned_bytes();
+    o.insert("io_buffer_bytes".into(), json!(io_live));
+    o.insert("io_buffer_peak_bytes".into(), json!(io_peak));
     let by_op: serde_json::Map<String, Value> = counts
         .snapshot()
         .into_iter()
@@ -282,6 +287,12 @@ fn print_live(v: &Value) {
         g("dirty_nodes"),
         g("cache_hits"),
         g("cache_misses")
+    );
+    say!(
+        "memory:          {} resident, device buffers {} (peak {})",
+        human(g("rss_bytes")),
+        human(g("io_buffer_bytes")),
+        human(g("io_buffer_peak_bytes"))
     );
     say!(
         "written:         {} by users, {} to the device (write amplification {:.2})",

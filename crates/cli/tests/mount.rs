@@ -775,6 +775,9 @@ fn a_cold_sequential_read_is_read_ahead() {
         let n = |k: &str| v[k].as_u64().unwrap();
         let (loads, hits) = (n("prefetch_loads"), n("prefetch_hits"));
         let (nodes, blocks) = (n("node_bytes_read"), n("data_bytes_read"));
+        // The whole file went through device buffers; they are let go once copied.
+        assert!(n("io_buffer_peak_bytes") > 0);
+        assert!(n("io_buffer_bytes") <= n("io_buffer_peak_bytes"));
         eprintln!(
             "inline {inline}: {loads} leaves read ahead, {hits} used, {nodes} node bytes and \
              {blocks} data bytes read for {len}"
