@@ -549,12 +549,22 @@ impl Fs {
     /// Resolves `name` in directory `parent` (table first, then the engine).
     fn find(&self, parent: u64, dir_key: &[u8], name: &[u8]) -> Result<Option<Found>> {
         let key = keys::child_key(dir_key, name);
-        let cached = {
-            let t = self.table.lock();
-            t.child(parent, name).and_then(|ino| t.inode(ino))
-        };
-        if let Some(shared) = cached {
+        loop {
+            let cached = {
+                let t = self.table.lock();
+                t.child(parent, name)
+                    .and_then(|ino| Some((ino, t.inode(ino)?)))
+            };
+            let Some((ino, shared)) = cached else {
+                break;
+            };
             let inode = shared.lock().clone();
+            // A caller without the directory's lock (a lookup) may have waited for the inode's
+            // lock while an unlink or a rename under the shared namespace lock removed the name:
+            // look again rather than return the file under a name it no longer has.
+            if self.table.lock().child(parent, name) != Some(ino) {
+                continue;
+            }
             return Ok(Some(Found {
                 key,
                 redirect: inode.homed,

@@ -430,11 +430,22 @@ impl Table {
     }
 
     /// Drops `n` lookups; removes the entry (and parents left unused) when nothing holds it.
+    #[cfg(test)]
     pub fn forget(&mut self, ino: u64, n: u64) {
-        if let Some(node) = self.nodes.get_mut(&ino) {
-            node.lookups = node.lookups.saturating_sub(n);
-        }
+        self.drop_lookups(ino, n);
         self.reap(ino);
+    }
+
+    /// Takes `n` of the kernel's lookups of `ino` off its entry (which stays, even at none, until
+    /// [`Table::reap`]); returns the lookups left (0 when there is no entry).
+    pub fn drop_lookups(&mut self, ino: u64, n: u64) -> u64 {
+        match self.nodes.get_mut(&ino) {
+            Some(node) => {
+                node.lookups = node.lookups.saturating_sub(n);
+                node.lookups
+            }
+            None => 0,
+        }
     }
 
     /// Removes `ino` if the kernel no longer knows it and nothing depends on it.

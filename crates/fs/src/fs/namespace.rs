@@ -395,19 +395,13 @@ impl Fs {
         let ino = found.inode.ino;
         let Removal { after, unhomed } = removal;
         let Some(shared) = self.table.lock().inode(ino) else {
-            // The kernel's last FORGET took the inode out of the table meanwhile (a caller
-            // holding the inode's lock: a FORGET removes the entry first, then waits for that
-            // lock). The file is parked or homed all the same: the FORGET waiting for the lock
-            // must see it unlinked and delete it, and until then a name made at its path must
-            // find it parked (without this, the FORGET found the old link count and left the
-            // file parked where nothing knew of it: a make put a name over it, fsck found the
-            // parked file's metadata at a name and its data without an inode).
-            if let Some(i) = locked {
-                if let Some(p) = orphans::parked_path(&after) {
-                    self.note_parked(ino, p.to_vec());
-                }
-                *i = after;
-            }
+            // An inode the kernel does not hold (deleted by the batch). A caller holding the
+            // inode's lock found its entry under that lock, and a FORGET takes an entry out only
+            // under it (`Fs::forget`).
+            assert!(
+                locked.is_none(),
+                "inode {ino}: its table entry went while its lock was held"
+            );
             return;
         };
         let homed = after.homed;

@@ -190,17 +190,34 @@ impl Fs {
         let _ns = self.ns.read();
         let shared = {
             let mut t = self.table.lock();
-            let shared = t.inode(ino);
-            t.forget(ino, n);
-            if t.get(ino).is_some() {
+            if t.drop_lookups(ino, n) > 0 {
                 return;
             }
-            shared
+            t.inode(ino)
         };
         let Some(shared) = shared else {
             return;
         };
+        // The entry leaves the table only under the inode's lock: an operation holding that lock
+        // (an unlink or a rename under the shared namespace lock) finishes first, and a lookup
+        // meanwhile finds the entry and counts on it (the inode it returns is the one the
+        // operation changes). Taken out before the lock, as before, a lookup in between made a
+        // second entry from the name still on disk, which the operation then did not update:
+        // the file was deleted here under a name the kernel had just been given (and a write
+        // through it brought an uncounted inode record back), or left for nobody to delete.
         let mut inode = shared.lock();
+        {
+            let mut t = self.table.lock();
+            match t.get(ino) {
+                Some(e) if e.lookups == 0 && Arc::ptr_eq(&e.inode, &shared) => t.reap(ino),
+                // Looked up again meanwhile, or already forgotten by another FORGET.
+                _ => return,
+            }
+            if t.get(ino).is_some() {
+                // Something still depends on the entry (a directory's cached children).
+                return;
+            }
+        }
         if inode.nlink != 0 || !inode.homed || inode.kind == Kind::Dir {
             return;
         }
