@@ -291,9 +291,9 @@ impl Fs {
         // Again under the inode's lock: the kernel's last FORGET may have taken the inode out of
         // the table since the check above, and seen the link count before this unlink (the file
         // parked here would then be deleted by nobody until the next mount: counted as used, its
-        // space held). The exclusive path decides again. From here on a FORGET that takes it out
-        // waits for this lock and sees the file unlinked (`apply_removal`): the file is parked
-        // for it even when the table no longer holds it by the time the batch is made.
+        // space held). The exclusive path decides again. From here on the entry stays (a FORGET
+        // takes it out only under this lock), and a FORGET waiting for the lock sees the file
+        // unlinked and parked, and deletes it.
         if !self.still_known(ino, &victim) {
             return Ok(false);
         }

@@ -127,8 +127,9 @@ impl Fs {
 
     /// Whether the kernel still knows `ino` and the table still holds `shared` for it: checked
     /// under `shared`'s lock by an operation under the shared namespace lock, where a last FORGET
-    /// may run. After this check, a FORGET that takes the inode out of the table waits for that
-    /// lock, and sees what the operation made of the inode.
+    /// may run. While that lock is held the entry stays (a FORGET takes it out only under it,
+    /// [`Fs::forget`]), and a FORGET waiting for it then sees what the operation made of the
+    /// inode.
     pub(super) fn still_known(&self, ino: u64, shared: &Arc<Mutex<Inode>>) -> bool {
         let t = self.table.lock();
         t.get(ino).is_some_and(|n| n.lookups > 0)
