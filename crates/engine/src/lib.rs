@@ -33,6 +33,8 @@ mod apply;
 mod blockdata;
 mod btt;
 mod buffer;
+#[cfg(test)]
+mod buffer_mem_tests;
 mod bufpool;
 mod cache;
 mod codec;
