@@ -15,6 +15,7 @@
 #![deny(missing_docs)]
 
 mod aligned;
+pub mod counting;
 mod fault;
 mod file;
 mod memory;

@@ -5,48 +5,13 @@
 //! puts (55-64 bytes short per entry: the key's and the value's chunk headers and rounding, the
 //! messages' vector), so a cache full of decoded buffers held more than its bound.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
+use amaranth_device::counting::{held, Counting};
 
 use crate::buffer::Buffer;
 use crate::msg::PointOp;
 
-/// Counts the heap bytes this thread holds, as glibc's malloc takes them (usable size plus the
-/// chunk header).
-struct Counting;
-
-thread_local! {
-    static HELD: Cell<isize> = const { Cell::new(0) };
-}
-
-fn chunk(p: *mut u8) -> isize {
-    // SAFETY: `p` was returned by the system allocator (malloc family) and is live.
-    unsafe { libc::malloc_usable_size(p.cast()) as isize + 8 }
-}
-
-// SAFETY: forwards to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        let p = System.alloc(l);
-        if !p.is_null() {
-            let n = chunk(p);
-            let _ = HELD.try_with(|c| c.set(c.get() + n));
-        }
-        p
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        let n = chunk(p);
-        let _ = HELD.try_with(|c| c.set(c.get() - n));
-        System.dealloc(p, l)
-    }
-}
-
 #[global_allocator]
 static ALLOC: Counting = Counting;
-
-fn held() -> isize {
-    HELD.with(|c| c.get())
-}
 
 /// A Maildir-like key (about 70 bytes).
 fn key(i: u64) -> Vec<u8> {

@@ -532,47 +532,17 @@ fn hash_of(hasher: &RandomState, parent: u64, name: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::cell::Cell;
 
     use super::*;
     use crate::inode::Kind;
 
-    /// Counts the heap bytes this thread holds, as glibc's malloc takes them (usable size plus
-    /// the chunk header), so the table's own accounting can be checked against the allocator.
-    struct Counting;
-
-    thread_local! {
-        static HELD: Cell<isize> = const { Cell::new(0) };
-    }
-
-    fn chunk(p: *mut u8) -> isize {
-        // SAFETY: `p` was returned by the system allocator (malloc family) and is live.
-        unsafe { libc::malloc_usable_size(p.cast()) as isize + 8 }
-    }
-
-    // SAFETY: forwards to the system allocator; only counts.
-    unsafe impl GlobalAlloc for Counting {
-        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-            let p = System.alloc(l);
-            if !p.is_null() {
-                let n = chunk(p);
-                let _ = HELD.try_with(|c| c.set(c.get() + n));
-            }
-            p
-        }
-        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-            let n = chunk(p);
-            let _ = HELD.try_with(|c| c.set(c.get() - n));
-            System.dealloc(p, l)
-        }
-    }
-
+    /// Counts the heap bytes this thread holds, as glibc's malloc takes them, so the table's
+    /// own accounting can be checked against the allocator.
     #[global_allocator]
-    static ALLOC: Counting = Counting;
+    static ALLOC: amaranth_device::counting::Counting = amaranth_device::counting::Counting;
 
     fn held() -> isize {
-        HELD.with(|c| c.get())
+        amaranth_device::counting::held()
     }
 
     fn file(ino: u64) -> Inode {
