@@ -209,6 +209,17 @@ fn default_cache(image_len: u64, format: &Format) -> u64 {
         .max(min)
 }
 
+/// The kernel's read-ahead for the mount when `read_ahead_kb=` is not given: 16 MiB (up to 16
+/// 1 MiB READs of a sequential reader in flight, one per ring thread of its CPU), but at most an
+/// eighth of the cache, in whole MiB, at least 1 MiB. The leaves holding the READs in flight stay
+/// in the cache while they are read, beside the engine's own read-ahead; with 16 MiB in flight, a
+/// 64 MiB cache (eviction at 32 MiB: eight 4 MiB nodes) shed and read again leaves a reader was
+/// still reading (1.05-1.34x the file's bytes read; with 8 MiB, see docs/DESIGN.md §3).
+pub(crate) fn kernel_read_ahead_kb(cache: u64) -> u32 {
+    let mib = (cache >> 20) / 8;
+    (mib.clamp(1, 16) as u32) * 1024
+}
+
 /// Checks, before anything else happens, that this user can open `/dev/fuse`: a mount that would
 /// fail there says why and what to do, once.
 fn check_dev_fuse() -> CliResult {
@@ -308,6 +319,11 @@ fn plan(args: MountArgs) -> CliResult<Plan> {
         .validate(&format)
         .map_err(|e| Failure::new(format!("bad cache size: {e}")))?;
     mount_opts.threads = threads;
+    mount_opts.read_ahead_kb = Some(
+        parsed
+            .read_ahead_kb
+            .unwrap_or_else(|| kernel_read_ahead_kb(cache)),
+    );
     if let Some(t) = parsed.transport.as_ref().or(args.transport.as_ref()) {
         mount_opts.transport = Transport::parse(t).ok_or_else(|| {
             Failure::new(format!(

@@ -32,6 +32,8 @@ pub struct Parsed {
     pub remount: bool,
     /// `cache_size=`.
     pub cache_size: Option<u64>,
+    /// `read_ahead_kb=` (otherwise the mount chooses from the cache size: `mount.rs`).
+    pub read_ahead_kb: Option<u32>,
     /// `threads=`.
     pub threads: Option<usize>,
     /// `log=` / `log_file=`.
@@ -70,6 +72,7 @@ impl Parsed {
             },
             remount: false,
             cache_size: None,
+            read_ahead_kb: None,
             threads: None,
             log_file: None,
             pid_file: None,
@@ -141,7 +144,7 @@ impl Parsed {
                     }
                 }
             }
-            "read_ahead_kb" => m.read_ahead_kb = Some(number(key, val)?),
+            "read_ahead_kb" => self.read_ahead_kb = Some(number(key, val)?),
             "ring_threads" => {
                 let n: usize = number(key, val)?;
                 if n == 0 || n > 64 {

@@ -51,9 +51,11 @@ impl Tree {
     /// Sheds clean sub-blocks until usage is at most `shed_target`; then, if `target` is given,
     /// evicts whole nodes (writing dirty ones back) until usage is at most `target`.
     ///
-    /// Leaves read ahead and not yet used are shed last (after every other clean sub-block), and
-    /// not at all when `keep_read_ahead` (read-ahead making room for its next leaf: shedding the
-    /// leaves it read for the reader before the reader got there only read them twice).
+    /// The leaves sequential readers are in or about to read
+    /// ([`crate::tree::ReadAhead::readers_windows`]) go after every other node, and leaves read
+    /// ahead and not yet used after those; neither is shed when `keep_read_ahead` (read-ahead
+    /// making room for its next leaf: shedding what a reader is reading or will read next, for a
+    /// leaf further on, only read it twice).
     fn evict_to(
         &self,
         shed_target: usize,
@@ -84,12 +86,20 @@ impl Tree {
         };
         // First drop the partitions and buffers of cold clean nodes (their skeletons stay: a later
         // point query reads just the sub-block it needs), then whole nodes.
-        let unused_read_ahead = |cn: &Arc<CachedNode>| cn.prefetched.load(Ordering::Relaxed);
-        let others = by_level().filter(|cn| !unused_read_ahead(cn));
-        let read_ahead = by_level()
-            .filter(|cn| unused_read_ahead(cn))
-            .filter(|_| !keep_read_ahead);
-        for cn in others.chain(read_ahead) {
+        let readers = self.readahead.readers_windows();
+        let rank = |cn: &Arc<CachedNode>| {
+            if cn.prefetched.load(Ordering::Relaxed) {
+                2
+            } else if readers.contains(&cn.id) {
+                1
+            } else {
+                0
+            }
+        };
+        let ranked: Vec<(&Arc<CachedNode>, u8)> = by_level().map(|cn| (cn, rank(cn))).collect();
+        let in_order = || (0..3u8).flat_map(|r| ranked.iter().filter(move |(_, k)| *k == r));
+        let sheddable = in_order().filter(|(_, k)| *k == 0 || !keep_read_ahead);
+        for (cn, _) in sheddable {
             if self.cache.used() <= shed_target {
                 return Ok(());
             }
@@ -101,7 +111,7 @@ impl Tree {
         // Nodes written back here go one after another into one run of free space (in the
         // order they are evicted), rather than each into the smallest hole that holds it.
         let mut run = Placement::new(self.cache.dirty_space().next_blocks);
-        for cn in by_level() {
+        for (cn, _) in in_order() {
             if self.cache.used() <= target {
                 break;
             }

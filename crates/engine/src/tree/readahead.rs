@@ -24,10 +24,16 @@ const RECENT_ENDS: usize = 16;
 /// Parents walked to fill one window (a window crossing into the next parent's children).
 const MAX_PARENTS: usize = 4;
 
+/// Windows of recent sequential scans kept as the leaves their readers are about to read.
+const WINDOWS_KEPT: usize = 4;
+
 /// Read-ahead state: recent scan ends, the queue of leaves to read, the workers' progress.
 #[derive(Default)]
 pub struct ReadAhead {
     recent: Mutex<VecDeque<Vec<u8>>>,
+    /// The whole windows (resident leaves too) of the last [`WINDOWS_KEPT`] sequential scans: the
+    /// leaf each reader is in and those it reads next. Read-ahead never sheds them to make room.
+    windows: Mutex<VecDeque<Vec<NodeId>>>,
     queue: Mutex<Queue>,
     changed: Condvar,
 }
@@ -89,6 +95,15 @@ impl ReadAhead {
                 q.overtaken.insert(id);
             }
         }
+    }
+
+    /// The leaves of the recent sequential scans' windows, which read-ahead must not shed to
+    /// make room: under a tight cache it otherwise shed the leaf a reader was in the middle of
+    /// (its first 1 MiB read had made it the least recently used leaf but one), or one the
+    /// kernel's own read-ahead was about to read, for a leaf further on, and the reader read it
+    /// again (the CLI's read-ahead test in CI, 64 MiB cache: 1.34x the file's bytes read).
+    pub(crate) fn readers_windows(&self) -> HashSet<NodeId> {
+        self.windows.lock().iter().flatten().copied().collect()
     }
 
     /// The queued jobs, in order (tests).
@@ -172,6 +187,13 @@ impl Tree {
                 break;
             }
             key = hi;
+        }
+        {
+            let mut w = self.readahead.windows.lock();
+            if w.len() == WINDOWS_KEPT {
+                w.pop_front();
+            }
+            w.push_back(want.clone());
         }
         let missing: Vec<NodeId> = want
             .into_iter()
