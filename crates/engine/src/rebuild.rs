@@ -240,7 +240,7 @@ fn lift_built(tree: &Tree, kept: &HashMap<NodeId, Vec<u8>>) -> Result<u64> {
                 tree.load_partitions(&cn, None)?;
             }
             let mut g = cn.write();
-            tree.begin_modify(&cn, &g)?;
+            tree.begin_modify(&cn, &g);
             if let Some(p) = read_under {
                 // A stale hint (the image's) gives way to the prefix the walk read the keys under.
                 g.prefix = p.clone();

@@ -248,25 +248,24 @@ impl Tree {
     /// Call before changing a node under its write latch: if a running checkpoint still needs the
     /// node's current state, save its image first. The node must not be shared (asserted): the
     /// modifier took ownership of it first ([`Tree::own_child`]).
-    pub fn begin_modify(&self, cn: &CachedNode, node: &Node) -> Result<()> {
+    pub fn begin_modify(&self, cn: &CachedNode, node: &Node) {
         assert!(
             !self.is_shared(cn.id),
             "node {} is shared: it is copied for its owner before a change (Tree::own_child)",
             cn.id
         );
         if !cn.meta.lock().pending {
-            return Ok(());
+            return;
         }
         let mut q = self.ckpt_queue.lock();
         {
             let mut m = cn.meta.lock();
             if !m.pending {
-                return Ok(());
+                return;
             }
             m.pending = false;
         }
         self.save_for_checkpoint(&mut q, cn, node);
-        Ok(())
     }
 
     /// Call after changing a node: marks it dirty, bumps its version, re-measures its memory.
@@ -300,7 +299,7 @@ impl Tree {
     }
 
     pub(super) fn delete_node(&self, cn: &CachedNode, node: &mut Node) -> Result<()> {
-        self.begin_modify(cn, node)?;
+        self.begin_modify(cn, node);
         cn.meta.lock().deleted = true;
         node.body = Body::Leaf(Leaf::empty());
         self.cache.forget(cn);

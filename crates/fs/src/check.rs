@@ -16,8 +16,10 @@
 
 use std::collections::HashMap;
 use std::ops::Bound;
+use std::sync::Arc;
 
-use amaranth_engine::{Batch, Engine, Op};
+use amaranth_device::BlockDevice;
+use amaranth_engine::{Batch, Engine, Op, Options};
 
 use crate::check_fix::{Fixer, Found};
 use crate::inode::{Inode, Kind, Reserved, Time};
@@ -425,6 +427,32 @@ pub fn check(engine: &Engine, repair: bool, mut progress: impl FnMut(&str)) -> C
         c.write();
     }
     c.r
+}
+
+/// Closes `fs` (its last owner) and its engine, opens the image on `dev` read-only with `options`
+/// otherwise, and checks it: what tests run after a workload. Panics if `fs` or its engine has
+/// another owner, or if closing or opening fails.
+pub fn close_and_check(
+    fs: Arc<crate::Fs>,
+    dev: Arc<dyn BlockDevice>,
+    options: Options,
+) -> CheckReport {
+    let engine = Arc::try_unwrap(fs)
+        .ok()
+        .expect("the file system has another owner")
+        .engine()
+        .clone();
+    Arc::try_unwrap(engine)
+        .ok()
+        .expect("the engine has another owner")
+        .close()
+        .expect("closing the engine");
+    let ro = Options {
+        read_only: true,
+        ..options
+    };
+    let engine = Engine::open(dev, ro).expect("opening the image read-only");
+    check(&engine, false, |_| {})
 }
 
 /// Checks and repairs in rounds until a round finds nothing to repair (at most 4): structural

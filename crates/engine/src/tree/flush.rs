@@ -245,8 +245,8 @@ impl Tree {
         ccn: &Arc<CachedNode>,
         cg: &mut WriteGuard,
     ) -> Result<()> {
-        self.begin_modify(pcn, pg)?;
-        self.begin_modify(ccn, cg)?;
+        self.begin_modify(pcn, pg);
+        self.begin_modify(ccn, cg);
         let Body::Internal(pn) = &mut pg.body else {
             unreachable!("flush from a leaf")
         };

@@ -29,7 +29,7 @@ impl Tree {
                 pins.push(root);
                 continue;
             }
-            self.begin_modify(&root, &g)?;
+            self.begin_modify(&root, &g);
             let first = self.next_msn.load(Ordering::Relaxed);
             before_apply(first)?;
             let count = msgs.len() as u64;

@@ -88,7 +88,7 @@ impl Tree {
                 d.refs.add(b, 1);
             }
         }
-        self.begin_modify(pcn, pg)?;
+        self.begin_modify(pcn, pg);
         let Body::Internal(n) = &mut pg.body else {
             unreachable!()
         };

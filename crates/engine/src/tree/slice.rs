@@ -119,7 +119,7 @@ impl Tree {
     /// has an empty buffer). The leaf's prefix is the root's: empty.
     fn grow_root(&self, root: &Arc<CachedNode>, rg: &mut WriteGuard) -> Result<()> {
         assert_eq!(rg.height, 0, "growing a root that is not a leaf");
-        self.begin_modify(root, rg)?;
+        self.begin_modify(root, rg);
         let body = std::mem::replace(&mut rg.body, Body::Leaf(Leaf::empty()));
         let leaf = Node {
             height: 0,
@@ -195,8 +195,8 @@ impl Tree {
         cg: &mut WriteGuard,
         k: &[u8],
     ) -> Result<()> {
-        self.begin_modify(pcn, pg)?;
-        self.begin_modify(ccn, cg)?;
+        self.begin_modify(pcn, pg);
+        self.begin_modify(ccn, cg);
         let whole = match &pg.body {
             Body::Internal(n) => pb.child(n, c),
             Body::Leaf(_) => unreachable!("a leaf has no children"),

@@ -62,7 +62,7 @@ impl Tree {
         match fix {
             Fix::None => Ok(Ok(false)),
             Fix::SplitLeaf => {
-                self.begin_modify(root, rg)?;
+                self.begin_modify(root, rg);
                 let Body::Leaf(l) = &mut rg.body else {
                     unreachable!()
                 };
@@ -89,7 +89,7 @@ impl Tree {
                 Ok(Ok(true))
             }
             Fix::SplitInternal => {
-                self.begin_modify(root, rg)?;
+                self.begin_modify(root, rg);
                 let Body::Internal(n) = &mut rg.body else {
                     unreachable!()
                 };
@@ -136,8 +136,8 @@ impl Tree {
                     drop(cg);
                     return Ok(Err(Need::Partitions(ccn)));
                 }
-                self.begin_modify(root, rg)?;
-                self.begin_modify(&ccn, &cg)?;
+                self.begin_modify(root, rg);
+                self.begin_modify(&ccn, &cg);
                 let body = std::mem::replace(&mut cg.body, Body::Leaf(Leaf::empty()));
                 rg.height = cg.height;
                 rg.max_msn = rg.max_msn.max(cg.max_msn);
@@ -255,7 +255,7 @@ impl Tree {
         if !self.merge_fits(cg, &sg, pn.buffers[s].bytes()) {
             return Ok(true);
         }
-        self.begin_modify(&scn, &sg)?;
+        self.begin_modify(&scn, &sg);
         // The sibling must receive its pending messages first: after the merge both halves share one
         // buffer slot, which must hold only messages newer than everything below it.
         let Body::Internal(pn) = &mut pg.body else {

@@ -307,7 +307,7 @@ impl Tree {
             if has < need {
                 cn = self.pin_whole(cn.id)?;
                 let mut g = cn.write();
-                self.begin_modify(&cn, &g)?;
+                self.begin_modify(&cn, &g);
                 let Body::Internal(n) = &mut g.body else {
                     unreachable!()
                 };
@@ -431,9 +431,9 @@ impl Tree {
         let mut sg = run.node.write();
         let h = sg.height - 1;
         let dst_height = dg.as_ref().map_or(sg.height, |g| g.height);
-        self.begin_modify(&run.node, &sg)?;
+        self.begin_modify(&run.node, &sg);
         if let Some(g) = &dg {
-            self.begin_modify(xd, g)?;
+            self.begin_modify(xd, g);
         }
         let (a, b) = run.slots;
         let (taken, filled) = {

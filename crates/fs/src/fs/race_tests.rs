@@ -103,23 +103,11 @@ fn assert_gone(fs: Arc<Fs>, dev: Arc<MemDevice>, ino: u64, used: u64, what: &str
         fs.table.lock().get(ino).is_none(),
         "{what}: still in the table"
     );
-    let engine = Arc::try_unwrap(fs)
-        .ok()
-        .expect("sole owner")
-        .engine()
-        .clone();
-    Arc::try_unwrap(engine)
-        .ok()
-        .expect("sole engine owner")
-        .close()
-        .unwrap();
-    let ro = Options {
-        read_only: true,
+    let options = Options {
         background_threads: false,
         ..Options::default()
     };
-    let engine = Engine::open(dev, ro).unwrap();
-    let report = check::check(&engine, false, |_| {});
+    let report = check::close_and_check(fs, dev, options);
     assert_eq!(report.exit_code(), 0, "{what}: checker: {report:?}");
 }
 

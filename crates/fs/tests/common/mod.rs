@@ -70,22 +70,7 @@ pub fn engine_options() -> Options {
 /// Closes the engine of `fs` (nobody else may hold either), opens the image on `dev` read-only
 /// and asserts that the checker finds nothing (`what` says which run failed).
 pub fn close_and_check(fs: Arc<Fs>, dev: Arc<MemDevice>, what: &str) {
-    let engine = Arc::try_unwrap(fs)
-        .ok()
-        .expect("sole owner")
-        .engine()
-        .clone();
-    Arc::try_unwrap(engine)
-        .ok()
-        .expect("sole engine owner")
-        .close()
-        .unwrap();
-    let ro = Options {
-        read_only: true,
-        ..engine_options()
-    };
-    let engine = Engine::open(dev, ro).unwrap();
-    let report = check::check(&engine, false, |_| {});
+    let report = check::close_and_check(fs, dev, engine_options());
     assert_eq!(report.exit_code(), 0, "{what}: checker: {report:?}");
 }
 
