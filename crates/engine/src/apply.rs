@@ -296,7 +296,7 @@ pub(crate) fn check_key_lengths(tree: &Tree, ops: &[Op]) -> Result<()> {
 /// Whether the tree holds a live key in `[lo, hi)`.
 fn has_key_in(tree: &Tree, lo: &[u8], hi: &[u8]) -> Result<bool> {
     let mut found = false;
-    scan_tree(tree, lo, Some(hi), &mut |_, _| {
+    scan_tree_stepwise(tree, lo, Some(hi), &mut |_, _| {
         found = true;
         false
     })?;
@@ -311,7 +311,7 @@ fn has_key_in(tree: &Tree, lo: &[u8], hi: &[u8]) -> Result<bool> {
 fn holds_more_than(tree: &Tree, prefix: &[u8], max: usize) -> Result<bool> {
     let end = ops::prefix_end(prefix, tree.format.max_key_len);
     let mut bytes = 0usize;
-    scan_tree(tree, prefix, Some(&end), &mut |k, v| {
+    scan_tree_stepwise(tree, prefix, Some(&end), &mut |k, v| {
         let len = match v {
             Stored::Bytes(b) => b.len(),
             Stored::Ref(r) => DataRef::decode_checked(r).value_len(),
@@ -414,9 +414,32 @@ pub(crate) fn scan_tree_at(
     hi: Option<&[u8]>,
     f: &mut dyn FnMut(&[u8], Stored<'_>) -> bool,
 ) -> Result<()> {
+    scan_tree_by(tree, root, lo, hi, usize::MAX, f)
+}
+
+/// [`scan_tree`] one partition at a time: for a scan that usually stops after a few keys, which
+/// then applies only the buffered messages for the partitions it looked at, not for the whole
+/// leaf ([`Tree::chunk_at_most`]).
+pub(crate) fn scan_tree_stepwise(
+    tree: &Tree,
+    lo: &[u8],
+    hi: Option<&[u8]>,
+    f: &mut dyn FnMut(&[u8], Stored<'_>) -> bool,
+) -> Result<()> {
+    scan_tree_by(tree, ROOT_ID, lo, hi, 1, f)
+}
+
+fn scan_tree_by(
+    tree: &Tree,
+    root: NodeId,
+    lo: &[u8],
+    hi: Option<&[u8]>,
+    max_parts: usize,
+    f: &mut dyn FnMut(&[u8], Stored<'_>) -> bool,
+) -> Result<()> {
     let mut cursor = lo.to_vec();
     loop {
-        let chunk = tree.chunk_at(root, Target::AtOrAfter(&cursor), &cursor, hi)?;
+        let chunk = tree.chunk_at_most(root, Target::AtOrAfter(&cursor), &cursor, hi, max_parts)?;
         if !chunk.walk(&cursor, hi, true, f) {
             return Ok(());
         }

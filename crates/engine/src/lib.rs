@@ -80,6 +80,8 @@ mod refcheck;
 mod salvage;
 mod snapshot;
 mod space;
+#[cfg(test)]
+mod stepwise_tests;
 mod store;
 mod superblock;
 mod tree;

@@ -139,6 +139,24 @@ impl Tree {
         from: &[u8],
         to: Option<&[u8]>,
     ) -> Result<Chunk> {
+        self.chunk_at_most(root, target, from, to, usize::MAX)
+    }
+
+    /// [`Tree::chunk_at`] over at most `max_parts` partitions of the leaf (at least one): the
+    /// chunk then ends where the last of them ends (its `hi`), and only the ancestors' messages
+    /// for that part are applied. For scans that usually stop early (whether a range holds more
+    /// than some bytes, or any key): a rename's copy-or-surgery check built the chunk of a whole
+    /// 4 MiB leaf, every buffered message for it applied, to look at its first 128 KiB (a fifth
+    /// of the daemon's CPU in renames of a directory back and forth).
+    pub(crate) fn chunk_at_most(
+        &self,
+        root: NodeId,
+        target: Target<'_>,
+        from: &[u8],
+        to: Option<&[u8]>,
+        max_parts: usize,
+    ) -> Result<Chunk> {
+        assert!(max_parts >= 1, "a chunk holds at least one partition");
         let mut pins = Vec::new();
         'restart: for _ in 0..MAX_RESTARTS {
             let mut bounds = Bounds::root();
@@ -174,16 +192,30 @@ impl Tree {
                         // The part of the leaf that is wanted (stored form), and the partitions
                         // holding it.
                         let cf = bounds.lift_clipped(from);
-                        let ct: Option<Vec<u8>> = match to {
+                        let mut ct: Option<Vec<u8>> = match to {
                             Some(t) => Some(bounds.lift_clipped(t)),
                             None => bounds.hi().map(|h| h.to_vec()),
                         };
                         let p0 = child_index(&l.pivots, &cf);
-                        let p1 = match &ct {
+                        let mut p1 = match &ct {
                             Some(t) => l.pivots.partition_point(|p| p.as_slice() < t.as_slice()),
                             None => l.parts.len() - 1,
                         }
                         .max(p0);
+                        // Fewer partitions than the window holds: it ends where the last one
+                        // taken ends, the pivot after it (there is one: a later partition holds
+                        // part of the window).
+                        let mut cut = None;
+                        if p1 - p0 >= max_parts {
+                            p1 = p0 + max_parts - 1;
+                            let end = l.pivots[p1].clone();
+                            assert!(
+                                end.as_slice() > cf.as_slice(),
+                                "a partition's end is past the window's start"
+                            );
+                            ct = Some(end.clone());
+                            cut = Some(end);
+                        }
                         let mut parts = Vec::with_capacity(p1 + 1 - p0);
                         for slot in &l.parts[p0..=p1] {
                             match slot.data() {
@@ -201,7 +233,10 @@ impl Tree {
                         let layers: Vec<(&Buffer, usize)> =
                             path.iter().map(|(_, b, plen)| (&**b, *plen)).collect();
                         let window = (cf.as_slice(), ct.as_deref());
-                        let chunk = Chunk::build(&bounds, window, parts, &layers, g.max_msn);
+                        let mut chunk = Chunk::build(&bounds, window, parts, &layers, g.max_msn);
+                        if let Some(end) = cut {
+                            chunk.hi = Some(bounds.full(&end));
+                        }
                         drop(layers);
                         drop(g);
                         drop(path);
