@@ -296,7 +296,7 @@ pub(crate) fn check_key_lengths(tree: &Tree, ops: &[Op]) -> Result<()> {
 /// Whether the tree holds a live key in `[lo, hi)`.
 fn has_key_in(tree: &Tree, lo: &[u8], hi: &[u8]) -> Result<bool> {
     let mut found = false;
-    scan_tree_stepwise(tree, lo, Some(hi), &mut |_, _| {
+    scan_tree_stepwise(tree, lo, Some(hi), 1, &mut |_, _| {
         found = true;
         false
     })?;
@@ -311,7 +311,10 @@ fn has_key_in(tree: &Tree, lo: &[u8], hi: &[u8]) -> Result<bool> {
 fn holds_more_than(tree: &Tree, prefix: &[u8], max: usize) -> Result<bool> {
     let end = ops::prefix_end(prefix, tree.format.max_key_len);
     let mut bytes = 0usize;
-    scan_tree_stepwise(tree, prefix, Some(&end), &mut |k, v| {
+    // Enough partitions for `max` bytes past a partly used first one: a small source is looked at
+    // in one chunk, as before (one partition at a time, a 64 KiB file's rename took two).
+    let parts = max / tree.format.partition_size + 2;
+    scan_tree_stepwise(tree, prefix, Some(&end), parts, &mut |k, v| {
         let len = match v {
             Stored::Bytes(b) => b.len(),
             Stored::Ref(r) => DataRef::decode_checked(r).value_len(),
@@ -417,16 +420,17 @@ pub(crate) fn scan_tree_at(
     scan_tree_by(tree, root, lo, hi, usize::MAX, f)
 }
 
-/// [`scan_tree`] one partition at a time: for a scan that usually stops after a few keys, which
+/// [`scan_tree`] `parts` leaf partitions at a time: for a scan that usually stops early, which
 /// then applies only the buffered messages for the partitions it looked at, not for the whole
 /// leaf ([`Tree::chunk_at_most`]).
 pub(crate) fn scan_tree_stepwise(
     tree: &Tree,
     lo: &[u8],
     hi: Option<&[u8]>,
+    parts: usize,
     f: &mut dyn FnMut(&[u8], Stored<'_>) -> bool,
 ) -> Result<()> {
-    scan_tree_by(tree, ROOT_ID, lo, hi, 1, f)
+    scan_tree_by(tree, ROOT_ID, lo, hi, parts, f)
 }
 
 fn scan_tree_by(

@@ -113,10 +113,12 @@ fn a_scan_one_partition_at_a_time_sees_what_a_whole_leaf_scan_sees() {
             rng.gen_range(1..50)
         };
         let whole = run(|f| scan_tree(tree, &lo, Some(&hi), f), stop);
-        let step = run(|f| scan_tree_stepwise(tree, &lo, Some(&hi), f), stop);
+        let parts = rng.gen_range(1..4);
+        let step = run(|f| scan_tree_stepwise(tree, &lo, Some(&hi), parts, f), stop);
         assert!(
             whole == step,
-            "seed {seed}, round {round}: [{a}, {b}) stop {stop}: {} entries whole, {} stepwise",
+            "seed {seed}, round {round}: [{a}, {b}) stop {stop}, {parts} partitions at a time: {} \
+             entries whole, {} stepwise",
             whole.len(),
             step.len()
         );
