@@ -44,6 +44,16 @@ impl Buffer {
         self.bytes
     }
 
+    /// Range deletes held.
+    pub(crate) fn range_count(&self) -> usize {
+        self.ranges.len()
+    }
+
+    /// Keys stored: one per point, two per range delete (a re-key changes each by as much).
+    pub(crate) fn keys_stored(&self) -> usize {
+        self.points.len() + 2 * self.ranges.len()
+    }
+
     /// Estimated memory footprint.
     pub fn mem(&self) -> usize {
         self.bytes + self.range_keys + (self.points.len() + self.ranges.len()) * ENTRY_OVERHEAD

@@ -1,7 +1,7 @@
 //! Tree nodes in memory and on disk.
 //!
-//! An internal node holds pivots, child ids and one message [`Buffer`] per child. A leaf holds
-//! pivots and partitions ([`Partition`]) that can be loaded one at a time: the leaf "skeleton"
+//! An internal node holds pivots, child ids and one message
+//! [`Buffer`](crate::buffer::Buffer) per child. A leaf holds pivots and partitions ([`Partition`]) that can be loaded one at a time: the leaf "skeleton"
 //! (header, pivots, partition locations) is small and stays cached while partitions come and go.
 //!
 //! This file holds the nodes in memory and their operations; applying messages to a leaf is in
@@ -13,22 +13,24 @@ use std::sync::Arc;
 use amaranth_device::round_up;
 use parking_lot::Mutex;
 
-use crate::buffer::{Buffer, EncodedBuffer};
 use crate::config::Format;
-use crate::error::Result;
-use crate::msg::{KeyMsgs, Msn};
+use crate::msg::Msn;
 use crate::partition::Partition;
 
 mod cut;
 mod layout;
 mod leaf_apply;
 mod lift;
+mod rekey;
+mod slot;
 
 pub(crate) use layout::serialize_layout;
 pub use layout::{
     build_node, decode_buffer, decode_buffer_payload, decode_partition, decode_sub, header_span,
     parse_header, serialize, NodeHeader, SubLoc, HEADER_LEN, NODE_VERSION, NODE_VERSION_UNLIFTED,
 };
+pub(crate) use rekey::RekeyPlan;
+pub use slot::BufSlot;
 
 /// Identifies a node; the block translation table maps it to its current extent.
 pub type NodeId = u64;
@@ -84,38 +86,6 @@ pub struct Leaf {
     pub parts: Vec<PartSlot>,
 }
 
-/// Residency and disk location of one child's message buffer.
-#[derive(Debug, Default)]
-pub struct BufState {
-    /// The messages, when in memory.
-    pub data: Option<Arc<Buffer>>,
-    /// The checked, decompressed encoding of the messages, kept for point queries when `data` is
-    /// not built (building the map costs far more than the read; the encoding is also smaller).
-    /// Only ever the encoding of exactly the messages the slot holds.
-    pub raw: Option<Arc<EncodedBuffer>>,
-    /// Where the buffer lies in the node's current image (`None`: only in memory).
-    pub loc: Option<SubLoc>,
-}
-
-/// The message buffer an internal node holds for one child, and the bound on the length of that
-/// child's keys. Like a leaf partition the buffer can be read from disk on its own (a point query
-/// needs one buffer per level, not the whole node) and dropped from memory while the node's
-/// skeleton stays.
-#[derive(Debug)]
-pub struct BufSlot {
-    /// Residency and location, changed under the node's read latch (loads, partial eviction).
-    pub state: Mutex<BufState>,
-    /// Serialized size of the messages (known even when not resident).
-    bytes: usize,
-    /// An upper bound on the length, in this node's stored form, of every key the child's
-    /// subtree holds (leaf entries and point messages of the child and everything below it; not
-    /// this slot's own buffer, and not range-delete bounds): docs/SURGERY.md §2.6. Raised when
-    /// the slot's buffer is flushed into the child, copied to the pieces of a split, the larger
-    /// of the two in a merge; deletions leave it high. [`LONGEST_UNKNOWN`] when nothing better
-    /// is known.
-    pub longest: u16,
-}
-
 /// The loosest key-length bound (a slot read from an image that did not record one).
 pub const LONGEST_UNKNOWN: u16 = u16::MAX;
 
@@ -124,102 +94,8 @@ pub fn longest_field(len: usize) -> u16 {
     len.min(LONGEST_UNKNOWN as usize) as u16
 }
 
-/// Encoding overhead of a buffer sub-block beyond [`Buffer::bytes`] (max MSN and two counts).
+/// Encoding overhead of a buffer sub-block beyond [`Buffer::bytes`](crate::buffer::Buffer::bytes) (max MSN and two counts).
 pub const BUFFER_HEADER: usize = 16;
-
-impl BufSlot {
-    /// A resident buffer not yet written anywhere.
-    pub fn resident(b: Buffer) -> BufSlot {
-        BufSlot {
-            bytes: b.bytes(),
-            state: Mutex::new(BufState {
-                data: Some(Arc::new(b)),
-                raw: None,
-                loc: None,
-            }),
-            longest: LONGEST_UNKNOWN,
-        }
-    }
-
-    /// This slot with the child's key-length bound set to `longest` (see [`BufSlot::longest`]).
-    pub fn with_longest(mut self, longest: usize) -> BufSlot {
-        self.longest = longest_field(longest);
-        self
-    }
-
-    /// Raises the child's key-length bound to cover keys of `len` bytes (in this node's form).
-    pub fn raise_longest(&mut self, len: usize) {
-        self.longest = self.longest.max(longest_field(len));
-    }
-
-    /// An empty resident buffer.
-    pub fn empty() -> BufSlot {
-        BufSlot::resident(Buffer::new())
-    }
-
-    /// Serialized size of the messages.
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-
-    /// Whether the buffer holds no message.
-    pub fn is_empty(&self) -> bool {
-        self.bytes == 0
-    }
-
-    /// The buffer if resident.
-    pub fn data(&self) -> Option<Arc<Buffer>> {
-        self.state.lock().data.clone()
-    }
-
-    /// Whether the buffer is in memory.
-    pub fn is_resident(&self) -> bool {
-        self.state.lock().data.is_some()
-    }
-
-    /// Changes the buffer (which must be resident; the caller holds the node's write latch).
-    pub fn mutate<R>(&mut self, f: impl FnOnce(&mut Buffer) -> R) -> R {
-        let st = self.state.get_mut();
-        let arc = st
-            .data
-            .as_mut()
-            .expect("a buffer being changed is resident");
-        let b = Arc::make_mut(arc);
-        let r = f(b);
-        self.bytes = b.bytes();
-        st.loc = None;
-        st.raw = None;
-        r
-    }
-
-    /// Takes every message out, leaving the buffer empty (its max MSN is kept).
-    pub fn take(&mut self) -> Buffer {
-        self.mutate(|b| b.take())
-    }
-
-    /// Memory held.
-    pub fn mem(&self) -> usize {
-        let st = self.state.lock();
-        st.data.as_ref().map_or(0, |b| b.mem()) + st.raw.as_ref().map_or(0, |r| r.mem()) + 96
-    }
-
-    /// What the buffer holds for `key` (range-delete MSN, folded point messages), from the built
-    /// buffer or its encoding; `None` when neither is in memory.
-    pub fn lookup(&self, key: &[u8]) -> Result<Option<(Option<Msn>, Option<KeyMsgs>)>> {
-        let st = self.state.lock();
-        if let Some(b) = &st.data {
-            return Ok(Some((
-                b.range_covering(key).map(|r| r.msn),
-                b.point(key).cloned(),
-            )));
-        }
-        let Some(raw) = st.raw.clone() else {
-            return Ok(None);
-        };
-        drop(st);
-        raw.lookup(key).map(Some)
-    }
-}
 
 /// An internal node: pivots, children and their buffers.
 #[derive(Debug)]
@@ -488,19 +364,7 @@ impl Node {
             Body::Internal(n) => Body::Internal(Internal {
                 pivots: n.pivots.clone(),
                 children: n.children.clone(),
-                buffers: n
-                    .buffers
-                    .iter()
-                    .map(|b| BufSlot {
-                        state: Mutex::new(BufState {
-                            data: b.data(),
-                            raw: None,
-                            loc: None,
-                        }),
-                        bytes: b.bytes,
-                        longest: b.longest,
-                    })
-                    .collect(),
+                buffers: n.buffers.iter().map(BufSlot::copy).collect(),
             }),
         };
         Node {
@@ -720,6 +584,7 @@ pub fn child_bounds_of(pivots: &[Vec<u8>], i: usize) -> (&[u8], Option<&[u8]>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::msg::KeyMsgs;
 
     pub(super) fn fmt() -> Format {
         Format::small_for_tests()

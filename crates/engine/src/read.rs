@@ -541,7 +541,15 @@ impl Chunk {
             full.extend_from_slice(k);
             f(&full, v)
         };
-        let in_range = |k: &[u8]| k >= start && end.is_none_or(|e| k < e);
+        // A walk starts at its first bound (the positions below are found by it), so only the
+        // bound it walks towards is checked: one key comparison per entry instead of two.
+        let in_range = |k: &[u8]| {
+            if forward {
+                end.is_none_or(|e| k < e)
+            } else {
+                k >= start
+            }
+        };
         // Position of the first base entry >= k, as (partition, index).
         let lower = |k: &[u8]| -> (usize, usize) {
             let p = parts.partition_point(|p| p.is_empty() || p.key(p.len() - 1) < k);

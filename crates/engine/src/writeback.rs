@@ -181,12 +181,7 @@ impl Tree {
             }
             Body::Internal(n) => {
                 for slot in &n.buffers {
-                    let mut st = slot.state.lock();
-                    if (st.data.is_some() || st.raw.is_some()) && st.loc.is_some() {
-                        st.data = None;
-                        st.raw = None;
-                        dropped = true;
-                    }
+                    dropped |= slot.drop_if_written();
                 }
             }
         }
@@ -293,7 +288,7 @@ impl Tree {
                         "node layout changed under an unchanged version"
                     );
                     for (slot, loc) in n.buffers.iter().zip(sublocs) {
-                        slot.state.lock().loc = Some(*loc);
+                        slot.set_loc(*loc);
                     }
                 }
             }

@@ -11,8 +11,8 @@ use amaranth_device::{round_up, AlignedBuf, BLOCK_SIZE};
 use parking_lot::Mutex;
 
 use super::{
-    child_bounds_of, longest_field, Body, BufSlot, BufState, Internal, Leaf, Node, NodeId,
-    PartSlot, PartState, BUFFER_HEADER, LONGEST_UNKNOWN,
+    child_bounds_of, longest_field, Body, BufSlot, Internal, Leaf, Node, NodeId, PartSlot,
+    PartState, BUFFER_HEADER, LONGEST_UNKNOWN,
 };
 use crate::buffer::Buffer;
 use crate::codec::{crc, crc_with_hole, Dec, Enc};
@@ -547,15 +547,12 @@ pub fn build_node(
                 }
                 None => None,
             };
-            buffers.push(BufSlot {
-                bytes: loc.raw_len as usize - BUFFER_HEADER,
-                state: Mutex::new(BufState {
-                    data,
-                    raw: None,
-                    loc: Some(*loc),
-                }),
-                longest: h.child_longest[i],
-            });
+            buffers.push(BufSlot::in_image(
+                loc.raw_len as usize - BUFFER_HEADER,
+                data,
+                *loc,
+                h.child_longest[i],
+            ));
         }
         let int = Internal {
             pivots: h.pivots.clone(),

@@ -3,7 +3,7 @@
 //! (their stored keys get the lost bytes back). Every stored key of the node changes the same
 //! way: entries, partition pivots, child pivots and buffered messages.
 
-use super::{Body, BufSlot, Internal, Leaf, Node, PartSlot, LONGEST_UNKNOWN};
+use super::{Body, BufSlot, Internal, Leaf, Node, PartSlot, RekeyPlan, LONGEST_UNKNOWN};
 use crate::partition::PartitionBuilder;
 
 /// `key` without its first `drop.len()` bytes (which must be `drop`) and with `add` in front.
@@ -96,16 +96,21 @@ impl Internal {
         for p in &mut self.pivots {
             *p = rekey(p, drop, add);
         }
+        // The buffers' keys are rewritten when next needed (`node/slot.rs`): a node cut and
+        // healed again and again around a directory renamed back and forth re-lifted megabytes
+        // of messages each time.
+        let plan = RekeyPlan::new(drop.to_vec(), add.to_vec());
         for slot in &mut self.buffers {
             assert!(slot.is_resident(), "a re-lifted node is fully resident");
-            let b = slot.take().rekeyed(|k| rekey(k, drop, add));
             // The child's keys lose or regain the same bytes in this node's form (an unknown
             // bound stays unknown).
             let longest = match slot.longest {
                 LONGEST_UNKNOWN => LONGEST_UNKNOWN as usize,
                 l => (l as usize).saturating_sub(drop.len()) + add.len(),
             };
-            *slot = BufSlot::resident(b).with_longest(longest);
+            *slot = std::mem::replace(slot, BufSlot::empty())
+                .rekeyed(&plan)
+                .with_longest(longest);
         }
     }
 }

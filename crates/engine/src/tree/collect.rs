@@ -131,11 +131,7 @@ impl Tree {
                 // A range delete never reaches the end of the key space.
                 (_, None) => continue,
             };
-            let covered = n.buffers[i].data().is_some_and(|d| {
-                d.range_covering(&cl)
-                    .is_some_and(|r| r.hi.as_slice() >= ch.as_slice())
-            });
-            if !covered {
+            if !n.buffers[i].deletes_all_of(&cl, &ch) {
                 continue;
             }
             assert!(

@@ -187,12 +187,8 @@ impl Tree {
                     if missing.contains(&i) {
                         continue;
                     }
-                    let loc = {
-                        let st = slot.state.lock();
-                        if st.data.is_some() || st.raw.is_some() {
-                            continue;
-                        }
-                        st.loc.expect("a buffer not in memory has a disk location")
+                    let Some(loc) = slot.missing_at() else {
+                        continue;
                     };
                     let what = format!("node {} buffer {i}", cn.id);
                     let dev_off = ext.offset() + loc.offset as u64;
@@ -204,10 +200,7 @@ impl Tree {
                         dev_off,
                         g.max_msn,
                     )?;
-                    let mut st = slot.state.lock();
-                    if st.data.is_none() && st.raw.is_none() {
-                        st.raw = Some(Arc::new(enc));
-                    }
+                    slot.keep_encoding(enc);
                 }
             }
             Some(img)
@@ -217,7 +210,7 @@ impl Tree {
         for i in missing {
             let loc = match &g.body {
                 Body::Leaf(l) => l.parts[i].state.lock().loc,
-                Body::Internal(n) => n.buffers[i].state.lock().loc,
+                Body::Internal(n) => n.buffers[i].loc(),
             }
             .expect("a sub-block not in memory has a disk location");
             let what = format!(
@@ -228,7 +221,7 @@ impl Tree {
             let dev_off = ext.offset() + loc.offset as u64;
             // A buffer's encoding kept for point queries saves the read.
             let kept = match &g.body {
-                Body::Internal(n) => n.buffers[i].state.lock().raw.clone(),
+                Body::Internal(n) => n.buffers[i].raw(),
                 Body::Leaf(_) => None,
             };
             let fetched;
@@ -278,12 +271,7 @@ impl Tree {
                             "{what}: contents differ from the node index"
                         )));
                     }
-                    let mut st = n.buffers[i].state.lock();
-                    if st.data.is_none() {
-                        st.data = Some(Arc::new(b));
-                    }
-                    // The built buffer answers point queries from now on.
-                    st.raw = None;
+                    n.buffers[i].keep_built(b);
                 }
             }
             self.count_subblock_load();
@@ -338,12 +326,8 @@ impl Tree {
         let Some(slot) = n.buffers.get(i) else {
             return Ok(());
         };
-        let loc = {
-            let st = slot.state.lock();
-            if st.data.is_some() || st.raw.is_some() {
-                return Ok(());
-            }
-            st.loc.expect("a buffer not in memory has a disk location")
+        let Some(loc) = slot.missing_at() else {
+            return Ok(());
         };
         let ext = self.store.location(cn.id).ok_or_else(|| {
             Error::Corrupt(format!(
@@ -356,12 +340,7 @@ impl Tree {
         let stored = self.store.read(ext.offset() + off, len, &what)?;
         let dev_off = ext.offset() + loc.offset as u64;
         let enc = self.encoded_buffer(&stored, &loc, slot, &what, dev_off, g.max_msn)?;
-        {
-            let mut st = slot.state.lock();
-            if st.data.is_none() && st.raw.is_none() {
-                st.raw = Some(Arc::new(enc));
-            }
-        }
+        slot.keep_encoding(enc);
         self.count_subblock_load();
         self.cache.remeasure(cn, &g);
         Ok(())

@@ -56,14 +56,14 @@ impl Tree {
                         let c0 = child_index(&n.pivots, &slo);
                         let c1 = n.pivots.partition_point(|p| p.as_slice() < shi.as_slice());
                         for c in c0..=c1 {
-                            let Some(b) = n.buffers[c].data() else {
+                            let Some(longest) = n.buffers[c].longest_point_in(&slo, &shi) else {
                                 drop(g);
                                 self.load_partitions(&cn, Some(c))?;
                                 pins.push(cn);
                                 continue 'restart;
                             };
-                            for (k, _) in b.points_in(&slo, Some(&shi)) {
-                                best = best.max(plen + k.len());
+                            if longest > 0 {
+                                best = best.max(plen + longest);
                             }
                         }
                         if c0 != c1 || g.height == 1 {

@@ -28,8 +28,8 @@ use crate::cache::{CachedNode, WriteGuard};
 use crate::error::Result;
 use crate::msg::Msn;
 use crate::node::{
-    child_index, longest_field, Body, BufSlot, Internal, Leaf, Node, NodeId, LONGEST_UNKNOWN,
-    ROOT_ID,
+    child_index, longest_field, Body, BufSlot, Internal, Leaf, Node, NodeId, RekeyPlan,
+    LONGEST_UNKNOWN, ROOT_ID,
 };
 use crate::ops::prefix_end;
 
@@ -67,26 +67,6 @@ struct Rekey<'a> {
     q: &'a [u8],
 }
 
-/// A [`Rekey`] worked out once for a run's many keys: a stored key `need s` becomes `head s`.
-struct RekeyPlan {
-    need: Vec<u8>,
-    head: Vec<u8>,
-}
-
-impl RekeyPlan {
-    fn key(&self, stored: &[u8]) -> Vec<u8> {
-        assert!(
-            stored.starts_with(&self.need),
-            "a moved key outside the moved range or its new node's prefix"
-        );
-        let tail = &stored[self.need.len()..];
-        let mut out = Vec::with_capacity(self.head.len() + tail.len());
-        out.extend_from_slice(&self.head);
-        out.extend_from_slice(tail);
-        out
-    }
-}
-
 impl Rekey<'_> {
     /// The full key is `src + stored`; it must start with `p`, and `q` + what follows `p` must
     /// start with `dst`; the key becomes what follows `dst`. Everything but `stored` is the same
@@ -115,7 +95,7 @@ impl Rekey<'_> {
             need.extend_from_slice(&dst[h.len()..]);
             Vec::new()
         };
-        RekeyPlan { need, head }
+        RekeyPlan::new(need, head)
     }
 
     fn key(&self, stored: &[u8]) -> Vec<u8> {
@@ -131,12 +111,11 @@ impl Rekey<'_> {
         longest_field((full + self.q.len()).saturating_sub(self.p.len() + self.dst.len()))
     }
 
-    /// A slot with its buffer's keys and its bound rewritten.
-    fn slot(&self, mut slot: BufSlot) -> BufSlot {
+    /// A slot with its buffer's keys (when they are needed: `node/slot.rs`) and its bound
+    /// rewritten.
+    fn slot(&self, slot: BufSlot) -> BufSlot {
         let longest = self.bound(slot.longest);
-        let plan = self.plan();
-        let buf = slot.take().rekeyed(|k| plan.key(k));
-        let mut out = BufSlot::resident(buf);
+        let mut out = slot.rekeyed(&self.plan());
         out.longest = longest;
         out
     }
@@ -448,12 +427,11 @@ impl Tree {
             let buffers = if clone {
                 (a..b)
                     .map(|i| {
-                        let buf = sn.buffers[i]
-                            .data()
-                            .expect("the run's node is wholly loaded");
-                        let mut slot = BufSlot::resident((*buf).clone());
-                        slot.longest = sn.buffers[i].longest;
-                        slot
+                        assert!(
+                            sn.buffers[i].is_resident(),
+                            "the run's node is wholly loaded"
+                        );
+                        sn.buffers[i].copy()
                     })
                     .collect()
             } else {
@@ -485,7 +463,7 @@ impl Tree {
         let run_msn = taken
             .buffers
             .iter()
-            .map(|s| s.data().map_or(0, |d| d.max_msn()))
+            .map(|s| s.resident_max_msn().unwrap_or(0))
             .max()
             .unwrap_or(0);
         let moved = Run {
@@ -662,7 +640,7 @@ fn run_bound(src: &Sliced, p: &[u8], q: &[u8]) -> usize {
         if s.longest == LONGEST_UNKNOWN {
             return LONGEST_UNKNOWN as usize;
         }
-        let msgs = s.data().map_or(0, |d| d.longest_point_key());
+        let msgs = s.longest_point_key();
         full = full.max(plen + (s.longest as usize).max(msgs));
     }
     (full + q.len()).saturating_sub(p.len())
