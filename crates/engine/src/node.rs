@@ -556,7 +556,7 @@ impl Node {
                     assert!(w[0] < w[1], "node {id}: pivots out of order");
                 }
                 for (i, slot) in n.buffers.iter().enumerate() {
-                    let Some(b) = slot.data() else { continue };
+                    let Some(b) = slot.view() else { continue };
                     assert_eq!(b.bytes(), slot.bytes(), "node {id}: buffer {i} size");
                     let (lo, hi) = n.child_bounds(i, &[], None);
                     for (k, _) in b.points_in(&[], None) {

@@ -250,6 +250,23 @@ impl BufSlot {
         }
     }
 
+    /// The resident messages in their rewritten form, leaving a pending re-key pending (a copy
+    /// is rewritten): for checks, which must not change what they check.
+    pub(crate) fn view(&self) -> Option<Arc<Buffer>> {
+        let st = self.state.lock();
+        let d = st.data.clone()?;
+        let Some(plan) = &st.pending else {
+            return Some(d);
+        };
+        let b = (*d).clone().rekeyed(|k| plan.key(k));
+        assert_eq!(
+            b.bytes(),
+            self.bytes,
+            "a re-keyed buffer's size as foreseen"
+        );
+        Some(Arc::new(b))
+    }
+
     /// Whether the buffer is in memory.
     pub fn is_resident(&self) -> bool {
         self.state.lock().data.is_some()
