@@ -132,6 +132,10 @@ pub struct TreeCounters {
     pub subtrees_dropped: AtomicU64,
     /// Run slots queued to be flushed into their subtrees after a range move.
     pub range_move_drains: AtomicU64,
+    /// Moved run slots whose messages' key rewrite was left pending (`node/slot.rs`).
+    pub rekeys_deferred: AtomicU64,
+    /// Moved run slots whose pending key rewrite the move undid (it composed to nothing).
+    pub rekeys_cancelled: AtomicU64,
     /// Snapshots taken (roots copied).
     pub snapshots_taken: AtomicU64,
     /// Images of pending nodes that their modifiers wrote for the running checkpoint themselves,

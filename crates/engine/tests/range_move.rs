@@ -295,3 +295,73 @@ fn heavy_run_buffers_are_flushed_after_a_move() {
         "a moved family's heavy buffers were flushed after its first move"
     );
 }
+
+/// The messages a moved run's slots buffer keep their key rewrite pending (docs/SURGERY.md §3.2,
+/// "Changed (2026-12-05 …)"): moves to names of other lengths and back compose the rewrites, a
+/// move and its reverse cancel, and what is read, checkpointed and reopened is the moved keys.
+#[test]
+fn buffered_messages_of_a_moved_run_are_rewritten_lazily_and_right() {
+    let format = amaranth_engine::Format {
+        node_size: 64 << 10,
+        max_fanout: 16,
+        log_size: Some(4 << 20),
+        ..small_format()
+    };
+    let dev = Arc::new(MemDevice::new(256 << 20));
+    let e = Engine::create(dev.clone(), format, roomy_options()).unwrap();
+    let mut m = Model::new();
+    fill_family(&e, &mut m, "a/", 5, 20);
+    fill_family(&e, &mut m, "k/", 20_000, 60);
+    fill_family(&e, &mut m, "z/", 5, 20);
+    e.flush_buffers(0, usize::MAX).unwrap();
+    // Messages left in the buffers above the family: puts, a range delete, and deletes.
+    let mut b = Batch::new();
+    for i in (0..20_000u32).step_by(41) {
+        let k = format!("k/{i:07}").into_bytes();
+        m.insert(k.clone(), vec![9u8; 30]);
+        b.put(k, vec![9u8; 30]);
+    }
+    for i in (5..20_000u32).step_by(97) {
+        let k = format!("k/{i:07}").into_bytes();
+        m.remove(&k);
+        b.delete(k);
+    }
+    let (lo, hi) = (b"k/0012000".to_vec(), b"k/0012500".to_vec());
+    m.retain(|k, _| !(k >= &lo && k < &hi));
+    b.range_delete(lo, hi);
+    e.write(&b).unwrap();
+    let mut names = ["k/", "mmmm/", "q/", "k/"].iter().peekable();
+    while let Some(from) = names.next() {
+        let Some(to) = names.peek() else { break };
+        let before = e.stats();
+        let mut b = Batch::new();
+        b.range_move(from.as_bytes(), to.as_bytes(), 0);
+        e.write(&b).unwrap();
+        moved(&mut m, from, to);
+        let after = e.stats();
+        assert_eq!(
+            after.range_moves - before.range_moves,
+            1,
+            "{from} -> {to} by surgery"
+        );
+        eprintln!(
+            "{from} -> {to}: {} slots' re-keys deferred, {} cancelled",
+            after.rekeys_deferred - before.rekeys_deferred,
+            after.rekeys_cancelled - before.rekeys_cancelled
+        );
+    }
+    let s = e.stats();
+    assert!(s.rekeys_deferred > 0, "no re-key was left pending");
+    assert!(
+        s.rekeys_cancelled > 0,
+        "the move back home did not cancel a pending re-key"
+    );
+    assert!(dump(&e) == m, "the moved keys as read");
+    verified(&e);
+    e.checkpoint().unwrap();
+    e.close().unwrap();
+    let e = Engine::open(dev, roomy_options()).unwrap();
+    assert!(dump(&e) == m, "the moved keys after a reopen");
+    verified(&e);
+    e.close().unwrap();
+}

@@ -134,6 +134,10 @@ pub struct Stats {
     /// Run slots a range move queued to be flushed into their subtrees after it (their buffers
     /// held more than a sixteenth of a node).
     pub range_move_drains: u64,
+    /// Moved run slots whose messages' key rewrite was left pending until they are needed.
+    pub rekeys_deferred: u64,
+    /// Moved run slots whose pending key rewrite a later move undid (a move and its reverse).
+    pub rekeys_cancelled: u64,
     /// Completed checkpoints (this session).
     pub checkpoints: u64,
     /// Requests for a checkpoint (log past its checkpoint fraction, deleted data over its bound)
@@ -269,6 +273,8 @@ impl Engine {
             subtrees_dropped: tc.subtrees_dropped.load(Ordering::Relaxed),
             sharing: self.sharing(),
             range_move_drains: tc.range_move_drains.load(Ordering::Relaxed),
+            rekeys_deferred: tc.rekeys_deferred.load(Ordering::Relaxed),
+            rekeys_cancelled: tc.rekeys_cancelled.load(Ordering::Relaxed),
             checkpoints: i.ckpt.count.load(Ordering::Relaxed),
             checkpoint_requests_dropped: i
                 .counters

@@ -277,8 +277,7 @@ impl BufSlot {
         self.state.lock().data.as_ref().map(|b| b.max_msn())
     }
 
-    /// Whether a key rewrite is pending (tests).
-    #[cfg(test)]
+    /// Whether a key rewrite is pending.
     pub(crate) fn rekey_pending(&self) -> bool {
         self.state.lock().pending.is_some()
     }

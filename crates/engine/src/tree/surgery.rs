@@ -468,7 +468,25 @@ impl Tree {
             .unwrap_or(0);
         let moved = Run {
             children: taken.children,
-            buffers: taken.buffers.into_iter().map(|s| rekey.slot(s)).collect(),
+            buffers: taken
+                .buffers
+                .into_iter()
+                .map(|s| {
+                    let before = s.rekey_pending();
+                    let out = rekey.slot(s);
+                    let after = out.rekey_pending();
+                    if after {
+                        self.counters
+                            .rekeys_deferred
+                            .fetch_add(1, Ordering::Relaxed);
+                    } else if before {
+                        self.counters
+                            .rekeys_cancelled
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    out
+                })
+                .collect(),
             pivots: taken.pivots.iter().map(|k| rekey.key(k)).collect(),
         };
         let insert = if direct {
