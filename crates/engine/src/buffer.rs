@@ -14,7 +14,7 @@ use crate::msg::{KeyMsgs, Msn, PointOp, RangeDel};
 /// Per-entry bookkeeping overhead counted in memory estimates (map node, vector headers, the
 /// allocator's chunk headers and rounding of the key and the messages): measured against glibc's
 /// malloc in `buffer_mem_tests` (96 before: 55-64 bytes short per entry).
-const ENTRY_OVERHEAD: usize = 160;
+pub(crate) const ENTRY_OVERHEAD: usize = 160;
 
 /// The messages an internal node holds for one child.
 #[derive(Clone, Debug, Default)]

@@ -35,6 +35,24 @@ impl Tree {
         self.evict_to(shed_target, Some(ep / 10 * 9), false)
     }
 
+    /// Makes room, before a batch is applied, for the memory its messages will take in the root
+    /// (`mem`), when that is more than a node: the headroom below the bound
+    /// ([`crate::cache::HEADROOM_NODES`]) covers what one operation adds between two calls of
+    /// [`Tree::make_room`], and a batch larger than a node (possible with small nodes: a batch may
+    /// fill a log record) would otherwise pass the bound by its own size. Evicts whole nodes
+    /// (writing dirty ones back) as [`Tree::make_room`] does.
+    pub(crate) fn make_room_for_batch(&self, mem: usize) -> Result<()> {
+        if mem <= self.format.node_size {
+            return Ok(());
+        }
+        let ep = self.cache.eviction_point();
+        if self.cache.used() + mem <= ep {
+            return Ok(());
+        }
+        let target = ep.saturating_sub(mem) / 10 * 9;
+        self.evict_to(target, Some(target), false)
+    }
+
     /// Makes room for `bytes` more below the eviction point by shedding clean sub-blocks only,
     /// least recently used first (never writing a node back). For read-ahead, which loads only
     /// into room below the eviction point: once the cache is full, a sequential read would

@@ -105,6 +105,21 @@ impl Inner {
             // once), and only a range within its `copy_max` when it copies: not counted.
             .filter(|o| matches!(o, Op::RangeDelete { .. } | Op::MovePrefix { .. }))
             .count() as u64;
+        // Room for what the messages will take in the root's buffers (as `Buffer::mem` counts
+        // them; out-of-line blocks are not in the estimate, only their references). As after an
+        // operation, a node that cannot be written back for want of space leaves the cache over
+        // its bound rather than failing the write.
+        let mem = estimate + ops.len() * crate::buffer::ENTRY_OVERHEAD;
+        match self.tree.make_room_for_batch(mem) {
+            Ok(()) => {}
+            Err(Error::NoSpace(m)) => log::warn!(
+                "amaranth engine: cannot write back nodes ({m}); the cache is over its bound"
+            ),
+            Err(e) => {
+                self.fail(&e);
+                return Err(e);
+            }
+        }
         self.write_blocks(&mut ops)?;
         let r = apply_ops(&self.tree, Some(&self.log), ops, None, group);
         let lsn = match r {

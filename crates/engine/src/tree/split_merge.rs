@@ -83,6 +83,9 @@ impl Tree {
                 self.counters
                     .leaf_splits
                     .fetch_add(rest.len() as u64, Ordering::Relaxed);
+                // The pieces moved out of the root: count it empty before counting them, or the
+                // accounted peak holds the root's contents twice (docs/DESIGN.md, Cache).
+                self.cache.remeasure(root, rg);
                 rg.body = Body::Internal(self.new_root_body(&mut first, &mut rest));
                 rg.height = 1;
                 self.end_modify(root, rg);
@@ -116,6 +119,7 @@ impl Tree {
                 self.counters
                     .internal_splits
                     .fetch_add(rest.len() as u64, Ordering::Relaxed);
+                self.cache.remeasure(root, rg);
                 rg.body = Body::Internal(self.new_root_body(&mut first, &mut rest));
                 rg.height = height + 1;
                 self.end_modify(root, rg);
