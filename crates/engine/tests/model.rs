@@ -551,6 +551,10 @@ fn random_sequences_with_surgery_match_the_model() {
 /// 8 KiB) landed in a root the cache had left at its eviction point, and the root split that
 /// followed counted its contents twice (in the root and in the pieces). A batch larger than a
 /// node now has room made for it first, and a root split counts the root empty before the pieces.
+/// 13884077902820305811: the same message, 291 KiB: a slicing descent carried the path's
+/// messages into a node of height 1 and left it holding 50 KiB (six nodes' worth) until a clone
+/// shared it and a later cut copied it whole. A node a slicing descent leaves over a node's
+/// worth now drains down at once.
 #[test]
 fn surgery_fuzz_regressions() {
     const CASES: &[(u64, usize)] = &[
@@ -558,6 +562,7 @@ fn surgery_fuzz_regressions() {
         (15818805793745617583, 2500),
         (15818805793745617689, 2500),
         (7097054332669499041, 2500),
+        (13884077902820305811, 2500),
     ];
     for &(seed, steps) in CASES {
         run_with(seed, steps, true, 8 << 10);

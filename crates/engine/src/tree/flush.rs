@@ -11,7 +11,15 @@ use crate::cache::{CachedNode, WriteGuard};
 use crate::config::Format;
 use crate::error::{Error, Result};
 use crate::msg::{KeyMsgs, RangeDel};
-use crate::node::{child_index, Body, Leaf, Node, ROOT_ID};
+use crate::node::{child_index, Body, Leaf, Node, NodeId, ROOT_ID};
+
+/// Whether `node` is internal with more than `threshold` bytes buffered (a flush drains it).
+pub(super) fn over(node: &Node, threshold: usize) -> bool {
+    matches!(&node.body, Body::Internal(n) if n.buffered_bytes() > threshold)
+}
+
+/// How many times a flush loads a node again that was evicted before it could latch it.
+const MAX_RESTARTS: usize = 256;
 
 impl Tree {
     /// Flushes along the heaviest path from the root while buffers hold more than `threshold` bytes,
@@ -20,7 +28,7 @@ impl Tree {
     pub fn flush_step(&self, threshold: usize) -> Result<bool> {
         let mut pins: Vec<Arc<CachedNode>> = Vec::new();
         let mut did = false;
-        'retry: for _ in 0..256 {
+        'retry: for _ in 0..MAX_RESTARTS {
             let root = self.pin(ROOT_ID)?;
             let mut pg = root.write();
             if !pg.fully_resident() {
@@ -37,36 +45,27 @@ impl Tree {
                     continue 'retry;
                 }
             }
-            let mut pcn = root;
-            // The bounds of the node `pg` latches.
-            let mut pb = Bounds::root();
+            let pcn = root;
             loop {
-                let c = match &pg.body {
-                    Body::Internal(n) if n.buffered_bytes() > threshold => n.heaviest_child(),
-                    _ => return Ok(did),
+                let Some((c, cid)) = self.heavy_child(&pcn, &mut pg, threshold)? else {
+                    return Ok(did);
                 };
-                let cid = self.own_child(&pcn, &mut pg, c)?;
-                // Below the root the child is loaded while this node stays latched (only readers
-                // passing through this node wait); at the root, let go and start again instead.
-                let at_root = pcn.id == ROOT_ID;
+                // At the root, a child not wholly in memory is loaded with no latch held (below
+                // the root, `drain_down` loads it under its parent's latch): start again after.
                 let ccn = match self.cache.get(cid) {
                     Some(c) => c,
-                    None if at_root => {
+                    None => {
                         drop(pg);
                         // Merged away by another flusher meanwhile: start over.
                         pins.extend(self.load_found(cid, true)?);
                         continue 'retry;
                     }
-                    None => self.load_with(cid, true)?,
                 };
                 if !ccn.read().fully_resident() {
-                    if at_root {
-                        drop(pg);
-                        self.load_partitions(&ccn, None)?;
-                        pins.push(ccn);
-                        continue 'retry;
-                    }
+                    drop(pg);
                     self.load_partitions(&ccn, None)?;
+                    pins.push(ccn);
+                    continue 'retry;
                 }
                 let mut cg = ccn.write();
                 if !cg.fully_resident() {
@@ -76,25 +75,107 @@ impl Tree {
                     pins.push(ccn);
                     continue 'retry;
                 }
-                let child_alive = self.flush_into_child(&pcn, &mut pg, &pb, c, &ccn, &mut cg)?;
+                let child_alive =
+                    self.flush_into_child(&pcn, &mut pg, &Bounds::root(), c, &ccn, &mut cg)?;
                 did = true;
-                let child_over = child_alive
-                    && matches!(&cg.body, Body::Internal(n) if n.buffered_bytes() > threshold);
-                if child_over {
+                if child_alive && over(&cg, threshold) {
                     // Go down: the child must drain before more is pushed into it.
-                    if let Body::Internal(n) = &pg.body {
-                        pb.descend(n, c);
-                    }
+                    let Body::Internal(n) = &pg.body else {
+                        unreachable!()
+                    };
+                    let mut cb = Bounds::root();
+                    cb.descend(n, c);
                     drop(pg);
-                    pg = cg;
-                    pcn = ccn;
+                    self.drain_down(&ccn, cg, &cb, threshold, true)?;
+                    return Ok(true);
                 }
-                // Otherwise stay at this node and flush its next heaviest buffer if it is still over.
+                // Otherwise stay at the root and flush its next heaviest buffer if it is still over.
             }
         }
         Err(Error::Corrupt(
             "a flush could not keep its path in memory (cache too small for the tree?)".into(),
         ))
+    }
+
+    /// The heaviest child slot of `pg` (and the child, made this node's own if it was shared)
+    /// when `pg`'s buffers hold more than `threshold` bytes; `None` when they do not.
+    fn heavy_child(
+        &self,
+        pcn: &Arc<CachedNode>,
+        pg: &mut WriteGuard,
+        threshold: usize,
+    ) -> Result<Option<(usize, NodeId)>> {
+        let c = match &pg.body {
+            Body::Internal(n) if n.buffered_bytes() > threshold => n.heaviest_child(),
+            _ => return Ok(None),
+        };
+        Ok(Some((c, self.own_child(pcn, pg, c)?)))
+    }
+
+    /// Flushes node `cn` (below the root, latched as `g`, bounds `b`) along its heaviest path while
+    /// its buffers hold more than `threshold` bytes, as [`Tree::flush_step`] does below the root:
+    /// a child is loaded under its parent's latch, and one left over `threshold` is drained before
+    /// its parent's next buffer. Returns whether it changed anything (the latch is released).
+    /// Without `merge`, a child the flush leaves small is not merged with a sibling (a slicing
+    /// descent keeps the cuts it is making); one it leaves too large is split all the same.
+    pub(super) fn drain_down(
+        &self,
+        cn: &Arc<CachedNode>,
+        g: WriteGuard,
+        b: &Bounds,
+        threshold: usize,
+        merge: bool,
+    ) -> Result<bool> {
+        assert_ne!(cn.id, ROOT_ID, "drain_down starts below the root");
+        let (mut pcn, mut pg, mut pb) = (cn.clone(), g, b.clone());
+        let mut did = false;
+        loop {
+            let Some((c, cid)) = self.heavy_child(&pcn, &mut pg, threshold)? else {
+                return Ok(did);
+            };
+            let ccn = match self.cache.get(cid) {
+                Some(c) => c,
+                None => self.load_with(cid, true)?,
+            };
+            // An evictor that chose the child before it was pinned may still shed its sub-blocks
+            // between the load and the latch (tiny cache): load again.
+            let mut cg = None;
+            for _ in 0..MAX_RESTARTS {
+                if !ccn.read().fully_resident() {
+                    self.load_partitions(&ccn, None)?;
+                }
+                let g = ccn.write();
+                if g.fully_resident() {
+                    cg = Some(g);
+                    break;
+                }
+            }
+            let Some(mut cg) = cg else {
+                return Err(Error::Corrupt(
+                    "a flush could not keep its path in memory (cache too small for the tree?)"
+                        .into(),
+                ));
+            };
+            let child_alive = if merge {
+                self.flush_into_child(&pcn, &mut pg, &pb, c, &ccn, &mut cg)?
+            } else {
+                self.deliver_into_child(&pcn, &mut pg, &pb, c, &ccn, &mut cg)?;
+                self.split_child(&mut pg, &pb, c, &ccn, &mut cg);
+                self.end_modify(&pcn, &pg);
+                true
+            };
+            did = true;
+            if child_alive && over(&cg, threshold) {
+                // Go down: the child must drain before more is pushed into it.
+                if let Body::Internal(n) = &pg.body {
+                    pb.descend(n, c);
+                }
+                drop(pg);
+                pg = cg;
+                pcn = ccn;
+            }
+            // Otherwise stay at this node and flush its next heaviest buffer if it is still over.
+        }
     }
 
     /// Flushes buffers down to the leaves, depth first in key order, starting with the subtree

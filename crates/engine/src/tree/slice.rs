@@ -100,15 +100,27 @@ impl Tree {
             };
             {
                 let mut pg = cn.write();
-                if !empty {
+                let cg = if empty {
+                    None
+                } else {
                     let mut cg = ccn.write();
                     self.deliver_into_child(&cn, &mut pg, &b, c, &ccn, &mut cg)?;
                     self.end_modify(&cn, &pg);
-                }
+                    Some(cg)
+                };
                 let Body::Internal(n) = &pg.body else {
                     unreachable!()
                 };
                 b.descend(n, c);
+                drop(pg);
+                // The path's messages gather in the nodes it passes: one left with more than a
+                // node's worth drains down now, as a flush would have drained it (left over, it
+                // stays so until the next flush passes, and a copy of it for a clone doubles it).
+                if let Some(cg) = cg {
+                    if super::flush::over(&cg, self.format.node_size) {
+                        self.drain_down(&ccn, cg, &b, self.format.node_size, false)?;
+                    }
+                }
             }
             self.make_room()?;
             cn = ccn;
