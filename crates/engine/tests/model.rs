@@ -554,7 +554,10 @@ fn random_sequences_with_surgery_match_the_model() {
 /// 13884077902820305811: the same message, 291 KiB: a slicing descent carried the path's
 /// messages into a node of height 1 and left it holding 50 KiB (six nodes' worth) until a clone
 /// shared it and a later cut copied it whole. A node a slicing descent leaves over a node's
-/// worth now drains down at once.
+/// worth now drains down at once. 12970402458602732903: 265 KiB, a clone copying a node of
+/// height 2 that held 47 KiB of buffers: a root split had given it the root's buffers (a
+/// batch of five nodes' worth) and nothing drained it. A piece a root split leaves over a
+/// node's worth now drains at once.
 #[test]
 fn surgery_fuzz_regressions() {
     const CASES: &[(u64, usize)] = &[
@@ -563,6 +566,7 @@ fn surgery_fuzz_regressions() {
         (15818805793745617689, 2500),
         (7097054332669499041, 2500),
         (13884077902820305811, 2500),
+        (12970402458602732903, 2500),
     ];
     for &(seed, steps) in CASES {
         run_with(seed, steps, true, 8 << 10);

@@ -38,7 +38,12 @@ impl Tree {
                 continue 'retry;
             }
             match self.fix_root(&root, &mut pg)? {
-                Ok(changed) => did |= changed,
+                Ok(changed) => {
+                    did |= changed;
+                    if changed {
+                        self.drain_root_children(&pg, threshold)?;
+                    }
+                }
                 Err(need) => {
                     drop(pg);
                     pins.extend(self.satisfy(need)?);
@@ -110,6 +115,33 @@ impl Tree {
             _ => return Ok(None),
         };
         Ok(Some((c, self.own_child(pcn, pg, c)?)))
+    }
+
+    /// After a root split: a piece that took more than `threshold` bytes of the root's buffers
+    /// (a batch larger than a node lands in the root whole) drains now. Left over, it stays so
+    /// until a flush passes through it, and a clone sharing it then copies it whole.
+    fn drain_root_children(&self, rg: &WriteGuard, threshold: usize) -> Result<()> {
+        let Body::Internal(n) = &rg.body else {
+            return Ok(());
+        };
+        for c in 0..n.children.len() {
+            // Only the pieces just made matter, and they are in memory (and nobody's else).
+            let Some(ccn) = self.cache.get(n.children[c]) else {
+                continue;
+            };
+            if self.is_shared(ccn.id) {
+                continue;
+            }
+            let cg = ccn.write();
+            if cg.fully_resident() && over(&cg, threshold) {
+                // The split counted the pieces: room for what the drain loads below them.
+                self.make_room()?;
+                let mut cb = Bounds::root();
+                cb.descend(n, c);
+                self.drain_down(&ccn, cg, &cb, threshold, true)?;
+            }
+        }
+        Ok(())
     }
 
     /// Flushes node `cn` (below the root, latched as `g`, bounds `b`) along its heaviest path while
