@@ -557,7 +557,10 @@ fn random_sequences_with_surgery_match_the_model() {
 /// worth now drains down at once. 12970402458602732903: 265 KiB, a clone copying a node of
 /// height 2 that held 47 KiB of buffers: a root split had given it the root's buffers (a
 /// batch of five nodes' worth) and nothing drained it. A piece a root split leaves over a
-/// node's worth now drains at once.
+/// node's worth now drains at once. 16597319716595886236: 307 KiB, a drain below the root
+/// copying a shared child of 100 KiB (decoded) for its owner: the clean original stayed in memory
+/// beside its copy and the dirty parent. A shared node copied for one owner now leaves memory at
+/// once when nobody else holds it.
 #[test]
 fn surgery_fuzz_regressions() {
     const CASES: &[(u64, usize)] = &[
@@ -567,6 +570,7 @@ fn surgery_fuzz_regressions() {
         (7097054332669499041, 2500),
         (13884077902820305811, 2500),
         (12970402458602732903, 2500),
+        (16597319716595886236, 2500),
     ];
     for &(seed, steps) in CASES {
         run_with(seed, steps, true, 8 << 10);

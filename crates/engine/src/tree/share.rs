@@ -69,6 +69,9 @@ impl Tree {
             };
             (g.copy_resident(), g.ref_blocks(), grandchildren)
         };
+        // The original stays for its other owners on disk: it is clean, so it leaves memory now
+        // rather than sit beside its copy until the next eviction (the bound counts both).
+        self.cache.evict_if_idle(&ccn);
         drop(ccn);
         let id = self.new_node(copy);
         {
