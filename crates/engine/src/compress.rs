@@ -1,23 +1,26 @@
 //! Sub-block compression (none, LZ4, Zstandard).
 
+use std::borrow::Cow;
+
 use crate::config::Compression;
 use crate::error::{Error, Result};
 
-/// Compresses `raw` with `codec`. Returns the codec actually used: data that does not shrink by at
-/// least 1/16 is stored raw, so reading it costs nothing.
-pub fn compress(codec: Compression, raw: &[u8]) -> (Compression, Vec<u8>) {
+/// Compresses `raw` with `codec`. Returns the codec actually used and the bytes to store: data that
+/// does not shrink by at least 1/16 is stored raw, so reading it costs nothing; raw data is
+/// borrowed, not copied (a node image copies it once, into its own buffer).
+pub fn compress(codec: Compression, raw: &[u8]) -> (Compression, Cow<'_, [u8]>) {
     let out = match codec {
-        Compression::None => return (Compression::None, raw.to_vec()),
+        Compression::None => return (Compression::None, Cow::Borrowed(raw)),
         Compression::Lz4 => lz4_flex::block::compress(raw),
         Compression::Zstd => match zstd::bulk::compress(raw, 1) {
             Ok(v) => v,
-            Err(_) => return (Compression::None, raw.to_vec()),
+            Err(_) => return (Compression::None, Cow::Borrowed(raw)),
         },
     };
     if out.len() + raw.len() / 16 >= raw.len() {
-        (Compression::None, raw.to_vec())
+        (Compression::None, Cow::Borrowed(raw))
     } else {
-        (codec, out)
+        (codec, Cow::Owned(out))
     }
 }
 

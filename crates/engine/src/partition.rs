@@ -284,10 +284,12 @@ pub struct PartitionBuilder {
 }
 
 impl PartitionBuilder {
-    /// A builder with room for `bytes` of entries.
+    /// A builder with room for `bytes` of entries, in recycled memory where the pool has a buffer
+    /// of about that size (`bufpool.rs`): a flush rebuilds partitions all the time, and a fresh
+    /// buffer of that size is a new mapping whose every page faults and is zeroed.
     pub fn with_capacity(bytes: usize) -> PartitionBuilder {
         PartitionBuilder {
-            data: Vec::with_capacity(bytes),
+            data: crate::bufpool::POOL.take(bytes),
             offs: Vec::new(),
             refs: 0,
             ref_max: 0,

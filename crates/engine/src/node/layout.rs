@@ -5,6 +5,7 @@
 //! the assertions a written node must pass), parsing and verifying the header, decoding
 //! sub-blocks, and building a node from what was read.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use amaranth_device::{round_up, AlignedBuf, BLOCK_SIZE};
@@ -126,10 +127,16 @@ pub(crate) fn serialize_layout(
         node.prefix
     );
     let mut index = Enc::with_capacity(256);
-    let mut subs: Vec<(u8, Vec<u8>, usize, u32)> = Vec::new(); // (codec, stored, raw_len, count)
+    // A leaf's partitions, held while the image is built: one stored raw is borrowed, not copied.
+    let leaf_parts = match &node.body {
+        Body::Leaf(l) => l.resident_parts(),
+        Body::Internal(_) => Vec::new(),
+    };
+    // (codec, stored, raw_len, count)
+    let mut subs: Vec<(u8, Cow<'_, [u8]>, usize, u32)> = Vec::new();
     let (kind, pivots, n) = match &node.body {
         Body::Leaf(l) => {
-            for p in l.resident_parts() {
+            for p in &leaf_parts {
                 let (used, stored) = compress::compress(codec, p.raw());
                 subs.push((used.code(), stored, p.bytes(), p.len() as u32));
             }
@@ -147,9 +154,15 @@ pub(crate) fn serialize_layout(
                     b.bytes() + BUFFER_HEADER,
                     "node {id}: buffer size differs from its encoding"
                 );
-                let (used, stored) = compress::compress(codec, &e.buf);
+                let raw_len = e.buf.len();
+                let (used, packed) = match compress::compress(codec, &e.buf) {
+                    (used, Cow::Owned(v)) => (used, Some(v)),
+                    (used, Cow::Borrowed(_)) => (used, None),
+                };
+                // Stored raw: the encoding itself, moved rather than copied.
+                let stored = packed.unwrap_or_else(|| std::mem::take(&mut e.buf));
                 let (np, nr) = b.counts();
-                subs.push((used.code(), stored, e.buf.len(), (np + nr) as u32));
+                subs.push((used.code(), Cow::Owned(stored), raw_len, (np + nr) as u32));
             }
             (KIND_INTERNAL, &int.pivots, int.children.len())
         }

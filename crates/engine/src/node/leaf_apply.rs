@@ -253,6 +253,9 @@ struct LeafBuilder {
     /// Bytes a partition being built is filled to before the next one starts (at most
     /// `partition_size`; less while a merge splits a partition, see [`LeafBuilder::merge`]).
     fill: usize,
+    /// The buffer a new partition starts with: `fill`, or while a merge builds a single partition,
+    /// about the size it will have.
+    room: usize,
     pivots: Vec<Vec<u8>>,
     parts: Vec<PartSlot>,
     cur: Option<(Option<Vec<u8>>, PartitionBuilder)>,
@@ -266,6 +269,7 @@ impl LeafBuilder {
         LeafBuilder {
             partition_size,
             fill: partition_size,
+            room: partition_size,
             pivots: Vec::new(),
             parts: Vec::new(),
             cur: None,
@@ -335,7 +339,9 @@ impl LeafBuilder {
                     (None, None) => key.to_vec(),
                 })
             };
-            self.cur = Some((low, PartitionBuilder::with_capacity(self.partition_size)));
+            // Room for what the partition will hold (it is sealed at `fill`), so the buffer
+            // neither grows nor is trimmed, and goes back to the pool for the next one.
+            self.cur = Some((low, PartitionBuilder::with_capacity(self.room.max(size))));
         }
         self.cur
             .as_mut()
@@ -364,6 +370,10 @@ impl LeafBuilder {
         if total > self.partition_size {
             let parts = total.div_ceil(self.partition_size * 3 / 4);
             self.fill = total.div_ceil(parts).min(self.partition_size);
+            self.room = self.fill;
+        } else {
+            // One partition of about `total` bytes (an estimate: a little slack).
+            self.room = (total + total / 8 + 4096).min(self.partition_size);
         }
         let (mut bi, mut pi) = (0usize, 0usize);
         // The first entry of this range keeps the partition's old lower bound as its pivot.
@@ -403,6 +413,7 @@ impl LeafBuilder {
         self.seal();
         self.last_key = None;
         self.fill = self.partition_size;
+        self.room = self.partition_size;
     }
 
     fn finish(mut self) -> (Vec<Vec<u8>>, Vec<PartSlot>, Vec<u64>) {
