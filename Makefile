@@ -6,7 +6,7 @@ MOUNTPOINT ?= /mnt/amaranth
 SIZE ?= 8G
 BENCH_ARGS ?=
 
-.PHONY: run test deps build lint unit fuse-tests bench bench-quick aging engine-bench soak crash-soak crash-mount imap-crash fuzz-surgery clean
+.PHONY: run test deps build lint unit fuse-tests bench bench-quick aging engine-bench soak crash-soak crash-mount imap-crash fuzz-surgery fuzz-fs clean
 
 deps:
 	scripts/install-deps.sh
@@ -64,6 +64,11 @@ soak:
 ## AMARANTH_NODE_SIZE=8192 cargo test --release -p amaranth-engine --test model replay).
 fuzz-surgery:
 	AMARANTH_FUZZ_SECONDS=$(or $(SECONDS),600) AMARANTH_SEED_BASE=$(or $(SEED),24301) $(CARGO) test --release -p amaranth-engine --test model surgery_fuzz -- --ignored --nocapture
+
+## The file system against its model for RUNS seeds (default 2000) of 600 steps from SEED (default
+## 7340032); prints every seed (replay: AMARANTH_SEED=… cargo test --release -p amaranth-fs --test model replay).
+fuzz-fs:
+	AMARANTH_FS_MODEL_RUNS=$(or $(RUNS),2000) AMARANTH_SEED_BASE=$(or $(SEED),7340032) $(CARGO) test --release -p amaranth-fs --test model random_file_system_sequences_match_the_model -- --nocapture
 
 ## Power cuts through the file system for CRASH_SOAK_SECONDS (default 600); prints the states checked.
 crash-soak:
