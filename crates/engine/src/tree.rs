@@ -132,6 +132,8 @@ pub struct TreeCounters {
     pub subtrees_dropped: AtomicU64,
     /// Run slots queued to be flushed into their subtrees after a range move.
     pub range_move_drains: AtomicU64,
+    /// Leaf entry bytes rewritten into another prefix by cuts, splits and merges.
+    pub leaf_bytes_relifted: AtomicU64,
     /// Moved run slots whose messages' key rewrite was left pending (`node/slot.rs`).
     pub rekeys_deferred: AtomicU64,
     /// Moved run slots whose pending key rewrite the move undid (it composed to nothing).
@@ -194,6 +196,9 @@ pub struct Tree {
     pub readahead: ReadAhead,
     /// Keys some node was cut at, whose under-full fringe waits to be healed (`tree/heal.rs`).
     heal: Mutex<BTreeSet<Vec<u8>>>,
+    /// The bounds of ranges moved or cloned lately, where a heal merges only cheaply
+    /// (`tree/heal.rs`).
+    moved_edges: Mutex<heal::MovedEdges>,
     /// The bytes that end a unit of the caller's key structure, where leaf splits prefer to cut
     /// (docs/SURGERY.md §3.5); empty: plain splits.
     pub split_boundaries: RwLock<Vec<u8>>,
@@ -230,6 +235,7 @@ impl Tree {
             read_only: AtomicBool::new(false),
             readahead: ReadAhead::default(),
             heal: Mutex::new(BTreeSet::new()),
+            moved_edges: Mutex::new(heal::MovedEdges::default()),
             split_boundaries: RwLock::new(Vec::new()),
             holds: Mutex::new(Vec::new()),
             collecting: Mutex::new(()),

@@ -296,6 +296,62 @@ fn heavy_run_buffers_are_flushed_after_a_move() {
     );
 }
 
+/// A family of one small leaf (a large file's block references), between larger neighbours,
+/// moved back and forth with the fringes healed after each move, the way the `rename` benchmark
+/// renames a 64 MiB file. Returns the family's bytes (its keys and values) and the leaf bytes
+/// re-lifted by `moves` moves after two to settle.
+fn small_family_back_and_forth(moves: u32) -> (u64, u64) {
+    let format = amaranth_engine::Format {
+        node_size: 64 << 10,
+        max_fanout: 16,
+        log_size: Some(4 << 20),
+        ..small_format()
+    };
+    let e = Engine::create(Arc::new(MemDevice::new(256 << 20)), format, roomy_options()).unwrap();
+    let mut m = Model::new();
+    fill_family(&e, &mut m, "a/", 2_000, 60);
+    fill_family(&e, &mut m, "k/", 100, 60);
+    fill_family(&e, &mut m, "z/", 2_000, 60);
+    let family: u64 = m
+        .iter()
+        .filter(|(k, _)| k.starts_with(b"k/"))
+        .map(|(k, v)| (k.len() + v.len()) as u64)
+        .sum();
+    e.flush_buffers(0, usize::MAX).unwrap();
+    let (mut from, mut to) = ("k/", "m/");
+    let mut at = None;
+    for i in 0..moves + 2 {
+        if i == 2 {
+            at = Some(e.stats().leaf_bytes_relifted);
+        }
+        let mut b = Batch::new();
+        b.range_move(from.as_bytes(), to.as_bytes(), 0);
+        e.write(&b).unwrap();
+        moved(&mut m, from, to);
+        while e.heal_fringes(16).unwrap() > 0 {}
+        std::mem::swap(&mut from, &mut to);
+    }
+    verified(&e);
+    assert!(dump(&e) == m, "the moves changed the contents");
+    let relifted = e.stats().leaf_bytes_relifted - at.expect("two moves to settle");
+    e.close().unwrap();
+    (family, relifted)
+}
+
+#[test]
+fn a_small_leaf_moved_back_and_forth_is_not_merged_and_cut_each_time() {
+    let (family, relifted) = small_family_back_and_forth(10);
+    eprintln!("10 moves of a one-leaf family of {family} bytes: {relifted} leaf bytes re-lifted");
+    // The heal's earlier rule (a re-lift of up to an eighth of a node, plus four times the
+    // smaller half) merged the family's leaf with the neighbours' piece beside it after every
+    // move, and the next move cut it out again: the family re-lifted twice per move. Now only
+    // the few bytes of the pieces the moves cut at the destination are.
+    assert!(
+        relifted < family,
+        "{relifted} leaf bytes re-lifted by 10 moves of a family of {family} bytes"
+    );
+}
+
 /// The messages a moved run's slots buffer keep their key rewrite pending (docs/SURGERY.md §3.2,
 /// "Changed (2026-12-05 …)"): moves to names of other lengths and back compose the rewrites, a
 /// move and its reverse cancel, and what is read, checkpointed and reopened is the moved keys.

@@ -134,6 +134,9 @@ pub struct Stats {
     /// Run slots a range move queued to be flushed into their subtrees after it (their buffers
     /// held more than a sixteenth of a node).
     pub range_move_drains: u64,
+    /// Leaf entry bytes rewritten into another prefix (re-lifted, docs/SURGERY.md §2.1) by the
+    /// cuts, splits and merges of leaves: what keeping keys lifted costs.
+    pub leaf_bytes_relifted: u64,
     /// Moved run slots whose messages' key rewrite was left pending until they are needed.
     pub rekeys_deferred: u64,
     /// Moved run slots whose pending key rewrite a later move undid (a move and its reverse).
@@ -273,6 +276,7 @@ impl Engine {
             subtrees_dropped: tc.subtrees_dropped.load(Ordering::Relaxed),
             sharing: self.sharing(),
             range_move_drains: tc.range_move_drains.load(Ordering::Relaxed),
+            leaf_bytes_relifted: tc.leaf_bytes_relifted.load(Ordering::Relaxed),
             rekeys_deferred: tc.rekeys_deferred.load(Ordering::Relaxed),
             rekeys_cancelled: tc.rekeys_cancelled.load(Ordering::Relaxed),
             checkpoints: i.ckpt.count.load(Ordering::Relaxed),

@@ -7,7 +7,7 @@
 //! flushing a heavy slot on its path into its child, and draining a node on the way whose buffers
 //! hold more than a node's worth. It reads a node whole only to change it (`heal_path`).
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -24,10 +24,44 @@ const HEAL_QUEUE_MAX: usize = 4096;
 /// Flushes of one over-full node's heaviest buffers per heal step at most.
 const DRAIN_MAX: usize = 16;
 
-/// A heal merges two nodes only when it re-lifts at most a node's size over this plus
-/// `HEAL_RELIFT_PER_BYTE` times the smaller one's bytes (see `heal_path`).
+/// A heal merges two nodes only when the merge re-lifts at most a node's size over
+/// `HEAL_RELIFT_DIVISOR` plus `HEAL_RELIFT_PER_BYTE` times the smaller one's bytes (see
+/// `heal_path`).
 const HEAL_RELIFT_DIVISOR: usize = 8;
 const HEAL_RELIFT_PER_BYTE: usize = 4;
+
+/// Across the edge of a range moved lately, a heal merges two nodes only when they take at most
+/// a node's size over `EDGE_SMALL_DIVISOR` together, or the merge re-lifts at most a node's size
+/// over `EDGE_RELIFT_DIVISOR` plus one `EDGE_KEPT_PER_RELIFT`th of the bytes it keeps as they
+/// are (see `heal_path`).
+const EDGE_SMALL_DIVISOR: usize = 64;
+const EDGE_RELIFT_DIVISOR: usize = 256;
+const EDGE_KEPT_PER_RELIFT: usize = 16;
+
+/// Edges of moved ranges remembered at most (the oldest are forgotten first).
+const MOVED_EDGES_MAX: usize = 1024;
+
+/// The bounds (full keys) of the ranges moved or cloned lately, oldest first: where the moved
+/// run's end nodes meet the nodes that were beside the destination.
+#[derive(Default)]
+pub(crate) struct MovedEdges {
+    order: VecDeque<Vec<u8>>,
+    set: HashSet<Vec<u8>>,
+}
+
+impl MovedEdges {
+    fn insert(&mut self, k: &[u8]) {
+        if self.set.contains(k) {
+            return;
+        }
+        if self.order.len() == MOVED_EDGES_MAX {
+            let old = self.order.pop_front().expect("a full list");
+            self.set.remove(&old);
+        }
+        self.order.push_back(k.to_vec());
+        self.set.insert(k.to_vec());
+    }
+}
 
 /// Walks per queued key at most (a tree is never this high).
 const MAX_HEIGHT: usize = 64;
@@ -39,6 +73,14 @@ impl Tree {
         if q.len() < HEAL_QUEUE_MAX {
             q.insert(k.to_vec());
         }
+    }
+
+    /// Remembers `[lo, hi)` as a range just moved or cloned: a heal merges across its bounds
+    /// only cheaply (`heal_path`).
+    pub(crate) fn note_moved_edges(&self, lo: &[u8], hi: &[u8]) {
+        let mut e = self.moved_edges.lock();
+        e.insert(lo);
+        e.insert(hi);
     }
 
     /// Whether fringes wait to be healed.
@@ -182,8 +224,16 @@ impl Tree {
             // re-lifts much more than it saves. A small piece merged into a large node with a
             // longer prefix rewrites the whole large node into the shorter one, and the next
             // slice at the same key (a directory renamed again) cuts and re-lifts it again: two
-            // 4 MiB re-lifts per rename for a piece of a few root entries. Such a piece stays a
-            // small node; pieces of similar sizes still merge.
+            // 4 MiB re-lifts per rename for a piece of a few root entries. The same held for a
+            // 64 MiB file renamed back and forth: its leaf (400 KB of block references, lifted to
+            // the file's name) was merged with the 300 KB of neighbours the cut left beside it,
+            // and cut out again at the next rename, so a rename's cost grew with the file's size.
+            // So across the edge of a range moved lately, a merge re-lifts at most a 256th of a
+            // node plus a sixteenth of the bytes it keeps as they are, or joins two pieces that
+            // together take at most a 64th of a node: a small piece merges into a large node
+            // whose prefix stays, small pieces merge with each other, a moved node with a longer
+            // prefix and more in it stays as it is. Elsewhere (the pieces a cut left where the
+            // range was, or a slice that moved nothing) pieces of similar sizes merge back.
             let mut sibling = None;
             for s in [c + 1, c.wrapping_sub(1)] {
                 // A shared sibling is never merged (`merge_child_with` leaves it as it is).
@@ -194,10 +244,20 @@ impl Tree {
                 let (cg, sg) = (ccn.read(), scn.read());
                 let pending = n.buffers[s].bytes();
                 let (cb, sb) = (relift_size(&cg), relift_size(&sg) + pending);
-                if self.merge_fits(&cg, &sg, pending)
-                    && merge_relift_bytes(n, &b, c, s, cb, sb - pending, pending)
-                        <= f.node_size / HEAL_RELIFT_DIVISOR + HEAL_RELIFT_PER_BYTE * cb.min(sb)
-                {
+                let relift = merge_relift_bytes(n, &b, c, s, cb, sb - pending, pending);
+                let edge = {
+                    let pivot = [b.prefix(), &n.pivots[c.min(s)]].concat();
+                    self.moved_edges.lock().set.contains(&pivot)
+                };
+                let pays = if edge {
+                    cb + sb <= f.node_size / EDGE_SMALL_DIVISOR
+                        || relift
+                            <= f.node_size / EDGE_RELIFT_DIVISOR
+                                + (cb + sb - relift) / EDGE_KEPT_PER_RELIFT
+                } else {
+                    relift <= f.node_size / HEAL_RELIFT_DIVISOR + HEAL_RELIFT_PER_BYTE * cb.min(sb)
+                };
+                if self.merge_fits(&cg, &sg, pending) && pays {
                     sibling = Some(s);
                     break;
                 }

@@ -239,7 +239,7 @@ impl Tree {
             prefix: whole.prefix().to_vec(),
         };
         let mut pieces = vec![(sk, right)];
-        relift_pieces(&whole, cg, &mut pieces);
+        relift_pieces(&whole, cg, &mut pieces, &self.counters.leaf_bytes_relifted);
         let (_, right) = pieces.pop().expect("the upper piece");
         self.cache.remeasure(ccn, cg);
         let Body::Internal(pn) = &mut pg.body else {

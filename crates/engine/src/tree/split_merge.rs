@@ -1,7 +1,7 @@
 //! Splits and merges: keeping the root's shape (split a big root leaf or an over-wide root,
 //! collapse a root with one child) and each child's after a flush (split, merge with a sibling).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::{Bounds, Need, Tree};
@@ -159,7 +159,7 @@ impl Tree {
     /// root's form, whose prefix is empty) become its children, each re-lifted to its prefix.
     fn new_root_body(&self, first: &mut Node, rest: &mut Vec<(Vec<u8>, Node)>) -> Internal {
         let root = Bounds::root();
-        let pivots = relift_pieces(&root, first, rest);
+        let pivots = relift_pieces(&root, first, rest, &self.counters.leaf_bytes_relifted);
         let first = std::mem::replace(first, Node::empty_leaf());
         let slot = |n: &Node| BufSlot::empty().with_longest(slot_bound(&root, n));
         let mut buffers = vec![slot(&first)];
@@ -301,8 +301,16 @@ impl Tree {
         lg.adopt_prefix(halves.0.prefix());
         rg.adopt_prefix(halves.1.prefix());
         let mut right_body = std::mem::replace(&mut rg.body, Body::Leaf(Leaf::empty()));
-        lg.relift(&[], merged.tail_of(&halves.0));
-        right_body.relift(&[], merged.tail_of(&halves.1));
+        let (lt, rt) = (merged.tail_of(&halves.0), merged.tail_of(&halves.1));
+        let right_bytes = match &right_body {
+            Body::Leaf(l) if !rt.is_empty() => l.bytes() as u64,
+            _ => 0,
+        };
+        self.counters
+            .leaf_bytes_relifted
+            .fetch_add(leaf_relift_bytes(lg, lt) + right_bytes, Ordering::Relaxed);
+        lg.relift(&[], lt);
+        right_body.relift(&[], rt);
         lg.max_msn = lg.max_msn.max(rg.max_msn);
         match (&mut lg.body, right_body) {
             (Body::Leaf(a), Body::Leaf(b)) => a.absorb(pivot, b),
@@ -400,7 +408,7 @@ impl Tree {
             }
             _ => return false,
         };
-        let lows = relift_pieces(&whole, cg, &mut pieces);
+        let lows = relift_pieces(&whole, cg, &mut pieces, &self.counters.leaf_bytes_relifted);
         // The pieces moved out of the child: count it smaller before counting them, or the
         // accounted usage passes the bound by the pieces (measured: 72 MiB with a 64 MiB bound).
         self.cache.remeasure(ccn, cg);
@@ -450,13 +458,31 @@ pub(super) fn relift_pieces(
     whole: &Bounds,
     first: &mut Node,
     rest: &mut [(Vec<u8>, Node)],
+    relifted: &AtomicU64,
 ) -> Vec<Vec<u8>> {
     let lows: Vec<Vec<u8>> = rest.iter().map(|(l, _)| l.clone()).collect();
-    first.relift(whole.tail_of(&whole.child_of(&lows, 0)), &[]);
+    let b = whole.child_of(&lows, 0);
+    let tail = whole.tail_of(&b);
+    let mut bytes = leaf_relift_bytes(first, tail);
+    first.relift(tail, &[]);
     for (k, (_, node)) in rest.iter_mut().enumerate() {
-        node.relift(whole.tail_of(&whole.child_of(&lows, k + 1)), &[]);
+        let b = whole.child_of(&lows, k + 1);
+        let tail = whole.tail_of(&b);
+        bytes += leaf_relift_bytes(node, tail);
+        node.relift(tail, &[]);
     }
+    relifted.fetch_add(bytes, Ordering::Relaxed);
     lows
+}
+
+/// The entry bytes a re-lift of `n` by `tail` rewrites if `n` is a leaf (an internal node's
+/// buffered messages are rewritten when next needed, `node/slot.rs`): what
+/// [`Stats::leaf_bytes_relifted`](crate::Stats::leaf_bytes_relifted) counts.
+fn leaf_relift_bytes(n: &Node, tail: &[u8]) -> u64 {
+    match &n.body {
+        Body::Leaf(l) if !tail.is_empty() => l.bytes() as u64,
+        _ => 0,
+    }
 }
 
 /// Cuts an internal node into pieces of at most `max` children (at least two pieces if `force`).

@@ -245,6 +245,7 @@ impl Tree {
         for k in [&slo, &shi, &dlo, &dhi] {
             self.queue_heal(k);
         }
+        self.note_moved_edges(&dlo, &dhi);
         for k in &heavy {
             self.queue_heal(k);
         }
