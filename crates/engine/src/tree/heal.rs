@@ -30,11 +30,9 @@ const DRAIN_MAX: usize = 16;
 const HEAL_RELIFT_DIVISOR: usize = 8;
 const HEAL_RELIFT_PER_BYTE: usize = 4;
 
-/// Across the edge of a range moved lately, a heal merges two nodes only when they take at most
-/// a node's size over `EDGE_SMALL_DIVISOR` together, or the merge re-lifts at most a node's size
-/// over `EDGE_RELIFT_DIVISOR` plus one `EDGE_KEPT_PER_RELIFT`th of the bytes it keeps as they
-/// are (see `heal_path`).
-const EDGE_SMALL_DIVISOR: usize = 64;
+/// Across the edge of a range moved lately, a heal merges two nodes only when the merge re-lifts
+/// at most a node's size over `EDGE_RELIFT_DIVISOR` plus one `EDGE_KEPT_PER_RELIFT`th of the
+/// bytes it keeps as they are (see `heal_path`).
 const EDGE_RELIFT_DIVISOR: usize = 256;
 const EDGE_KEPT_PER_RELIFT: usize = 16;
 
@@ -229,10 +227,9 @@ impl Tree {
             // the file's name) was merged with the 300 KB of neighbours the cut left beside it,
             // and cut out again at the next rename, so a rename's cost grew with the file's size.
             // So across the edge of a range moved lately, a merge re-lifts at most a 256th of a
-            // node plus a sixteenth of the bytes it keeps as they are, or joins two pieces that
-            // together take at most a 64th of a node: a small piece merges into a large node
-            // whose prefix stays, small pieces merge with each other, a moved node with a longer
-            // prefix and more in it stays as it is. Elsewhere (the pieces a cut left where the
+            // node plus a sixteenth of the bytes it keeps as they are: a small piece merges into
+            // a large node whose prefix stays, pieces of a few kilobytes merge with each other,
+            // a moved node with a longer prefix and more in it stays as it is. Elsewhere (the pieces a cut left where the
             // range was, or a slice that moved nothing) pieces of similar sizes merge back.
             let mut sibling = None;
             for s in [c + 1, c.wrapping_sub(1)] {
@@ -250,10 +247,9 @@ impl Tree {
                     self.moved_edges.lock().set.contains(&pivot)
                 };
                 let pays = if edge {
-                    cb + sb <= f.node_size / EDGE_SMALL_DIVISOR
-                        || relift
-                            <= f.node_size / EDGE_RELIFT_DIVISOR
-                                + (cb + sb - relift) / EDGE_KEPT_PER_RELIFT
+                    relift
+                        <= f.node_size / EDGE_RELIFT_DIVISOR
+                            + (cb + sb - relift) / EDGE_KEPT_PER_RELIFT
                 } else {
                     relift <= f.node_size / HEAL_RELIFT_DIVISOR + HEAL_RELIFT_PER_BYTE * cb.min(sb)
                 };
