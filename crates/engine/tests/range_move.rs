@@ -208,6 +208,15 @@ fn blocks_put_earlier_in_the_batch_count_in_the_destination_check() {
     e.close().unwrap();
 }
 
+/// Moves `from` to `to` (in the engine and the model) and heals the fringes the move left.
+fn move_and_heal(e: &Engine, m: &mut Model, from: &str, to: &str) {
+    let mut b = Batch::new();
+    b.range_move(from.as_bytes(), to.as_bytes(), 0);
+    e.write(&b).unwrap();
+    moved(m, from, to);
+    while e.heal_fringes(16).unwrap() > 0 {}
+}
+
 /// A range moved back and forth, the fringes healed after each move, the way `dirrename`
 /// renames a directory: returns (leaf splits, merges, heavy slots queued) over `moves` moves
 /// after two to settle, and the heavy slots queued by those two.
@@ -255,11 +264,7 @@ fn back_and_forth(moves: u32, buffered: bool) -> ((u64, u64, u64), u64) {
         if i == moves + 2 {
             break;
         }
-        let mut b = Batch::new();
-        b.range_move(from.as_bytes(), to.as_bytes(), 0);
-        e.write(&b).unwrap();
-        moved(&mut m, from, to);
-        while e.heal_fringes(16).unwrap() > 0 {}
+        move_and_heal(&e, &mut m, from, to);
         std::mem::swap(&mut from, &mut to);
     }
     verified(&e);
@@ -324,11 +329,7 @@ fn small_family_back_and_forth(moves: u32) -> (u64, u64) {
         if i == 2 {
             at = Some(e.stats().leaf_bytes_relifted);
         }
-        let mut b = Batch::new();
-        b.range_move(from.as_bytes(), to.as_bytes(), 0);
-        e.write(&b).unwrap();
-        moved(&mut m, from, to);
-        while e.heal_fringes(16).unwrap() > 0 {}
+        move_and_heal(&e, &mut m, from, to);
         std::mem::swap(&mut from, &mut to);
     }
     verified(&e);

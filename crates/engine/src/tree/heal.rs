@@ -229,8 +229,9 @@ impl Tree {
             // So across the edge of a range moved lately, a merge re-lifts at most a 256th of a
             // node plus a sixteenth of the bytes it keeps as they are: a small piece merges into
             // a large node whose prefix stays, pieces of a few kilobytes merge with each other,
-            // a moved node with a longer prefix and more in it stays as it is. Elsewhere (the pieces a cut left where the
-            // range was, or a slice that moved nothing) pieces of similar sizes merge back.
+            // a moved node with a longer prefix and more in it stays as it is. Elsewhere (the
+            // pieces a cut left where the range was, or a slice that moved nothing) pieces of
+            // similar sizes merge back.
             let mut sibling = None;
             for s in [c + 1, c.wrapping_sub(1)] {
                 // A shared sibling is never merged (`merge_child_with` leaves it as it is).
@@ -242,6 +243,10 @@ impl Tree {
                 let pending = n.buffers[s].bytes();
                 let (cb, sb) = (relift_size(&cg), relift_size(&sg) + pending);
                 let relift = merge_relift_bytes(n, &b, c, s, cb, sb - pending, pending);
+                assert!(
+                    relift <= cb + sb,
+                    "a merge re-lifts more than both halves hold"
+                );
                 let edge = {
                     let pivot = [b.prefix(), &n.pivots[c.min(s)]].concat();
                     self.moved_edges.lock().set.contains(&pivot)
