@@ -241,6 +241,9 @@ impl Tree {
                 let scn = self.pin(n.children[s])?;
                 let (cg, sg) = (ccn.read(), scn.read());
                 let pending = n.buffers[s].bytes();
+                if !self.merge_fits(&cg, &sg, pending) {
+                    continue;
+                }
                 let (cb, sb) = (relift_size(&cg), relift_size(&sg) + pending);
                 let relift = merge_relift_bytes(n, &b, c, s, cb, sb - pending, pending);
                 assert!(
@@ -258,7 +261,7 @@ impl Tree {
                 } else {
                     relift <= f.node_size / HEAL_RELIFT_DIVISOR + HEAL_RELIFT_PER_BYTE * cb.min(sb)
                 };
-                if self.merge_fits(&cg, &sg, pending) && pays {
+                if pays {
                     sibling = Some(s);
                     break;
                 }

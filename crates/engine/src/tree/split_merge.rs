@@ -302,13 +302,10 @@ impl Tree {
         rg.adopt_prefix(halves.1.prefix());
         let mut right_body = std::mem::replace(&mut rg.body, Body::Leaf(Leaf::empty()));
         let (lt, rt) = (merged.tail_of(&halves.0), merged.tail_of(&halves.1));
-        let right_bytes = match &right_body {
-            Body::Leaf(l) if !rt.is_empty() => l.bytes() as u64,
-            _ => 0,
-        };
-        self.counters
-            .leaf_bytes_relifted
-            .fetch_add(leaf_relift_bytes(lg, lt) + right_bytes, Ordering::Relaxed);
+        self.counters.leaf_bytes_relifted.fetch_add(
+            leaf_relift_bytes(&lg.body, lt) + leaf_relift_bytes(&right_body, rt),
+            Ordering::Relaxed,
+        );
         lg.relift(&[], lt);
         right_body.relift(&[], rt);
         lg.max_msn = lg.max_msn.max(rg.max_msn);
@@ -463,23 +460,23 @@ pub(super) fn relift_pieces(
     let lows: Vec<Vec<u8>> = rest.iter().map(|(l, _)| l.clone()).collect();
     let b = whole.child_of(&lows, 0);
     let tail = whole.tail_of(&b);
-    let mut bytes = leaf_relift_bytes(first, tail);
+    let mut bytes = leaf_relift_bytes(&first.body, tail);
     first.relift(tail, &[]);
     for (k, (_, node)) in rest.iter_mut().enumerate() {
         let b = whole.child_of(&lows, k + 1);
         let tail = whole.tail_of(&b);
-        bytes += leaf_relift_bytes(node, tail);
+        bytes += leaf_relift_bytes(&node.body, tail);
         node.relift(tail, &[]);
     }
     relifted.fetch_add(bytes, Ordering::Relaxed);
     lows
 }
 
-/// The entry bytes a re-lift of `n` by `tail` rewrites if `n` is a leaf (an internal node's
+/// The entry bytes a re-lift of `body` by `tail` rewrites if it is a leaf's (an internal node's
 /// buffered messages are rewritten when next needed, `node/slot.rs`): what
 /// [`Stats::leaf_bytes_relifted`](crate::Stats::leaf_bytes_relifted) counts.
-fn leaf_relift_bytes(n: &Node, tail: &[u8]) -> u64 {
-    match &n.body {
+fn leaf_relift_bytes(body: &Body, tail: &[u8]) -> u64 {
+    match body {
         Body::Leaf(l) if !tail.is_empty() => l.bytes() as u64,
         _ => 0,
     }
