@@ -199,6 +199,9 @@ pub struct Tree {
     /// The bounds of ranges moved or cloned lately, where a heal merges only cheaply
     /// (`tree/heal.rs`).
     moved_edges: Mutex<heal::MovedEdges>,
+    /// The ranges moves emptied lately, kept as slots of their own for a range moved back
+    /// (`tree/heal.rs`).
+    kept_holes: Mutex<heal::KeptHoles>,
     /// The bytes that end a unit of the caller's key structure, where leaf splits prefer to cut
     /// (docs/SURGERY.md §3.5); empty: plain splits.
     pub split_boundaries: RwLock<Vec<u8>>,
@@ -236,6 +239,7 @@ impl Tree {
             readahead: ReadAhead::default(),
             heal: Mutex::new(BTreeSet::new()),
             moved_edges: Mutex::new(heal::MovedEdges::default()),
+            kept_holes: Mutex::new(heal::KeptHoles::default()),
             split_boundaries: RwLock::new(Vec::new()),
             holds: Mutex::new(Vec::new()),
             collecting: Mutex::new(()),

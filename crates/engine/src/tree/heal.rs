@@ -61,6 +61,27 @@ impl MovedEdges {
     }
 }
 
+/// Holes kept at most: ranges a move emptied, left as a slot of their own (a filler) so that a
+/// range moved into one of them later finds its bounds cut already (the oldest is healed first).
+const KEPT_HOLES_MAX: usize = 16;
+
+/// The ranges moves emptied lately, oldest first, each still a slot of its own (a chain of
+/// empty nodes): a heal does not merge across their bounds, so a range moved back (a
+/// directory renamed back and forth, an exchange through its parking place) lands in the
+/// slot as it is, with no node cut and nothing to heal afterwards.
+#[derive(Default)]
+pub(crate) struct KeptHoles {
+    order: VecDeque<(Vec<u8>, Vec<u8>)>,
+}
+
+impl KeptHoles {
+    fn is_edge(&self, k: &[u8]) -> bool {
+        self.order
+            .iter()
+            .any(|(lo, hi)| lo.as_slice() == k || hi.as_slice() == k)
+    }
+}
+
 /// Walks per queued key at most (a tree is never this high).
 const MAX_HEIGHT: usize = 64;
 
@@ -79,6 +100,35 @@ impl Tree {
         let mut e = self.moved_edges.lock();
         e.insert(lo);
         e.insert(hi);
+    }
+
+    /// Keeps the hole `[lo, hi)` a move just emptied out of the heal (see [`KeptHoles`]); the
+    /// oldest hole past [`KEPT_HOLES_MAX`] is queued for healing.
+    pub(crate) fn keep_hole(&self, lo: &[u8], hi: &[u8]) {
+        let evicted = {
+            let mut h = self.kept_holes.lock();
+            h.order.retain(|(l, _)| l.as_slice() != lo);
+            h.order.push_back((lo.to_vec(), hi.to_vec()));
+            if h.order.len() > KEPT_HOLES_MAX {
+                h.order.pop_front()
+            } else {
+                None
+            }
+        };
+        if let Some((l, h)) = evicted {
+            self.queue_heal(&l);
+            self.queue_heal(&h);
+        }
+    }
+
+    /// Forgets `[lo, hi)` as a kept hole (a range was moved or cloned into it, or it is about
+    /// to be): returns whether it was one.
+    pub(crate) fn fill_hole(&self, lo: &[u8], hi: &[u8]) -> bool {
+        let mut h = self.kept_holes.lock();
+        let before = h.order.len();
+        h.order
+            .retain(|(l, u)| !(l.as_slice() == lo && u.as_slice() == hi));
+        h.order.len() != before
     }
 
     /// Whether fringes wait to be healed.
@@ -238,6 +288,11 @@ impl Tree {
                 if s >= n.children.len() || self.is_shared(n.children[s]) {
                     continue;
                 }
+                // A kept hole stays a slot of its own (`KeptHoles`).
+                let pivot = [b.prefix(), &n.pivots[c.min(s)]].concat();
+                if self.kept_holes.lock().is_edge(&pivot) {
+                    continue;
+                }
                 let scn = self.pin(n.children[s])?;
                 let (cg, sg) = (ccn.read(), scn.read());
                 let pending = n.buffers[s].bytes();
@@ -250,10 +305,7 @@ impl Tree {
                     relift <= cb + sb,
                     "a merge re-lifts more than both halves hold"
                 );
-                let edge = {
-                    let pivot = [b.prefix(), &n.pivots[c.min(s)]].concat();
-                    self.moved_edges.lock().set.contains(&pivot)
-                };
+                let edge = self.moved_edges.lock().set.contains(&pivot);
                 let pays = if edge {
                     relift
                         <= f.node_size / EDGE_RELIFT_DIVISOR

@@ -27,6 +27,8 @@ pub(crate) struct Sliced {
     pub node: Arc<CachedNode>,
     pub bounds: Bounds,
     pub slots: (usize, usize),
+    /// Whether slicing cut a node (its fringes want healing).
+    pub cut: bool,
 }
 
 impl Tree {
@@ -154,20 +156,20 @@ impl Tree {
     /// Makes `k` a boundary between two child slots of node `cn` (bounds `b`, height at least 1):
     /// splits every node on `k`'s path below it at `k`, bottom-up. Nothing to do when `k` is a
     /// pivot already or not inside the node's range. The node must be pinned; `writers` held
-    /// exclusive.
-    pub(crate) fn make_boundary(&self, cn: &Arc<CachedNode>, b: &Bounds, k: &[u8]) -> Result<()> {
+    /// exclusive. Returns whether it cut a node.
+    pub(crate) fn make_boundary(&self, cn: &Arc<CachedNode>, b: &Bounds, k: &[u8]) -> Result<bool> {
         let (c, cid, cb) = {
             let g = cn.read();
             let Body::Internal(n) = &g.body else {
                 unreachable!("a boundary is made in an internal node")
             };
             if k <= b.full_lo().as_slice() || b.full_hi().is_some_and(|h| k >= h.as_slice()) {
-                return Ok(());
+                return Ok(false);
             }
             let s = b.lift(k);
             let c = child_index(&n.pivots, s);
             if c > 0 && n.pivots[c - 1].as_slice() == s {
-                return Ok(());
+                return Ok(false);
             }
             (c, n.children[c], b.child(n, c))
         };
@@ -189,7 +191,8 @@ impl Tree {
         self.split_child_at(cn, &mut pg, b, c, &ccn, &mut cg, k)?;
         drop(cg);
         drop(pg);
-        self.make_room()
+        self.make_room()?;
+        Ok(true)
     }
 
     /// Cuts child `c` of the latched parent (bounds `pb`) at the full key `k`, strictly inside
@@ -267,8 +270,8 @@ impl Tree {
     /// returns where they are. Changes no key's value. Needs `writers` exclusive.
     pub(crate) fn slice(&self, lo: &[u8], hi: &[u8], min_height: u32) -> Result<Sliced> {
         let (node, bounds) = self.slicing_node(lo, hi, min_height)?;
-        self.make_boundary(&node, &bounds, lo)?;
-        self.make_boundary(&node, &bounds, hi)?;
+        let cut = self.make_boundary(&node, &bounds, lo)?;
+        let cut = self.make_boundary(&node, &bounds, hi)? || cut;
         // Wholly in memory: the range's slot buffers are read (and moved) with it.
         let node = self.pin_whole(node.id)?;
         let slots = {
@@ -282,6 +285,7 @@ impl Tree {
             node,
             bounds,
             slots,
+            cut,
         })
     }
 }

@@ -42,9 +42,8 @@ pub(super) const RUN_DRAIN_DIVISOR: usize = 16;
 enum Keeps {
     /// The run itself (a clone).
     Run,
-    /// Nothing: the run's left neighbour widens over its range.
-    Widened,
-    /// A chain of new empty nodes with the run's range.
+    /// A chain of new empty nodes with the run's range (a move), kept as a hole for a range
+    /// moved back (`KeptHoles` in `tree/heal.rs`).
     Filler,
 }
 
@@ -178,9 +177,23 @@ impl Tree {
         // 3: the destination, sliced at the same height or above; the path down to it learns
         // the moved keys' lengths.
         let (xd, xb) = self.slicing_node_raising(&dlo, &dhi, h + 1, moved)?;
+        let src_cut = src.cut;
         drop(src);
-        self.make_boundary(&xd, &xb, &dlo)?;
-        self.make_boundary(&xd, &xb, &dhi)?;
+        // A destination that is one slot of the node at the run's parent height (a hole an
+        // earlier move kept, `KeptHoles`) takes the run as it is: no cut, no fringe to heal.
+        let dst_exact = {
+            let g = xd.read();
+            let Body::Internal(n) = &g.body else {
+                unreachable!()
+            };
+            let c = child_index(&n.pivots, &xb.lift_clipped(&dlo));
+            let cb = xb.child(n, c);
+            g.height == h + 1 && cb.full_lo() == dlo && cb.full_hi().as_deref() == Some(&dhi[..])
+        };
+        let dst_cut = self.make_boundary(&xd, &xb, &dlo)?;
+        let dst_cut = self.make_boundary(&xd, &xb, &dhi)? || dst_cut;
+        assert!(!(dst_exact && dst_cut), "an exact destination slot was cut");
+        self.fill_hole(&dlo, &dhi);
         let (dead_slots, dead_roots) = {
             let g = xd.read();
             let Body::Internal(n) = &g.body else {
@@ -206,15 +219,9 @@ impl Tree {
                 dead_refs.extend(b.ref_blocks());
             }
         }
-        // Whether the run's left neighbour may widen over the moved range (read now: the
-        // swing does no I/O).
-        let keeps = if clone {
-            Keeps::Run
-        } else if self.may_widen_left(&run)? {
-            Keeps::Widened
-        } else {
-            Keeps::Filler
-        };
+        // A move leaves a chain of empty nodes in the source's slot, kept as a hole for a range
+        // moved back (`KeptHoles`).
+        let keeps = if clone { Keeps::Run } else { Keeps::Filler };
         // 4: the record.
         self.take_msn(before)?;
         // 5: the swing; the dead subtrees lose the slots that named them.
@@ -241,9 +248,19 @@ impl Tree {
         } else {
             self.counters.range_moves.fetch_add(1, Ordering::Relaxed);
         }
-        // 6–7: the fringes heal later; a destination node over its fanout is split now.
-        for k in [&slo, &shi, &dlo, &dhi] {
-            self.queue_heal(k);
+        // 6–7: the fringes heal later (those of the cuts, and those of a destination under a
+        // chain: the source's slot itself is kept); a destination node over its fanout is
+        // split now.
+        if !clone {
+            self.keep_hole(&slo, &shi);
+        }
+        if src_cut || clone {
+            self.queue_heal(&slo);
+            self.queue_heal(&shi);
+        }
+        if !dst_exact {
+            self.queue_heal(&dlo);
+            self.queue_heal(&dhi);
         }
         self.note_moved_edges(&dlo, &dhi);
         for k in &heavy {
@@ -326,6 +343,7 @@ impl Tree {
                         node: self.pin_whole(cn.id)?,
                         bounds: b,
                         slots,
+                        cut: false,
                     });
                 }
                 let c = child_index(&n.pivots, &b.lift_clipped(lo));
@@ -351,46 +369,10 @@ impl Tree {
         Ok(())
     }
 
-    /// Whether the left neighbour of a run taken out of its node may widen over the run's range:
-    /// the run has neighbours on both sides, and no node on the neighbour's right spine (the
-    /// neighbour, its last child, that one's last child, down to a leaf) is shared. Widening
-    /// changes the upper bound of every node on that spine, and a shared node's stored bounds
-    /// must stay the same under every parent that names it (another parent would not widen
-    /// them): a copy made by copy-on-write is not shared itself, but its children are.
-    fn may_widen_left(&self, run: &Sliced) -> Result<bool> {
-        let (mut id, mut height) = {
-            let g = run.node.read();
-            let Body::Internal(n) = &g.body else {
-                unreachable!("a sliced range lies in an internal node")
-            };
-            let (a, b) = run.slots;
-            if a == 0 || b == n.children.len() {
-                return Ok(false);
-            }
-            (n.children[a - 1], g.height - 1)
-        };
-        loop {
-            if self.is_shared(id) {
-                return Ok(false);
-            }
-            if height == 0 {
-                return Ok(true);
-            }
-            let cn = self.pin(id)?;
-            let g = cn.read();
-            let Body::Internal(n) = &g.body else {
-                unreachable!("a node above height 0 is internal")
-            };
-            id = *n.children.last().expect("an internal node has children");
-            height -= 1;
-        }
-    }
-
     /// Moves the run's slots from their node to the destination node `xd` (bounds `xb`), in
     /// place of its dead slots: directly when `xd` is one level above the run's subtrees, under a
-    /// chain of new single-child nodes otherwise. The source node keeps a slot for the range: its
-    /// left neighbour widens over it ([`Keeps::Widened`], when [`Tree::may_widen_left`] says it
-    /// may), or a chain of new empty nodes stands in ([`Keeps::Filler`]). A clone's source keeps
+    /// chain of new single-child nodes otherwise. The source node keeps a slot for the range: a
+    /// chain of new empty nodes stands in ([`Keeps::Filler`]). A clone's source keeps
     /// the run ([`Keeps::Run`]), and the destination gets the same subtrees (one more reference
     /// each) with copies of their buffers (one more reference to each block the copies name).
     /// `(p, q)` are the source and destination prefixes without their last byte.
@@ -416,15 +398,10 @@ impl Tree {
             self.begin_modify(xd, g);
         }
         let (a, b) = run.slots;
-        let (taken, filled) = {
+        let taken = {
             let Body::Internal(sn) = &mut sg.body else {
                 unreachable!()
             };
-            // The left neighbour widens over the source's range, unless the run is at an end of
-            // its node, or a node on the neighbour's right spine is shared: its stored bounds
-            // must stay the same under every parent that names it, so a chain of empty nodes
-            // takes the range instead (docs/SURGERY.md §4.6).
-            let filled = keeps != Keeps::Widened;
             let buffers = if clone {
                 (a..b)
                     .map(|i| {
@@ -440,17 +417,16 @@ impl Tree {
                     .map(|i| std::mem::replace(&mut sn.buffers[i], BufSlot::empty()))
                     .collect()
             };
-            let taken = Run {
+            Run {
                 children: sn.children[a..b].to_vec(),
                 buffers,
                 pivots: sn.pivots[a..b - 1].to_vec(),
-            };
-            (taken, filled)
+            }
         };
         if clone {
             self.share_run(&taken);
         }
-        let filler = (filled && !clone).then(|| self.empty_chain(h, p));
+        let filler = (!clone).then(|| self.empty_chain(h, p));
         // The run in its new form: in the destination node itself when it is one level above
         // the run's subtrees, else in a new node under a chain down from the destination node.
         let direct = dst_height == h + 1;
@@ -501,15 +477,15 @@ impl Tree {
             None if clone => splice(&mut sg, da, db, insert, run_msn),
             Some(g) => {
                 splice(g, da, db, insert, run_msn);
-                remove_run(&mut sg, a, b, filler);
+                remove_run(&mut sg, a, b, filler.expect("a move leaves a filler"));
             }
             // In one node, the higher slot range first, so the other's indices stay right.
             None if da > a => {
                 splice(&mut sg, da, db, insert, run_msn);
-                remove_run(&mut sg, a, b, filler);
+                remove_run(&mut sg, a, b, filler.expect("a move leaves a filler"));
             }
             None => {
-                remove_run(&mut sg, a, b, filler);
+                remove_run(&mut sg, a, b, filler.expect("a move leaves a filler"));
                 splice(&mut sg, da, db, insert, run_msn);
             }
         }
@@ -665,25 +641,15 @@ fn run_bound(src: &Sliced, p: &[u8], q: &[u8]) -> usize {
     (full + q.len()).saturating_sub(p.len())
 }
 
-/// Takes slots `a..b` out of `n` (their contents already taken): the left neighbour widens over
-/// the range (the pivot at its start goes, the one at its end stays), or `filler` takes its place.
-fn remove_run(g: &mut WriteGuard, a: usize, b: usize, filler: Option<(NodeId, BufSlot)>) {
+/// Takes slots `a..b` out of `n` (their contents already taken): `filler` takes their place,
+/// with the run's bounds (the pivots between its slots go, the ones bounding it stay).
+fn remove_run(g: &mut WriteGuard, a: usize, b: usize, (id, slot): (NodeId, BufSlot)) {
     let Body::Internal(n) = &mut g.body else {
         unreachable!()
     };
-    match filler {
-        None => {
-            assert!(a > 0 && b < n.children.len(), "a run with neighbours");
-            n.children.drain(a..b);
-            n.buffers.drain(a..b);
-            n.pivots.drain(a - 1..b - 1);
-        }
-        Some((id, slot)) => {
-            n.children.splice(a..b, [id]);
-            n.buffers.splice(a..b, [slot]);
-            n.pivots.drain(a..b - 1);
-        }
-    }
+    n.children.splice(a..b, [id]);
+    n.buffers.splice(a..b, [slot]);
+    n.pivots.drain(a..b - 1);
 }
 
 /// Puts `run` in place of the dead slots `a..b` of `g` (their pivots between them go, the ones
