@@ -342,7 +342,7 @@ impl Engine {
         self.inner.check_writable()?;
         let n = {
             let _w = self.inner.tree.writers.read();
-            self.inner.seen(self.inner.tree.heal_step(max))?
+            self.inner.seen(self.inner.tree.heal_step(max, true))?
         };
         self.inner.seen(self.inner.tree.make_room())?;
         Ok(n)

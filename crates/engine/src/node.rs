@@ -26,8 +26,9 @@ mod slot;
 
 pub(crate) use layout::serialize_layout;
 pub use layout::{
-    build_node, decode_buffer, decode_buffer_payload, decode_partition, decode_sub, header_span,
-    parse_header, serialize, NodeHeader, SubLoc, HEADER_LEN, NODE_VERSION, NODE_VERSION_UNLIFTED,
+    build_node, decode_buffer, decode_buffer_payload, decode_partition, decode_sub,
+    decode_sub_borrowed, header_span, parse_header, serialize, NodeHeader, SubLoc, HEADER_LEN,
+    NODE_VERSION, NODE_VERSION_UNLIFTED,
 };
 pub(crate) use rekey::RekeyPlan;
 pub use slot::BufSlot;

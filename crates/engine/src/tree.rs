@@ -196,6 +196,9 @@ pub struct Tree {
     pub readahead: ReadAhead,
     /// Keys some node was cut at, whose under-full fringe waits to be healed (`tree/heal.rs`).
     heal: Mutex<BTreeSet<Vec<u8>>>,
+    /// First keys of moved runs' heavy slots, flushed into their subtrees once writes pause
+    /// (`tree/heal.rs`).
+    drains: Mutex<BTreeSet<Vec<u8>>>,
     /// The bounds of ranges moved or cloned lately, where a heal merges only cheaply
     /// (`tree/heal.rs`).
     moved_edges: Mutex<heal::MovedEdges>,
@@ -238,6 +241,7 @@ impl Tree {
             read_only: AtomicBool::new(false),
             readahead: ReadAhead::default(),
             heal: Mutex::new(BTreeSet::new()),
+            drains: Mutex::new(BTreeSet::new()),
             moved_edges: Mutex::new(heal::MovedEdges::default()),
             kept_holes: Mutex::new(heal::KeptHoles::default()),
             split_boundaries: RwLock::new(Vec::new()),

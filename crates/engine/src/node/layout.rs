@@ -467,6 +467,35 @@ pub fn decode_sub(stored: &[u8], loc: &SubLoc, what: &str, dev_offset: u64) -> R
     compress::decompress(codec, stored, loc.raw_len as usize)
 }
 
+/// Verifies one sub-block and gives its decoded bytes: the stored bytes themselves when they
+/// are not compressed (no copy: a buffer is parsed from them and not kept), else a decompressed
+/// copy.
+pub fn decode_sub_borrowed<'a>(
+    stored: &'a [u8],
+    loc: &SubLoc,
+    what: &str,
+    dev_offset: u64,
+) -> Result<Cow<'a, [u8]>> {
+    if loc.codec == Compression::None.code() {
+        let stored = &stored[..loc.stored_len as usize];
+        if crc(stored) != loc.crc {
+            return Err(Error::Checksum {
+                what: what.to_string(),
+                offset: dev_offset,
+            });
+        }
+        if stored.len() != loc.raw_len as usize {
+            return Err(Error::Corrupt(format!(
+                "{what}: sub-block of {} bytes stored uncompressed as {}",
+                loc.raw_len,
+                stored.len()
+            )));
+        }
+        return Ok(Cow::Borrowed(stored));
+    }
+    decode_sub(stored, loc, what, dev_offset).map(Cow::Owned)
+}
+
 /// Decodes a leaf partition sub-block.
 pub fn decode_partition(
     stored: &[u8],
@@ -594,7 +623,7 @@ pub fn decode_buffer(
     lo: &[u8],
     hi: Option<&[u8]>,
 ) -> Result<Buffer> {
-    let raw = decode_sub(stored, loc, what, dev_offset)?;
+    let raw = decode_sub_borrowed(stored, loc, what, dev_offset)?;
     decode_buffer_payload(&raw, format, what, node_max_msn, lo, hi)
 }
 

@@ -131,17 +131,38 @@ impl Tree {
         h.order.len() != before
     }
 
+    /// Queues a walk to `k` that flushes the heavy slot of a moved run starting there, for when
+    /// writes pause (`heal_step` with `drains`).
+    pub(crate) fn queue_drain(&self, k: &[u8]) {
+        let mut q = self.drains.lock();
+        if q.len() < HEAL_QUEUE_MAX {
+            q.insert(k.to_vec());
+        }
+    }
+
     /// Whether fringes wait to be healed.
     pub fn heal_pending(&self) -> bool {
         !self.heal.lock().is_empty()
     }
 
-    /// Heals the fringes around up to `max` queued keys. Returns how many it took from the
-    /// queue. The caller holds `writers` shared and no latch.
-    pub fn heal_step(&self, max: usize) -> Result<usize> {
+    /// Whether moved runs' heavy slots wait to be flushed.
+    pub fn drains_pending(&self) -> bool {
+        !self.drains.lock().is_empty()
+    }
+
+    /// Heals the fringes around up to `max` queued keys, and with `drains`, once no fringe is
+    /// left, flushes the queued heavy slots of moved runs. Returns how many keys it took from
+    /// the queues. The caller holds `writers` shared and no latch.
+    pub fn heal_step(&self, max: usize, drains: bool) -> Result<usize> {
         let mut done = 0;
         while done < max {
-            let Some(k) = self.heal.lock().pop_first() else {
+            let next = self.heal.lock().pop_first();
+            let next = match next {
+                Some(k) => Some(k),
+                None if drains => self.drains.lock().pop_first(),
+                None => None,
+            };
+            let Some(k) = next else {
                 break;
             };
             // A merge low on the path can make room for one above it: walk again while the

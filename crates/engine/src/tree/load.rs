@@ -253,7 +253,7 @@ impl Tree {
                     let payload: &[u8] = match &kept {
                         Some(enc) => enc.raw(),
                         None => {
-                            decoded = node::decode_sub(stored, &loc, &what, dev_off)?;
+                            decoded = node::decode_sub_borrowed(stored, &loc, &what, dev_off)?;
                             &decoded
                         }
                     };

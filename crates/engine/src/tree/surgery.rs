@@ -264,7 +264,7 @@ impl Tree {
         }
         self.note_moved_edges(&dlo, &dhi);
         for k in &heavy {
-            self.queue_heal(k);
+            self.queue_drain(k);
         }
         self.counters
             .range_move_drains
