@@ -22,17 +22,10 @@ pub const DAEMON_OVERHEAD: u64 = 128 << 20;
 /// Blocks of this size or more are mapped and unmapped on their own (`M_MMAP_THRESHOLD`).
 const MMAP_THRESHOLD: libc::c_int = 64 << 10;
 
-/// Heap growth asked of the system at a time (`M_TOP_PAD`): one `brk` per 4 MiB of growth.
-const TOP_PAD: libc::c_int = 4 << 20;
-
 /// Sets glibc's malloc for the daemon's memory bound:
-/// - one arena, the main one: the many FUSE threads otherwise each grow an arena of their own,
-///   and freed node images scattered over them keep the resident size far above the cache bound
-///   (measured: peak RSS -13% at the same throughput, with two arenas). One, not two: a second
-///   arena grows its heap with an `mprotect` per page or so of growth (glibc's `grow_heap`
-///   takes no padding), and a cold directory rename, which decodes tens of megabytes of node
-///   buffers at once, made 3,092 of them; the main arena grows by `brk` with [`TOP_PAD`] of
-///   padding (5 calls for the same renames);
+/// - at most two arenas: the many FUSE threads otherwise each grow an arena of their own, and
+///   freed node images scattered over them keep the resident size far above the cache bound
+///   (measured: peak RSS -13% at the same throughput);
 /// - a fixed mmap threshold below the engine's partition size, so partition and node buffers go
 ///   back to the system when freed (a fixed value also stops glibc from raising the threshold
 ///   after each freed mapping, which moved those buffers into heaps that freed memory in their
@@ -45,9 +38,8 @@ pub fn bound_allocator() {
     // SAFETY: mallopt only changes allocator parameters; called before other threads exist.
     // A refusal (return value 0) only costs memory: nothing to do about it here.
     unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
+        libc::mallopt(libc::M_ARENA_MAX, 2);
         libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
-        libc::mallopt(libc::M_TOP_PAD, TOP_PAD);
     }
 }
 
