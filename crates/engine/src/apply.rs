@@ -357,6 +357,16 @@ pub(crate) fn replay_record(
     if *skipped > 0 {
         tree.next_msn.fetch_max(first_msn, Ordering::Relaxed);
     }
+    // Room for the batch before it lands in the root, as a live write makes it
+    // (`Inner::write_marked`): a record larger than a node would pass the bound by its size.
+    let mem = ops::record_bytes(&ops) + ops.len() * crate::buffer::ENTRY_OVERHEAD;
+    match tree.make_room_for_batch(mem) {
+        Ok(()) => {}
+        Err(Error::NoSpace(m)) => log::warn!(
+            "amaranth engine: cannot write back nodes ({m}); the cache is over its bound"
+        ),
+        Err(e) => return Err(e),
+    }
     match apply_ops(tree, None, ops, Some(first_msn), None) {
         Err(e) if prefix::is_refusal(&e) => {
             skip(lsn, &e, skipped);

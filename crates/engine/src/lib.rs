@@ -30,6 +30,8 @@
 #![deny(missing_docs)]
 
 mod apply;
+#[cfg(test)]
+mod batch_bound_tests;
 mod blockdata;
 mod btt;
 mod buffer;

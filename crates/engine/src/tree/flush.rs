@@ -18,6 +18,14 @@ pub(super) fn over(node: &Node, threshold: usize) -> bool {
     matches!(&node.body, Body::Internal(n) if n.buffered_bytes() > threshold)
 }
 
+/// How many children `node` has (0 for a leaf).
+fn children(node: &Node) -> usize {
+    match &node.body {
+        Body::Internal(n) => n.children.len(),
+        Body::Leaf(_) => 0,
+    }
+}
+
 /// How many times a flush loads a node again that was evicted before it could latch it.
 const MAX_RESTARTS: usize = 256;
 
@@ -41,7 +49,10 @@ impl Tree {
                 Ok(changed) => {
                     did |= changed;
                     if changed {
-                        self.drain_root_children(&pg, threshold)?;
+                        // A piece a root split leaves over `threshold` (a batch larger than a
+                        // node lands in the root whole) drains now.
+                        let n = children(&pg);
+                        self.drain_pieces(&pg, &Bounds::root(), 0..n, threshold, threshold, true)?;
                     }
                 }
                 Err(need) => {
@@ -80,9 +91,14 @@ impl Tree {
                     pins.push(ccn);
                     continue 'retry;
                 }
+                let before = children(&pg);
                 let child_alive =
                     self.flush_into_child(&pcn, &mut pg, &Bounds::root(), c, &ccn, &mut cg)?;
                 did = true;
+                // A split child's pieces right of it: one left with more than twice the
+                // threshold drains now (see `drain_down`).
+                let pieces = c + 1..c + 1 + children(&pg).saturating_sub(before);
+                self.drain_pieces(&pg, &Bounds::root(), pieces, 2 * threshold, threshold, true)?;
                 if child_alive && over(&cg, threshold) {
                     // Go down: the child must drain before more is pushed into it.
                     let Body::Internal(n) = &pg.body else {
@@ -117,15 +133,27 @@ impl Tree {
         Ok(Some((c, self.own_child(pcn, pg, c)?)))
     }
 
-    /// After a root split: a piece that took more than `threshold` bytes of the root's buffers
-    /// (a batch larger than a node lands in the root whole) drains now. Left over, it stays so
-    /// until a flush passes through it, and a clone sharing it then copies it whole.
-    fn drain_root_children(&self, rg: &WriteGuard, threshold: usize) -> Result<()> {
-        let Body::Internal(n) = &rg.body else {
+    /// Drains children `range` of `pg` (bounds `pb`) that hold more than `limit` bytes of
+    /// buffers down to `threshold`: the pieces a split just made, which took their share of the
+    /// split node's buffers. A flush goes down only into the child it flushed into; left over,
+    /// such a piece stays over until a flush passes through it, a clone sharing it copies it
+    /// whole, and it is written and loaded again at many times a node's size (a root split's
+    /// pieces, and a child's of height 1 that took a 196 KiB batch: docs/DESIGN.md, Cache and
+    /// memory bound).
+    fn drain_pieces(
+        &self,
+        pg: &WriteGuard,
+        pb: &Bounds,
+        range: std::ops::Range<usize>,
+        limit: usize,
+        threshold: usize,
+        merge: bool,
+    ) -> Result<()> {
+        let Body::Internal(n) = &pg.body else {
             return Ok(());
         };
-        for c in 0..n.children.len() {
-            // Only the pieces just made matter, and they are in memory (and nobody's else).
+        for c in range {
+            // The pieces were just made: in memory, and nobody's else.
             let Some(ccn) = self.cache.get(n.children[c]) else {
                 continue;
             };
@@ -133,12 +161,13 @@ impl Tree {
                 continue;
             }
             let cg = ccn.write();
-            if cg.fully_resident() && over(&cg, threshold) {
+            if cg.fully_resident() && over(&cg, limit) {
                 // The split counted the pieces: room for what the drain loads below them.
                 self.make_room()?;
-                let mut cb = Bounds::root();
+                let mut cb = pb.clone();
                 cb.descend(n, c);
-                self.drain_down(&ccn, cg, &cb, threshold, true)?;
+                // Draining below a piece changes neither the piece's slot nor its parent.
+                self.drain_down(&ccn, cg, &cb, threshold, merge)?;
             }
         }
         Ok(())
@@ -188,6 +217,7 @@ impl Tree {
                         .into(),
                 ));
             };
+            let before = children(&pg);
             let child_alive = if merge {
                 self.flush_into_child(&pcn, &mut pg, &pb, c, &ccn, &mut cg)?
             } else {
@@ -197,6 +227,14 @@ impl Tree {
                 true
             };
             did = true;
+            // A split child's pieces right of it: one left with more than twice the threshold
+            // (a batch larger than a node) drains now; the descent below takes only the child
+            // itself. Up to twice, a piece stays as a parent a flush went down from does: draining
+            // every piece over the threshold flushed sequential inserts early, split internal
+            // nodes at five children instead of more (range_move's 20,000 keys: 358 nodes, not
+            // 341) and made range moves in that tree merge and split internal nodes each time.
+            let pieces = c + 1..c + 1 + children(&pg).saturating_sub(before);
+            self.drain_pieces(&pg, &pb, pieces, 2 * threshold, threshold, merge)?;
             if child_alive && over(&cg, threshold) {
                 // Go down: the child must drain before more is pushed into it.
                 if let Body::Internal(n) = &pg.body {
