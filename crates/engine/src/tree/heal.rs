@@ -121,14 +121,12 @@ impl Tree {
         }
     }
 
-    /// Forgets `[lo, hi)` as a kept hole (a range was moved or cloned into it, or it is about
-    /// to be): returns whether it was one.
-    pub(crate) fn fill_hole(&self, lo: &[u8], hi: &[u8]) -> bool {
-        let mut h = self.kept_holes.lock();
-        let before = h.order.len();
-        h.order
+    /// Forgets `[lo, hi)` as a kept hole: a range is about to be moved or cloned into it.
+    pub(crate) fn fill_hole(&self, lo: &[u8], hi: &[u8]) {
+        self.kept_holes
+            .lock()
+            .order
             .retain(|(l, u)| !(l.as_slice() == lo && u.as_slice() == hi));
-        h.order.len() != before
     }
 
     /// Queues a walk to `k` that flushes the heavy slot of a moved run starting there, for when
