@@ -44,6 +44,38 @@ impl Buffer {
         self.bytes
     }
 
+    /// A buffer of messages already in order: disjoint range deletes sorted by `lo`, points
+    /// sorted by key, none newer than `max_msn` (asserted).
+    pub(crate) fn from_sorted(
+        max_msn: Msn,
+        ranges: Vec<RangeDel>,
+        points: Vec<(Vec<u8>, KeyMsgs)>,
+    ) -> Buffer {
+        let mut b = Buffer {
+            max_msn,
+            ..Buffer::default()
+        };
+        let mut prev_hi: Option<Vec<u8>> = None;
+        for r in ranges {
+            assert!(
+                r.lo < r.hi && r.msn <= max_msn && prev_hi.as_ref().is_none_or(|p| *p <= r.lo),
+                "range deletes out of order"
+            );
+            prev_hi = Some(r.hi.clone());
+            b.insert_range(r);
+        }
+        for w in points.windows(2) {
+            assert!(w[0].0 < w[1].0, "buffer keys out of order");
+        }
+        for (k, km) in &points {
+            assert!(km.max_msn() <= max_msn, "a message newer than its buffer");
+            b.bytes += k.len() + 4 + km.size();
+            b.longest = b.longest.max(k.len());
+        }
+        b.points = points.into_iter().collect();
+        b
+    }
+
     /// Range deletes held.
     pub(crate) fn range_count(&self) -> usize {
         self.ranges.len()
@@ -507,7 +539,9 @@ impl Buffer {
 /// A buffer kept in its encoding (as [`Buffer::encode`] writes it) with an index of where each
 /// range delete and each key starts: a point query binary-searches it in place instead of building
 /// the map of thousands of keys (which costs far more than reading the sub-block), and it takes
-/// about as much memory as the encoding itself.
+/// about as much memory as the encoding itself. Indexing checks everything decoding checks, so
+/// an indexed encoding always builds ([`EncodedBuffer::build`]); a node being changed may keep
+/// its untouched buffers in this form and write them back as they are (`node/slot.rs`).
 #[derive(Debug)]
 pub struct EncodedBuffer {
     raw: Box<[u8]>,
@@ -515,18 +549,22 @@ pub struct EncodedBuffer {
     ranges: Vec<u32>,
     /// Offset of each point entry (its key's length prefix), in key order.
     points: Vec<u32>,
+    /// Length of the longest point key (0 when none).
+    longest: usize,
     max_key: usize,
     max_value: usize,
 }
 
 impl EncodedBuffer {
-    /// Indexes an encoding, checking its structure and key order on the way.
+    /// Indexes an encoding, checking its structure, key order and message numbers on the way
+    /// (all that [`Buffer::decode`] checks).
     pub fn index(raw: Vec<u8>, max_key: usize, max_value: usize) -> Result<EncodedBuffer> {
         let mut ranges = Vec::new();
         let mut points = Vec::new();
+        let mut longest = 0;
         {
             let mut d = Dec::new(&raw, "message buffer");
-            d.u64()?;
+            let max_msn = d.u64()?;
             let nr = d.u32()? as usize;
             if nr > d.remaining() {
                 return Err(d.corrupt(format!("bad range count {nr}")));
@@ -534,11 +572,14 @@ impl EncodedBuffer {
             let mut prev_hi: Option<&[u8]> = None;
             for _ in 0..nr {
                 ranges.push(d.pos() as u32);
-                d.u64()?;
+                let msn = d.u64()?;
                 let lo = d.bytes(max_key)?;
                 let hi = d.bytes(max_key)?;
-                if lo >= hi || prev_hi.is_some_and(|p| p > lo) {
+                if lo >= hi || msn > max_msn {
                     return Err(d.corrupt("bad range delete"));
+                }
+                if prev_hi.is_some_and(|p| p > lo) {
+                    return Err(d.corrupt("range deletes overlap"));
                 }
                 prev_hi = Some(hi);
             }
@@ -555,7 +596,8 @@ impl EncodedBuffer {
                     return Err(d.corrupt("buffer keys out of order"));
                 }
                 prev = Some(k);
-                KeyMsgs::skip(&mut d, max_value)?;
+                longest = longest.max(k.len());
+                KeyMsgs::check(&mut d, max_value, max_msn)?;
             }
             d.finish()?;
         }
@@ -563,6 +605,7 @@ impl EncodedBuffer {
             raw: raw.into_boxed_slice(),
             ranges,
             points,
+            longest,
             max_key,
             max_value,
         })
@@ -583,6 +626,21 @@ impl EncodedBuffer {
         u64::from_le_bytes(self.raw[..8].try_into().expect("8 bytes"))
     }
 
+    /// Number of keys with point messages, and number of range deletes.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.points.len(), self.ranges.len())
+    }
+
+    /// Keys stored: one per point, two per range delete (as [`Buffer::keys_stored`]).
+    pub(crate) fn keys_stored(&self) -> usize {
+        self.points.len() + 2 * self.ranges.len()
+    }
+
+    /// The exact length of the longest key with point messages (0 when none).
+    pub fn longest_point_key(&self) -> usize {
+        self.longest
+    }
+
     fn at(&self, off: u32) -> Dec<'_> {
         let mut d = Dec::new(&self.raw, "message buffer");
         d.raw(off as usize)
@@ -597,22 +655,182 @@ impl EncodedBuffer {
             .expect("indexed key was checked when indexed")
     }
 
-    /// The MSN of the range delete covering `key` and the folded point messages of `key`.
-    pub fn lookup(&self, key: &[u8]) -> Result<(Option<Msn>, Option<KeyMsgs>)> {
-        let i = self.ranges.partition_point(|&off| {
+    /// Range delete `i`: (MSN, lo, hi), checked when indexed.
+    fn range_at(&self, i: usize) -> (Msn, &[u8], &[u8]) {
+        let mut d = self.at(self.ranges[i]);
+        let msn = d.u64().expect("indexed");
+        let lo = d.bytes(self.max_key).expect("indexed");
+        let hi = d.bytes(self.max_key).expect("indexed");
+        (msn, lo, hi)
+    }
+
+    /// The range delete covering `key`: its MSN and high bound.
+    pub fn range_covering(&self, key: &[u8]) -> Option<(Msn, &[u8])> {
+        let i = self
+            .ranges
+            .partition_point(|&off| self.key_after_msn(off) <= key);
+        if i == 0 {
+            return None;
+        }
+        let (msn, _, hi) = self.range_at(i - 1);
+        (key < hi).then_some((msn, hi))
+    }
+
+    /// The `lo` of the range delete at an indexed offset.
+    fn key_after_msn(&self, off: u32) -> &[u8] {
+        let mut d = self.at(off);
+        d.u64().expect("indexed");
+        d.bytes(self.max_key).expect("indexed")
+    }
+
+    /// The length of the longest point key in `[lo, hi)` (0 when none).
+    pub fn longest_point_in(&self, lo: &[u8], hi: &[u8]) -> usize {
+        let from = self.points.partition_point(|&off| self.key_at(off) < lo);
+        self.points[from..]
+            .iter()
+            .map(|&off| self.key_at(off))
+            .take_while(|k| *k < hi)
+            .map(<[u8]>::len)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Whether every message lies in the child's range `[lo, hi)` (`hi = None`: unbounded):
+    /// point keys inside it, range deletes within it.
+    pub fn within(&self, lo: &[u8], hi: Option<&[u8]>) -> bool {
+        let points_in = match (self.points.first(), self.points.last()) {
+            (Some(&f), Some(&l)) => self.key_at(f) >= lo && hi.is_none_or(|h| self.key_at(l) < h),
+            _ => true,
+        };
+        let ranges_in = match self.ranges.len() {
+            0 => true,
+            n => self.range_at(0).1 >= lo && hi.is_none_or(|h| self.range_at(n - 1).2 <= h),
+        };
+        points_in && ranges_in
+    }
+
+    /// The buffer itself. Cannot fail: the encoding passed every check of decoding when it was
+    /// indexed.
+    pub fn build(&self) -> Buffer {
+        let mut d = Dec::new(&self.raw, "message buffer");
+        let b = Buffer::decode(&mut d, self.max_key, self.max_value)
+            .expect("an indexed buffer encoding decodes");
+        assert_eq!(d.remaining(), 0, "an indexed buffer encoding decodes whole");
+        b
+    }
+
+    /// The same messages with every key passed through `f`, which must keep their order and
+    /// change every key's length by the same amount (a re-key, `node/rekey.rs`): rewritten in
+    /// the encoding, message bytes copied as they are, no buffer built.
+    pub(crate) fn rekeyed(&self, f: impl Fn(&[u8]) -> Vec<u8>) -> EncodedBuffer {
+        let mut e = Enc::with_capacity(self.raw.len() + 64);
+        let mut ranges = Vec::with_capacity(self.ranges.len());
+        let mut points = Vec::with_capacity(self.points.len());
+        e.u64(self.max_msn());
+        e.u32(self.ranges.len() as u32);
+        let mut prev_hi: Option<Vec<u8>> = None;
+        for i in 0..self.ranges.len() {
+            let (msn, lo, hi) = self.range_at(i);
+            let (lo, hi) = (f(lo), f(hi));
+            assert!(lo < hi, "a re-keyed range delete became empty");
+            assert!(
+                prev_hi.as_ref().is_none_or(|p| *p <= lo),
+                "re-keyed range deletes out of order"
+            );
+            ranges.push(e.len() as u32);
+            e.u64(msn);
+            e.bytes(&lo);
+            e.bytes(&hi);
+            prev_hi = Some(hi);
+        }
+        e.u32(self.points.len() as u32);
+        let mut longest = 0;
+        let mut prev: Option<Vec<u8>> = None;
+        for (j, &off) in self.points.iter().enumerate() {
             let mut d = self.at(off);
-            d.u64().expect("indexed");
-            d.bytes(self.max_key).expect("indexed") <= key
-        });
-        let mut range = None;
-        if i > 0 {
-            let mut d = self.at(self.ranges[i - 1]);
-            let msn = d.u64()?;
-            d.bytes(self.max_key)?;
-            if key < d.bytes(self.max_key)? {
-                range = Some(msn);
+            let k = f(d.bytes(self.max_key).expect("indexed"));
+            assert!(
+                prev.as_ref().is_none_or(|p| *p < k),
+                "re-keyed messages out of order"
+            );
+            let msgs_at = d.pos();
+            let msgs_end = self
+                .points
+                .get(j + 1)
+                .map_or(self.raw.len(), |&n| n as usize);
+            points.push(e.len() as u32);
+            longest = longest.max(k.len());
+            e.bytes(&k);
+            e.raw(&self.raw[msgs_at..msgs_end]);
+            prev = Some(k);
+        }
+        EncodedBuffer {
+            raw: e.buf.into_boxed_slice(),
+            ranges,
+            points,
+            longest,
+            max_key: self.max_key,
+            max_value: self.max_value,
+        }
+    }
+
+    /// The messages for the window `[lo, hi)` (`hi = None`: unbounded), built: the points in
+    /// it and the range deletes meeting it, clipped to it (what [`Buffer::points_in`] and
+    /// [`Buffer::ranges_in`] give for the window). A scan takes one leaf's window from each
+    /// ancestor's buffer this way instead of building the buffer's whole map.
+    pub(crate) fn window(&self, lo: &[u8], hi: Option<&[u8]>) -> Buffer {
+        let below_hi = |k: &[u8]| hi.is_none_or(|h| k < h);
+        // The range delete starting at or before `lo` may reach into the window.
+        let first = self
+            .ranges
+            .partition_point(|&off| self.key_after_msn(off) <= lo)
+            .saturating_sub(1);
+        let mut ranges = Vec::new();
+        for i in first..self.ranges.len() {
+            let (msn, rlo, rhi) = self.range_at(i);
+            if !below_hi(rlo) {
+                break;
+            }
+            let r = RangeDel {
+                msn,
+                lo: rlo.max(lo).to_vec(),
+                hi: match hi {
+                    Some(h) if rhi > h => h.to_vec(),
+                    _ => rhi.to_vec(),
+                },
+            };
+            // Clipped to nothing (it ends before the window, or the window is empty).
+            if r.lo < r.hi {
+                ranges.push(r);
             }
         }
+        let from = self.points.partition_point(|&off| self.key_at(off) < lo);
+        let mut points = Vec::new();
+        for &off in &self.points[from..] {
+            let mut d = self.at(off);
+            let k = d.bytes(self.max_key).expect("indexed");
+            if !below_hi(k) {
+                break;
+            }
+            let km = KeyMsgs::decode(&mut d, self.max_value).expect("indexed messages decode");
+            points.push((k.to_vec(), km));
+        }
+        Buffer::from_sorted(self.max_msn(), ranges, points)
+    }
+
+    /// The out-of-line blocks the messages reference, one per reference (as
+    /// [`Buffer::ref_blocks`]), read from the encoding.
+    pub(crate) fn ref_blocks(&self) -> impl Iterator<Item = u64> + '_ {
+        self.points.iter().filter_map(|&off| {
+            let mut d = self.at(off);
+            d.bytes(self.max_key).expect("indexed");
+            KeyMsgs::encoded_ref_block(&mut d, self.max_value)
+        })
+    }
+
+    /// The MSN of the range delete covering `key` and the folded point messages of `key`.
+    pub fn lookup(&self, key: &[u8]) -> Result<(Option<Msn>, Option<KeyMsgs>)> {
+        let range = self.range_covering(key).map(|(msn, _)| msn);
         let j = self.points.partition_point(|&off| self.key_at(off) < key);
         let mut point = None;
         if let Some(&off) = self.points.get(j) {
@@ -763,5 +981,158 @@ mod tests {
         assert!(EncodedBuffer::index(bad, 100, 100).is_err());
         let short = e.buf[..e.buf.len() - 3].to_vec();
         assert!(EncodedBuffer::index(short, 100, 100).is_err());
+    }
+
+    /// A random buffer: puts, deletes, upsert runs, references and a few range deletes over keys
+    /// `k00000`..`k00400` (every message older than the buffer's max MSN).
+    fn random_buffer(rng: &mut rand::rngs::SmallRng) -> Buffer {
+        use rand::Rng;
+        let mut b = Buffer::new();
+        let mut msn = 0;
+        for _ in 0..rng.gen_range(0..120) {
+            msn += 1;
+            let key = format!("k{:05}", rng.gen_range(0..400u32));
+            if rng.gen_bool(0.05) {
+                let hi = format!("k{:05}", rng.gen_range(0..420u32));
+                if key.as_bytes() < hi.as_bytes() {
+                    let _ = b.add_range(msn, key.as_bytes(), hi.as_bytes());
+                }
+                continue;
+            }
+            let op = match rng.gen_range(0..5) {
+                0 => PointOp::Put(vec![7; rng.gen_range(0..20)]),
+                1 => PointOp::Delete,
+                2 => PointOp::PutRef(DataRef::new(rng.gen_range(1..1000), 40)),
+                3 => PointOp::Upsert(Patch::Truncate {
+                    len: rng.gen_range(0..50),
+                }),
+                _ => PointOp::Upsert(w(rng.gen_range(0..40), b"abc")),
+            };
+            let _ = b.add_point(key.into_bytes(), msn, op);
+        }
+        b
+    }
+
+    fn encoding(b: &Buffer) -> Vec<u8> {
+        let mut e = Enc::default();
+        b.encode(&mut e);
+        e.buf
+    }
+
+    fn seed() -> u64 {
+        let s = std::env::var("AMARANTH_SEED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(rand::random);
+        eprintln!("seed {s} (AMARANTH_SEED={s} repeats it)");
+        s
+    }
+
+    /// Indexing accepts exactly what decoding accepts: random buffers, then their encodings
+    /// with random bytes changed (message numbers, lengths, tags, keys); what indexes builds to
+    /// what decodes, byte for byte.
+    #[test]
+    fn indexing_accepts_what_decoding_accepts() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed());
+        let (mut ok, mut bad) = (0, 0);
+        for _ in 0..300 {
+            let b = random_buffer(&mut rng);
+            let good = encoding(&b);
+            for round in 0..40 {
+                let mut raw = good.clone();
+                if round > 0 {
+                    for _ in 0..rng.gen_range(1..3) {
+                        let at = rng.gen_range(0..raw.len());
+                        raw[at] = match rng.gen_range(0..3) {
+                            0 => raw[at].wrapping_add(1),
+                            1 => raw[at].wrapping_sub(1),
+                            _ => rng.gen(),
+                        };
+                    }
+                }
+                let mut d = Dec::new(&raw, "buf");
+                let decoded = Buffer::decode(&mut d, 100, 100).and_then(|b| d.finish().map(|_| b));
+                let indexed = EncodedBuffer::index(raw.clone(), 100, 100);
+                assert_eq!(
+                    decoded.is_ok(),
+                    indexed.is_ok(),
+                    "decode {decoded:?} against index {indexed:?}"
+                );
+                if let (Ok(d), Ok(i)) = (decoded, indexed) {
+                    ok += 1;
+                    assert_eq!(encoding(&i.build()), encoding(&d));
+                    assert_eq!(i.raw().len(), d.bytes() + 16, "size as the built buffer's");
+                    assert_eq!(i.counts(), d.counts());
+                    assert_eq!(i.longest_point_key(), d.longest_point_key_held());
+                    let mut refs: Vec<u64> = i.ref_blocks().collect();
+                    let mut want: Vec<u64> = d.ref_blocks().collect();
+                    refs.sort_unstable();
+                    want.sort_unstable();
+                    assert_eq!(refs, want);
+                } else {
+                    bad += 1;
+                }
+            }
+        }
+        assert!(ok > 1000 && bad > 1000, "{ok} accepted, {bad} refused");
+    }
+
+    /// A re-key, a window and the range checks answer from the encoding as from the built
+    /// buffer.
+    #[test]
+    fn encoded_rekey_window_and_bounds_match_the_built_buffer() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed());
+        for _ in 0..400 {
+            let b = random_buffer(&mut rng);
+            let enc = EncodedBuffer::index(encoding(&b), 100, 100).unwrap();
+            // A re-key that moves every key under another prefix of another length.
+            let to: &[u8] = [&b"q"[..], b"longer/", b""][rng.gen_range(0..3)];
+            let f = |k: &[u8]| [to, &k[1..]].concat();
+            let want = encoding(&b.clone().rekeyed(f));
+            let got = enc.rekeyed(f);
+            assert_eq!(got.raw(), want.as_slice());
+            assert_eq!(got.counts(), enc.counts());
+            assert_eq!(got.max_msn(), enc.max_msn());
+            assert_eq!(got.build().bytes(), want.len() - 16);
+            // Windows, with and without a high bound.
+            let (a, z) = (rng.gen_range(0..420u32), rng.gen_range(0..420u32));
+            let lo = format!("k{:05}", a.min(z)).into_bytes();
+            let hi = format!("k{:05}", a.max(z)).into_bytes();
+            let hi = (rng.gen_bool(0.8)).then_some(hi.as_slice());
+            let w = enc.window(&lo, hi);
+            let pts: Vec<_> = b
+                .points_in(&lo, hi)
+                .map(|(k, m)| (k.clone(), m.clone()))
+                .collect();
+            let wpts: Vec<_> = w
+                .points_in(&[], None)
+                .map(|(k, m)| (k.clone(), m.clone()))
+                .collect();
+            assert_eq!(wpts, pts);
+            let want: Vec<_> = b
+                .ranges_in(&lo, hi)
+                .into_iter()
+                .filter(|r| r.lo < r.hi)
+                .collect();
+            assert_eq!(w.ranges_in(&[], None), want);
+            assert_eq!(w.max_msn(), b.max_msn());
+            // Bounds.
+            let within = b
+                .points_in(&[], None)
+                .all(|(k, _)| k.as_slice() >= lo.as_slice() && hi.is_none_or(|h| k.as_slice() < h))
+                && b.ranges_in(&[], None).iter().all(|r| {
+                    r.lo.as_slice() >= lo.as_slice() && hi.is_none_or(|h| r.hi.as_slice() <= h)
+                });
+            assert_eq!(enc.within(&lo, hi), within);
+            assert_eq!(
+                enc.longest_point_in(&lo, hi.unwrap_or(b"\xff")),
+                b.points_in(&lo, Some(hi.unwrap_or(b"\xff")))
+                    .map(|(k, _)| k.len())
+                    .max()
+                    .unwrap_or(0)
+            );
+        }
     }
 }

@@ -7,7 +7,7 @@
 //! annihilates the older messages it covers, and trims older range deletes).
 
 use crate::codec::{Dec, Enc};
-use crate::dataref::{DataRef, Val, REF_BYTES};
+use crate::dataref::{DataRef, Val};
 use crate::error::Result;
 
 /// Message sequence number: a total order over every message ever applied.
@@ -333,34 +333,52 @@ impl KeyMsgs {
         }
     }
 
-    /// Moves past one encoded message set without building it (point queries on encoded buffers).
-    pub(crate) fn skip(d: &mut Dec<'_>, max_value: usize) -> Result<()> {
-        match d.u8()? {
+    /// The block an encoded message set (checked by [`KeyMsgs::check`]) references, if it sets
+    /// the key to one: [`KeyMsgs::ref_block`] without building the messages.
+    pub(crate) fn encoded_ref_block(d: &mut Dec<'_>, max_value: usize) -> Option<u64> {
+        if d.u8().expect("checked") != TAG_PUT_REF {
+            return None;
+        }
+        d.u64().expect("checked");
+        let r = DataRef::decode(d.bytes(max_value).expect("checked"), max_value).expect("checked");
+        Some(r.block)
+    }
+
+    /// Moves past one encoded message set without building it, checking everything
+    /// [`KeyMsgs::decode`] checks, and that no message is newer than `max_msn` (what a buffer's
+    /// decoding checks of each key's messages): an encoding that passes decodes without error.
+    pub(crate) fn check(d: &mut Dec<'_>, max_value: usize, max_msn: Msn) -> Result<()> {
+        let newest = match d.u8()? {
             1 => {
-                d.u64()?;
+                let msn = d.u64()?;
                 d.bytes(max_value)?;
+                msn
             }
-            2 => {
-                d.u64()?;
-            }
+            2 => d.u64()?,
             TAG_PUT_REF => {
-                d.u64()?;
-                let r = d.bytes(max_value)?;
-                if r.len() < REF_BYTES {
-                    return Err(d.corrupt("data reference too short"));
-                }
+                let msn = d.u64()?;
+                DataRef::decode(d.bytes(max_value)?, max_value)?;
+                msn
             }
             3 => {
                 let n = d.u32()? as usize;
                 if n == 0 || n > d.remaining() {
                     return Err(d.corrupt(format!("bad upsert count {n}")));
                 }
+                let mut last = 0;
                 for _ in 0..n {
-                    d.u64()?;
+                    let m = d.u64()?;
+                    if m <= last {
+                        return Err(d.corrupt("upserts out of MSN order"));
+                    }
+                    last = m;
                     match d.u8()? {
                         0 => {
-                            d.u32()?;
-                            d.bytes(max_value)?;
+                            let offset = d.u32()? as usize;
+                            let len = d.bytes(max_value)?.len();
+                            if offset + len > max_value {
+                                return Err(d.corrupt("upsert beyond the maximum value length"));
+                            }
                         }
                         1 => {
                             d.u32()?;
@@ -368,8 +386,12 @@ impl KeyMsgs {
                         t => return Err(d.corrupt(format!("unknown patch type {t}"))),
                     }
                 }
+                last
             }
             t => return Err(d.corrupt(format!("unknown message type {t}"))),
+        };
+        if newest > max_msn {
+            return Err(d.corrupt("message newer than its buffer"));
         }
         Ok(())
     }

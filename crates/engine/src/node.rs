@@ -26,12 +26,12 @@ mod slot;
 
 pub(crate) use layout::serialize_layout;
 pub use layout::{
-    build_node, decode_buffer, decode_buffer_payload, decode_partition, decode_sub,
-    decode_sub_borrowed, header_span, parse_header, serialize, NodeHeader, SubLoc, HEADER_LEN,
-    NODE_VERSION, NODE_VERSION_UNLIFTED,
+    build_node, decode_buffer, decode_partition, header_span, index_buffer, parse_header,
+    serialize, NodeHeader, SubLoc, HEADER_LEN, NODE_VERSION, NODE_VERSION_UNLIFTED,
 };
 pub(crate) use rekey::RekeyPlan;
 pub use slot::BufSlot;
+pub(crate) use slot::Resident;
 
 /// Identifies a node; the block translation table maps it to its current extent.
 pub type NodeId = u64;
@@ -389,7 +389,7 @@ impl Node {
             }
             Body::Internal(n) => {
                 for b in &n.buffers {
-                    out.extend(b.data().expect("a node wholly in memory").ref_blocks());
+                    out.extend(b.ref_blocks());
                 }
             }
         }
@@ -476,13 +476,7 @@ impl Node {
             Body::Internal(n) => n
                 .buffers
                 .iter()
-                .map(|b| {
-                    let msgs = b
-                        .data()
-                        .expect("a node whose bound is computed is fully resident")
-                        .longest_point_key_held();
-                    msgs.max(b.longest as usize)
-                })
+                .map(|b| b.longest_point_key_held().max(b.longest as usize))
                 .max()
                 .unwrap_or(0),
         }
@@ -560,12 +554,7 @@ impl Node {
                     let Some(b) = slot.view() else { continue };
                     assert_eq!(b.bytes(), slot.bytes(), "node {id}: buffer {i} size");
                     let (lo, hi) = n.child_bounds(i, &[], None);
-                    for (k, _) in b.points_in(&[], None) {
-                        assert!(
-                            k.as_slice() >= lo && hi.is_none_or(|h| k.as_slice() < h),
-                            "node {id}: message in the wrong buffer"
-                        );
-                    }
+                    assert!(b.within(lo, hi), "node {id}: message in the wrong buffer");
                     assert!(
                         b.max_msn() <= self.max_msn || b.is_empty(),
                         "node {id}: buffer newer than node"

@@ -13,7 +13,7 @@ use crate::cache::{CachedNode, ReadGuard};
 use crate::dataref::{Stored, Val};
 use crate::error::{Error, Result};
 use crate::msg::{KeyMsgs, Msn, RangeDel};
-use crate::node::{child_index, Body, NodeId};
+use crate::node::{child_index, Body, NodeId, Resident};
 use crate::partition::Partition;
 use crate::tree::{Bounds, Tree, LIFT_KEYS};
 
@@ -163,7 +163,7 @@ impl Tree {
             // The path's read latches stay held until the leaf is reached and its range known, so
             // only the messages for the wanted range are copied out of each ancestor's buffer.
             // Each buffer comes with the prefix length of the node holding it.
-            let mut path: Vec<(ReadGuard, Arc<Buffer>, usize)> = Vec::new();
+            let mut path: Vec<(ReadGuard, Resident, usize)> = Vec::new();
             let mut cn = self.pin(root)?;
             let mut g = cn.read();
             loop {
@@ -177,7 +177,9 @@ impl Tree {
                             }
                             Target::Before(None) => n.children.len() - 1,
                         };
-                        let Some(b) = n.buffers[c].data() else {
+                        // A buffer held encoded stays so: the leaf's window is taken out of its
+                        // encoding once the window is known.
+                        let Some(b) = n.buffers[c].held() else {
                             drop(g);
                             drop(path);
                             self.load_partitions(&cn, Some(c))?;
@@ -230,9 +232,28 @@ impl Tree {
                             }
                         }
                         self.note_leaf_use(&cn);
-                        let layers: Vec<(&Buffer, usize)> =
-                            path.iter().map(|(_, b, plen)| (&**b, *plen)).collect();
                         let window = (cf.as_slice(), ct.as_deref());
+                        // The window of each buffer held encoded, built (the rest of it is not).
+                        let windows: Vec<Option<Buffer>> = path
+                            .iter()
+                            .map(|(_, b, plen)| match b {
+                                Resident::Built(_) => None,
+                                Resident::Encoded(e) => {
+                                    let (from, to) = layer_window(&bounds, *plen, window);
+                                    Some(e.window(&from, to.as_deref()))
+                                }
+                            })
+                            .collect();
+                        let layers: Vec<(&Buffer, usize)> = path
+                            .iter()
+                            .zip(&windows)
+                            .map(|((_, b, plen), w)| match (b, w) {
+                                (Resident::Built(b), _) => (&**b, *plen),
+                                (Resident::Encoded(_), w) => {
+                                    (w.as_ref().expect("taken above"), *plen)
+                                }
+                            })
+                            .collect();
                         let mut chunk = Chunk::build(&bounds, window, parts, &layers, g.max_msn);
                         if let Some(end) = cut {
                             chunk.hi = Some(bounds.full(&end));
@@ -265,6 +286,20 @@ impl Tree {
             "a scan could not keep its path in memory (cache too small?)".into(),
         ))
     }
+}
+
+/// The leaf's stored `window` in the form of an ancestor whose prefix is `lp` bytes long (its
+/// keys carry the part of the leaf's prefix beyond its own).
+fn layer_window(
+    leaf: &Bounds,
+    lp: usize,
+    window: (&[u8], Option<&[u8]>),
+) -> (Vec<u8>, Option<Vec<u8>>) {
+    let plen = leaf.prefix().len();
+    assert!(lp <= plen, "an ancestor with a longer prefix than its leaf");
+    let tail = &leaf.prefix()[lp..];
+    let up = |k: &[u8]| [tail, k].concat();
+    (up(window.0), window.1.map(up))
 }
 
 /// Which leaf a chunk is wanted for.
@@ -353,10 +388,8 @@ impl Chunk {
         let windows: Vec<(usize, Vec<u8>, Option<Vec<u8>>)> = layers
             .iter()
             .map(|&(_, lp)| {
-                assert!(lp <= plen, "an ancestor with a longer prefix than its leaf");
-                let tail = &leaf.prefix()[lp..];
-                let up = |k: &[u8]| [tail, k].concat();
-                (plen - lp, up(window.0), window.1.map(up))
+                let (from, to) = layer_window(leaf, lp, window);
+                (plen - lp, from, to)
             })
             .collect();
         let ranges: Vec<Vec<RangeDel>> = layers

@@ -13,9 +13,9 @@ use parking_lot::Mutex;
 
 use super::{
     child_bounds_of, longest_field, Body, BufSlot, Internal, Leaf, Node, NodeId, PartSlot,
-    PartState, BUFFER_HEADER, LONGEST_UNKNOWN,
+    PartState, Resident, BUFFER_HEADER, LONGEST_UNKNOWN,
 };
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, EncodedBuffer};
 use crate::codec::{crc, crc_with_hole, Dec, Enc};
 use crate::compress;
 use crate::config::{Compression, Format};
@@ -144,24 +144,27 @@ pub(crate) fn serialize_layout(
         }
         Body::Internal(int) => {
             for slot in &int.buffers {
-                let b = slot
-                    .data()
-                    .expect("an internal node being written is fully resident");
-                let mut e = Enc::with_capacity(b.bytes() + BUFFER_HEADER);
-                b.encode(&mut e);
+                // A buffer still in its encoding is written as it is; a built one is encoded.
+                let (mut enc, (np, nr)) = match slot.for_write() {
+                    Resident::Built(b) => {
+                        let mut e = Enc::with_capacity(b.bytes() + BUFFER_HEADER);
+                        b.encode(&mut e);
+                        (e.buf, b.counts())
+                    }
+                    Resident::Encoded(r) => (r.raw().to_vec(), r.counts()),
+                };
                 assert_eq!(
-                    e.buf.len(),
-                    b.bytes() + BUFFER_HEADER,
+                    enc.len(),
+                    slot.bytes() + BUFFER_HEADER,
                     "node {id}: buffer size differs from its encoding"
                 );
-                let raw_len = e.buf.len();
-                let (used, packed) = match compress::compress(codec, &e.buf) {
+                let raw_len = enc.len();
+                let (used, packed) = match compress::compress(codec, &enc) {
                     (used, Cow::Owned(v)) => (used, Some(v)),
                     (used, Cow::Borrowed(_)) => (used, None),
                 };
                 // Stored raw: the encoding itself, moved rather than copied.
-                let stored = packed.unwrap_or_else(|| std::mem::take(&mut e.buf));
-                let (np, nr) = b.counts();
+                let stored = packed.unwrap_or_else(|| std::mem::take(&mut enc));
                 subs.push((used.code(), Cow::Owned(stored), raw_len, (np + nr) as u32));
             }
             (KIND_INTERNAL, &int.pivots, int.children.len())
@@ -570,28 +573,28 @@ pub fn build_node(
                     h.id
                 )));
             }
-            let data = match image {
+            // A whole image keeps each buffer in its checked encoding: it is built only when
+            // something needs its messages (`node/slot.rs`), and written back as it is if not.
+            let enc = match image {
                 Some(img) => {
                     let o = loc.offset as usize;
                     let what = format!("node {} buffer {}", h.id, i);
                     let (lo, hi) = child_bounds_of(&h.pivots, i);
-                    let b = decode_buffer(
+                    Some(index_buffer(
                         &img[o..],
                         loc,
                         format,
                         &what,
                         dev_offset + o as u64,
                         h.max_msn,
-                        lo,
-                        hi,
-                    )?;
-                    Some(Arc::new(b))
+                        (lo, hi),
+                    )?)
                 }
                 None => None,
             };
             buffers.push(BufSlot::in_image(
                 loc.raw_len as usize - BUFFER_HEADER,
-                data,
+                enc,
                 *loc,
                 h.child_longest[i],
             ));
@@ -625,6 +628,39 @@ pub fn decode_buffer(
 ) -> Result<Buffer> {
     let raw = decode_sub_borrowed(stored, loc, what, dev_offset)?;
     decode_buffer_payload(&raw, format, what, node_max_msn, lo, hi)
+}
+
+/// Verifies one child's message buffer as [`decode_buffer`] does (checksum, encoding, message
+/// numbers, the child's range `bounds`) and keeps it in its encoding, indexed, without building
+/// it.
+pub fn index_buffer(
+    stored: &[u8],
+    loc: &SubLoc,
+    format: &Format,
+    what: &str,
+    dev_offset: u64,
+    node_max_msn: Msn,
+    bounds: (&[u8], Option<&[u8]>),
+) -> Result<EncodedBuffer> {
+    let raw = decode_sub(stored, loc, what, dev_offset)?;
+    if raw.len() != loc.raw_len as usize {
+        return Err(Error::Corrupt(format!(
+            "{what}: size differs from the node index"
+        )));
+    }
+    let enc = EncodedBuffer::index(raw, format.max_key_len, format.max_value_len)
+        .map_err(|e| Error::Corrupt(format!("{what}: {e}")))?;
+    if enc.max_msn() > node_max_msn {
+        return Err(Error::Corrupt(format!(
+            "{what}: messages newer than the node"
+        )));
+    }
+    if !enc.within(bounds.0, bounds.1) {
+        return Err(Error::Corrupt(format!(
+            "{what}: messages outside the child's range"
+        )));
+    }
+    Ok(enc)
 }
 
 /// Decodes the checked, decompressed payload of a buffer sub-block and checks it against its node.

@@ -14,52 +14,179 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::{longest_field, RekeyPlan, SubLoc, LONGEST_UNKNOWN};
+use super::{longest_field, RekeyPlan, SubLoc, BUFFER_HEADER, LONGEST_UNKNOWN};
 use crate::buffer::{Buffer, EncodedBuffer};
 use crate::error::Result;
 use crate::msg::{KeyMsgs, Msn};
 
+/// A buffer as it is held in memory: built (a map of its messages, needed to change it or to
+/// read a range of it), or in its checked encoding (enough for point queries, for moving it,
+/// for writing it back).
+#[derive(Debug, Clone)]
+pub(crate) enum Resident {
+    /// Built.
+    Built(Arc<Buffer>),
+    /// In its checked encoding, indexed.
+    Encoded(Arc<EncodedBuffer>),
+}
+
+impl Resident {
+    /// Serialized size of the messages.
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            Resident::Built(b) => b.bytes(),
+            Resident::Encoded(r) => r.raw().len() - BUFFER_HEADER,
+        }
+    }
+
+    /// Highest message number.
+    pub(crate) fn max_msn(&self) -> Msn {
+        match self {
+            Resident::Built(b) => b.max_msn(),
+            Resident::Encoded(r) => r.max_msn(),
+        }
+    }
+
+    /// Whether the buffer holds no message.
+    pub(crate) fn is_empty(&self) -> bool {
+        match self {
+            Resident::Built(b) => b.is_empty(),
+            Resident::Encoded(r) => r.counts() == (0, 0),
+        }
+    }
+
+    /// Keys stored: one per point, two per range delete.
+    fn keys_stored(&self) -> usize {
+        match self {
+            Resident::Built(b) => b.keys_stored(),
+            Resident::Encoded(r) => r.keys_stored(),
+        }
+    }
+
+    /// Longest point key (an upper bound for a built buffer, exact for an encoding).
+    fn longest_point_key(&self) -> usize {
+        match self {
+            Resident::Built(b) => b.longest_point_key(),
+            Resident::Encoded(r) => r.longest_point_key(),
+        }
+    }
+
+    /// Whether every message lies in `[lo, hi)` (`hi = None`: unbounded).
+    pub(crate) fn within(&self, lo: &[u8], hi: Option<&[u8]>) -> bool {
+        match self {
+            Resident::Built(b) => {
+                b.points_in(&[], None)
+                    .all(|(k, _)| k.as_slice() >= lo && hi.is_none_or(|h| k.as_slice() < h))
+                    && b.ranges_in(&[], None)
+                        .iter()
+                        .all(|r| r.lo.as_slice() >= lo && hi.is_none_or(|h| r.hi.as_slice() <= h))
+            }
+            Resident::Encoded(r) => r.within(lo, hi),
+        }
+    }
+
+    /// The same messages with every key rewritten by `plan` (a new copy).
+    fn rekeyed(&self, plan: &RekeyPlan) -> Resident {
+        match self {
+            Resident::Built(b) => Resident::Built(Arc::new((**b).clone().rekeyed(|k| plan.key(k)))),
+            Resident::Encoded(r) => Resident::Encoded(Arc::new(r.rekeyed(|k| plan.key(k)))),
+        }
+    }
+}
+
 /// Residency and disk location of one child's message buffer.
+///
+/// Invariants: `data` and `raw` are never both set (a buffer is held built or encoded, not
+/// twice); a pending re-key implies the messages are in memory (one form or the other) and have
+/// no place in an image.
 #[derive(Debug, Default)]
 struct BufState {
-    /// The messages, when in memory (with `pending`, in their form before that rewrite).
+    /// The messages, built (with `pending`, in their form before that rewrite).
     data: Option<Arc<Buffer>>,
-    /// The checked, decompressed encoding of the messages, kept for point queries when `data` is
-    /// not built (building the map costs far more than the read; the encoding is also smaller).
-    /// Only ever the encoding of exactly the messages the slot holds.
+    /// The messages in their checked, decompressed encoding, when not built: what a node read
+    /// whole keeps (building the maps of every buffer costs far more than the read, and most
+    /// are never needed: a point query searches the encoding, a move carries it, a write copies
+    /// it out as it is). Built on the first access that needs the map (with `pending`, in the
+    /// form before that rewrite).
     raw: Option<Arc<EncodedBuffer>>,
     /// Where the buffer lies in the node's current image (`None`: only in memory).
     loc: Option<SubLoc>,
-    /// A key rewrite not yet applied to `data`. When set, `data` is resident and `raw` and `loc`
-    /// are not (the slot is new since its move, and the encoding would be of the old keys).
+    /// A key rewrite not yet applied to the messages. When set, `loc` is not (the slot is new
+    /// since its move, and its image would be of the old keys).
     pending: Option<RekeyPlan>,
 }
 
 impl BufState {
+    fn check(&self) {
+        assert!(
+            self.data.is_none() || self.raw.is_none(),
+            "a buffer held both built and encoded"
+        );
+        if self.pending.is_some() {
+            assert!(
+                self.loc.is_none() && (self.data.is_some() || self.raw.is_some()),
+                "a buffer with a pending re-key is in memory only"
+            );
+        }
+    }
+
+    /// What is in memory, in either form.
+    fn resident(&self) -> Option<Resident> {
+        self.check();
+        match (&self.data, &self.raw) {
+            (Some(b), _) => Some(Resident::Built(b.clone())),
+            (None, Some(r)) => Some(Resident::Encoded(r.clone())),
+            (None, None) => None,
+        }
+    }
+
     /// Applies the pending rewrite, if any. `bytes` is the slot's size, which is already that of
     /// the rewritten messages.
     fn settle(&mut self, bytes: usize) {
+        self.check();
         let Some(plan) = self.pending.take() else {
             return;
         };
-        assert!(
-            self.raw.is_none() && self.loc.is_none(),
-            "a buffer with a pending re-key has an encoding"
-        );
-        let data = self
-            .data
-            .take()
-            .expect("a buffer with a pending re-key is resident");
-        let b = Arc::unwrap_or_clone(data).rekeyed(|k| plan.key(k));
-        assert_eq!(b.bytes(), bytes, "a re-keyed buffer's size as foreseen");
+        if let Some(data) = self.data.take() {
+            let b = Arc::unwrap_or_clone(data).rekeyed(|k| plan.key(k));
+            assert_eq!(b.bytes(), bytes, "a re-keyed buffer's size as foreseen");
+            self.data = Some(Arc::new(b));
+        } else {
+            let raw = self
+                .raw
+                .take()
+                .expect("a buffer with a pending re-key is resident");
+            let r = raw.rekeyed(|k| plan.key(k));
+            assert_eq!(
+                r.raw().len(),
+                bytes + BUFFER_HEADER,
+                "a re-keyed encoding's size as foreseen"
+            );
+            self.raw = Some(Arc::new(r));
+        }
+    }
+
+    /// Settles, then builds the messages from their encoding if they are held encoded; whether
+    /// it built them.
+    fn build(&mut self, bytes: usize) -> bool {
+        self.settle(bytes);
+        if self.data.is_some() {
+            return false;
+        }
+        let Some(raw) = self.raw.take() else {
+            return false;
+        };
+        let b = raw.build();
+        assert_eq!(b.bytes(), bytes, "a built buffer's size as its encoding's");
         self.data = Some(Arc::new(b));
+        true
     }
 }
 
-/// The bound of [`Buffer::longest_point_key`] once `plan` is applied to `d` (every key changes
-/// length by as much).
-fn pending_longest(d: &Buffer, plan: &RekeyPlan) -> usize {
-    usize::try_from(d.longest_point_key() as isize + plan.delta()).unwrap_or(0)
+/// The bound of a buffer's longest point key once `plan` is applied (every key changes length
+/// by as much).
+fn pending_longest(longest: usize, plan: &RekeyPlan) -> usize {
+    usize::try_from(longest as isize + plan.delta()).unwrap_or(0)
 }
 
 /// The message buffer an internal node holds for one child, and the bound on the length of that
@@ -69,7 +196,7 @@ fn pending_longest(d: &Buffer, plan: &RekeyPlan) -> usize {
 #[derive(Debug)]
 pub struct BufSlot {
     /// Residency and location, changed under the node's read latch (loads, partial eviction,
-    /// a pending re-key applied).
+    /// a pending re-key applied, the messages built from their encoding).
     state: Mutex<BufState>,
     /// Serialized size of the messages (known even when not resident; with a pending re-key,
     /// of the rewritten messages).
@@ -96,20 +223,25 @@ impl BufSlot {
         }
     }
 
-    /// A buffer of `bytes` (serialized) read from an image at `loc`, built or not.
+    /// A buffer of `bytes` (serialized) read from an image at `loc`, kept in its encoding or
+    /// not in memory.
     pub(crate) fn in_image(
         bytes: usize,
-        data: Option<Arc<Buffer>>,
+        raw: Option<EncodedBuffer>,
         loc: SubLoc,
         longest: u16,
     ) -> BufSlot {
-        if let Some(b) = &data {
-            assert_eq!(b.bytes(), bytes, "a loaded buffer's size as its index says");
+        if let Some(r) = &raw {
+            assert_eq!(
+                r.raw().len(),
+                bytes + BUFFER_HEADER,
+                "a loaded buffer's size as its index says"
+            );
         }
         BufSlot {
             bytes,
             state: Mutex::new(BufState {
-                data,
+                raw: raw.map(Arc::new),
                 loc: Some(loc),
                 ..BufState::default()
             }),
@@ -117,17 +249,18 @@ impl BufSlot {
         }
     }
 
-    /// The same messages (shared until either copy changes), placed nowhere yet. The buffer must
-    /// be resident.
+    /// The same messages (shared until either copy changes, in the form they are held in),
+    /// placed nowhere yet. The buffer must be resident.
     pub(crate) fn copy(&self) -> BufSlot {
         let st = self.state.lock();
-        let data = st.data.clone().expect("a buffer copied is resident");
+        assert!(st.resident().is_some(), "a buffer copied is resident");
         BufSlot {
             bytes: self.bytes,
             state: Mutex::new(BufState {
-                data: Some(data),
+                data: st.data.clone(),
+                raw: st.raw.clone(),
                 pending: st.pending.clone(),
-                ..BufState::default()
+                loc: None,
             }),
             longest: self.longest,
         }
@@ -135,7 +268,8 @@ impl BufSlot {
 
     /// This slot with every key of its messages rewritten by `plan`, placed nowhere yet: the
     /// rewrite is left pending (composed with one already pending) until the messages are
-    /// needed. The buffer must be resident. The key-length bound is kept (the caller sets it).
+    /// needed. The buffer must be resident (in either form, which it stays in). The key-length
+    /// bound is kept (the caller sets it).
     pub(crate) fn rekeyed(self, plan: &RekeyPlan) -> BufSlot {
         let BufSlot {
             state,
@@ -143,8 +277,8 @@ impl BufSlot {
             longest,
         } = self;
         let st = state.into_inner();
-        let data = st.data.expect("a moved buffer is resident");
-        let keys = data.keys_stored() as isize;
+        let held = st.resident().expect("a moved buffer is resident");
+        let keys = held.keys_stored() as isize;
         let bytes = usize::try_from(bytes as isize + plan.delta() * keys)
             .expect("a re-keyed buffer's size");
         let pending = if keys == 0 {
@@ -155,7 +289,7 @@ impl BufSlot {
                 None => plan.clone(),
             };
             assert_eq!(
-                data.bytes() as isize + p.delta() * keys,
+                held.bytes() as isize + p.delta() * keys,
                 bytes as isize,
                 "a composed re-key's size"
             );
@@ -164,9 +298,10 @@ impl BufSlot {
         BufSlot {
             bytes,
             state: Mutex::new(BufState {
-                data: Some(data),
+                data: st.data,
+                raw: st.raw,
                 pending,
-                ..BufState::default()
+                loc: None,
             }),
             longest,
         }
@@ -198,28 +333,53 @@ impl BufSlot {
         self.bytes == 0
     }
 
-    /// The buffer if resident.
+    /// The buffer built, if resident: one held encoded is built now, and kept built (the node's
+    /// memory is re-measured when its change ends; readers that only look take
+    /// [`BufSlot::held`] instead).
     pub fn data(&self) -> Option<Arc<Buffer>> {
         let mut st = self.state.lock();
-        st.settle(self.bytes);
+        st.build(self.bytes);
         st.data.clone()
+    }
+
+    /// The resident messages (a pending re-key applied) in the form they are held in, without
+    /// building them; `None` when not in memory.
+    pub(crate) fn held(&self) -> Option<Resident> {
+        let mut st = self.state.lock();
+        st.settle(self.bytes);
+        st.resident()
+    }
+
+    /// Number of range deletes of the resident buffer (`None` when not resident), without
+    /// building it.
+    pub(crate) fn range_count(&self) -> Option<usize> {
+        let st = self.state.lock();
+        match st.resident()? {
+            Resident::Built(b) => Some(b.range_count()),
+            Resident::Encoded(r) => Some(r.counts().1),
+        }
     }
 
     /// Whether the resident buffer holds a range delete over all of `[lo, hi)`. A buffer with a
     /// pending re-key and no range delete answers without applying it (a node's every slot is
-    /// asked after each delivery into it).
+    /// asked after each delivery into it); none is built.
     pub(crate) fn deletes_all_of(&self, lo: &[u8], hi: &[u8]) -> bool {
         let mut st = self.state.lock();
-        if st
-            .data
-            .as_ref()
-            .is_none_or(|d| st.pending.is_some() && d.range_count() == 0)
-        {
+        let Some(held) = st.resident() else {
+            return false;
+        };
+        let ranges = match &held {
+            Resident::Built(b) => b.range_count(),
+            Resident::Encoded(r) => r.counts().1,
+        };
+        if ranges == 0 {
             return false;
         }
         st.settle(self.bytes);
-        let d = st.data.as_ref().expect("resident");
-        d.range_covering(lo).is_some_and(|r| r.hi.as_slice() >= hi)
+        match st.resident().expect("resident") {
+            Resident::Built(d) => d.range_covering(lo).is_some_and(|r| r.hi.as_slice() >= hi),
+            Resident::Encoded(r) => r.range_covering(lo).is_some_and(|(_, h)| h >= hi),
+        }
     }
 
     /// An upper bound on the length of the keys in `[lo, hi)` with point messages (0 when none),
@@ -227,54 +387,90 @@ impl BufSlot {
     /// which answers for all its keys from its longest without applying the re-key.
     pub(crate) fn longest_point_in(&self, lo: &[u8], hi: &[u8]) -> Option<usize> {
         let st = self.state.lock();
-        let d = st.data.as_ref()?;
+        let held = st.resident()?;
         if let Some(plan) = &st.pending {
-            return Some(pending_longest(d, plan));
+            return Some(pending_longest(held.longest_point_key(), plan));
         }
-        Some(
-            d.points_in(lo, Some(hi))
+        Some(match held {
+            Resident::Built(d) => d
+                .points_in(lo, Some(hi))
                 .map(|(k, _)| k.len())
                 .max()
                 .unwrap_or(0),
-        )
+            Resident::Encoded(r) => r.longest_point_in(lo, hi),
+        })
     }
 
-    /// [`Buffer::longest_point_key`] of the resident buffer (0 when not resident), as it is
-    /// after a pending re-key.
+    /// An upper bound on the longest point key of the resident buffer (0 when not resident), as
+    /// it is after a pending re-key.
     pub(crate) fn longest_point_key(&self) -> usize {
         let st = self.state.lock();
-        match (&st.data, &st.pending) {
+        match (st.resident(), &st.pending) {
             (None, _) => 0,
-            (Some(d), None) => d.longest_point_key(),
-            (Some(d), Some(plan)) => pending_longest(d, plan),
+            (Some(h), None) => h.longest_point_key(),
+            (Some(h), Some(plan)) => pending_longest(h.longest_point_key(), plan),
         }
     }
 
-    /// The resident messages in their rewritten form, leaving a pending re-key pending (a copy
-    /// is rewritten): for checks, which must not change what they check.
-    pub(crate) fn view(&self) -> Option<Arc<Buffer>> {
+    /// The exact longest point key of the resident buffer (which must be resident), applying a
+    /// pending re-key.
+    pub(crate) fn longest_point_key_held(&self) -> usize {
+        let mut st = self.state.lock();
+        st.settle(self.bytes);
+        match st
+            .resident()
+            .expect("a buffer whose keys are measured is resident")
+        {
+            Resident::Built(b) => b.longest_point_key_held(),
+            Resident::Encoded(r) => r.longest_point_key(),
+        }
+    }
+
+    /// The resident messages in their rewritten form, in the form they are held in, leaving a
+    /// pending re-key pending (a copy is rewritten): for checks, which must not change what they
+    /// check.
+    pub(crate) fn view(&self) -> Option<Resident> {
         let st = self.state.lock();
-        let d = st.data.clone()?;
+        let held = st.resident()?;
         let Some(plan) = &st.pending else {
-            return Some(d);
+            return Some(held);
         };
-        let b = (*d).clone().rekeyed(|k| plan.key(k));
+        let v = held.rekeyed(plan);
         assert_eq!(
-            b.bytes(),
+            v.bytes(),
             self.bytes,
             "a re-keyed buffer's size as foreseen"
         );
-        Some(Arc::new(b))
+        Some(v)
     }
 
-    /// Whether the buffer is in memory.
+    /// The messages as they are to be written: a pending re-key applied, in the form they are
+    /// held in (an encoding is written back as it is). The buffer must be resident.
+    pub(crate) fn for_write(&self) -> Resident {
+        let mut st = self.state.lock();
+        st.settle(self.bytes);
+        st.resident()
+            .expect("an internal node being written is fully resident")
+    }
+
+    /// The out-of-line blocks the resident messages reference, one per reference, from the form
+    /// they are held in (a re-key does not change them). The buffer must be resident.
+    pub(crate) fn ref_blocks(&self) -> Vec<u64> {
+        match self.state.lock().resident() {
+            Some(Resident::Built(b)) => b.ref_blocks().collect(),
+            Some(Resident::Encoded(r)) => r.ref_blocks().collect(),
+            None => panic!("the references of a buffer not in memory"),
+        }
+    }
+
+    /// Whether the buffer is in memory, built or encoded.
     pub fn is_resident(&self) -> bool {
-        self.state.lock().data.is_some()
+        self.state.lock().resident().is_some()
     }
 
     /// The highest message number of the resident buffer (a re-key does not change it).
     pub(crate) fn resident_max_msn(&self) -> Option<Msn> {
-        self.state.lock().data.as_ref().map(|b| b.max_msn())
+        self.state.lock().resident().map(|h| h.max_msn())
     }
 
     /// Whether a key rewrite is pending.
@@ -285,7 +481,7 @@ impl BufSlot {
     /// Changes the buffer (which must be resident; the caller holds the node's write latch).
     pub fn mutate<R>(&mut self, f: impl FnOnce(&mut Buffer) -> R) -> R {
         let st = self.state.get_mut();
-        st.settle(self.bytes);
+        st.build(self.bytes);
         let arc = st
             .data
             .as_mut()
@@ -294,7 +490,7 @@ impl BufSlot {
         let r = f(b);
         self.bytes = b.bytes();
         st.loc = None;
-        st.raw = None;
+        assert!(st.raw.is_none(), "a buffer being changed is built");
         r
     }
 
@@ -314,66 +510,45 @@ impl BufSlot {
     pub fn lookup(&self, key: &[u8]) -> Result<Option<(Option<Msn>, Option<KeyMsgs>)>> {
         let mut st = self.state.lock();
         st.settle(self.bytes);
-        if let Some(b) = &st.data {
-            return Ok(Some((
+        let held = st.resident();
+        drop(st);
+        match held {
+            None => Ok(None),
+            Some(Resident::Built(b)) => Ok(Some((
                 b.range_covering(key).map(|r| r.msn),
                 b.point(key).cloned(),
-            )));
+            ))),
+            Some(Resident::Encoded(r)) => r.lookup(key).map(Some),
         }
-        let Some(raw) = st.raw.clone() else {
-            return Ok(None);
-        };
-        drop(st);
-        raw.lookup(key).map(Some)
     }
 
-    /// Where the buffer lies in its node's image, when neither it nor its encoding is in memory.
+    /// Where the buffer lies in its node's image, when it is not in memory.
     pub(crate) fn missing_at(&self) -> Option<SubLoc> {
         let st = self.state.lock();
-        if st.data.is_some() || st.raw.is_some() {
+        if st.resident().is_some() {
             return None;
         }
         Some(st.loc.expect("a buffer not in memory has a disk location"))
     }
 
-    /// Where the buffer lies in its node's image (`None`: only in memory).
-    pub(crate) fn loc(&self) -> Option<SubLoc> {
-        self.state.lock().loc
-    }
-
-    /// The encoding kept for point queries, if any.
-    pub(crate) fn raw(&self) -> Option<Arc<EncodedBuffer>> {
-        self.state.lock().raw.clone()
-    }
-
-    /// Keeps `enc`, read from the slot's place in the image, unless the buffer or an encoding
-    /// came meanwhile.
+    /// Keeps `enc`, read from the slot's place in the image, unless the messages came
+    /// meanwhile.
     pub(crate) fn keep_encoding(&self, enc: EncodedBuffer) {
-        let mut st = self.state.lock();
-        if st.data.is_none() && st.raw.is_none() {
-            st.raw = Some(Arc::new(enc));
-        }
-    }
-
-    /// Keeps `b`, built from the slot's place in the image, unless it came meanwhile; the
-    /// encoding is dropped (the built buffer answers point queries from now on).
-    pub(crate) fn keep_built(&self, b: Buffer) {
         assert_eq!(
-            b.bytes(),
-            self.bytes,
+            enc.raw().len(),
+            self.bytes + BUFFER_HEADER,
             "a loaded buffer's size as its index says"
         );
         let mut st = self.state.lock();
-        if st.data.is_none() {
-            st.data = Some(Arc::new(b));
+        if st.resident().is_none() {
+            st.raw = Some(Arc::new(enc));
         }
-        st.raw = None;
     }
 
     /// Drops what is in memory if the image holds it (partial eviction); whether anything was.
     pub(crate) fn drop_if_written(&self) -> bool {
         let mut st = self.state.lock();
-        if (st.data.is_some() || st.raw.is_some()) && st.loc.is_some() {
+        if st.resident().is_some() && st.loc.is_some() {
             assert!(
                 st.pending.is_none(),
                 "a buffer with a pending re-key has a place in an image"
@@ -398,7 +573,7 @@ impl BufSlot {
 
 #[cfg(test)]
 mod tests {
-    use super::BufSlot;
+    use super::{BufSlot, Resident};
     use crate::buffer::Buffer;
     use crate::msg::{KeyMsgs, PointOp};
     use crate::node::RekeyPlan;
@@ -483,5 +658,91 @@ mod tests {
         let moved = BufSlot::resident(buffer(&[b"ab1", b"zz"], &[]))
             .rekeyed(&RekeyPlan::new(b"ab".to_vec(), b"c".to_vec()));
         let _ = moved.data();
+    }
+
+    fn encoded(b: &Buffer) -> crate::buffer::EncodedBuffer {
+        let mut e = crate::codec::Enc::default();
+        b.encode(&mut e);
+        crate::buffer::EncodedBuffer::index(e.buf, 100, 100).unwrap()
+    }
+
+    fn image_slot(b: &Buffer) -> BufSlot {
+        let enc = encoded(b);
+        let loc = crate::node::SubLoc {
+            offset: 4096,
+            stored_len: enc.raw().len() as u32,
+            raw_len: enc.raw().len() as u32,
+            crc: 0,
+            codec: 0,
+            count: 0,
+        };
+        BufSlot::in_image(b.bytes(), Some(enc), loc, 9)
+    }
+
+    /// A buffer read in its encoding is moved, copied, asked and written without being built;
+    /// what it writes is what the built buffer, moved the same way, would write.
+    #[test]
+    fn an_encoded_buffer_moves_and_is_written_without_being_built() {
+        let b = buffer(&[b"ab1", b"ab2", b"ab3"], &[(b"ab4", b"ab6")]);
+        let slot = image_slot(&b);
+        assert!(slot.is_resident());
+        assert!(matches!(slot.view(), Some(Resident::Encoded(_))));
+        assert_eq!(slot.range_count(), Some(1));
+        assert_eq!(slot.ref_blocks(), Vec::<u64>::new());
+        assert!(slot.deletes_all_of(b"ab4", b"ab5"));
+        assert!(!slot.deletes_all_of(b"ab3", b"ab5"));
+        let there = RekeyPlan::new(b"ab".to_vec(), b"xyz".to_vec());
+        let moved = slot.rekeyed(&there);
+        assert!(moved.rekey_pending());
+        assert_eq!(moved.bytes(), b.bytes() + 5);
+        assert_eq!(moved.longest_point_key(), 4);
+        assert_eq!(moved.longest_point_in(b"xyz1", b"xyz2"), Some(4));
+        let copy = moved.copy();
+        // Asked: the re-key is applied to the encoding, which stays an encoding.
+        let (_, found) = moved.lookup(b"xyz2").unwrap().unwrap();
+        assert!(matches!(found, Some(KeyMsgs::Put { msn: 2, .. })));
+        assert!(!moved.rekey_pending());
+        assert!(matches!(moved.held(), Some(Resident::Encoded(_))));
+        assert_eq!(moved.longest_point_key_held(), 4);
+        // Written: the same bytes as the built buffer moved the same way.
+        let want = BufSlot::resident(b.clone()).rekeyed(&there);
+        let Resident::Built(wb) = want.for_write() else {
+            panic!("a built buffer is written built")
+        };
+        let Resident::Encoded(got) = copy.for_write() else {
+            panic!("an encoding is written as it is")
+        };
+        let mut e = crate::codec::Enc::default();
+        wb.encode(&mut e);
+        assert_eq!(got.raw(), e.buf.as_slice());
+        // Changed: built first, and no longer held encoded.
+        let mut moved = moved;
+        let _ = moved.mutate(|b| b.add_point(b"xyz9".to_vec(), 9, PointOp::Delete));
+        assert!(matches!(moved.held(), Some(Resident::Built(_))));
+        assert_eq!(
+            keys_of(&moved.data().unwrap()),
+            [&b"xyz1"[..], b"xyz2", b"xyz3", b"xyz9", b"xyz4", b"xyz6"]
+        );
+    }
+
+    /// Partial eviction drops an encoding the image holds; `data` builds one and keeps only the
+    /// built form.
+    #[test]
+    fn an_encoding_is_dropped_or_built_never_kept_beside_the_map() {
+        let b = buffer(&[b"k1", b"k2"], &[]);
+        let slot = image_slot(&b);
+        assert!(slot.drop_if_written());
+        assert!(!slot.is_resident());
+        assert!(slot.missing_at().is_some());
+        slot.keep_encoding(encoded(&b));
+        let mem_encoded = slot.mem();
+        let built = slot.data().unwrap();
+        assert_eq!(built.bytes(), b.bytes());
+        assert!(matches!(slot.held(), Some(Resident::Built(_))));
+        assert_eq!(
+            slot.mem(),
+            built.mem() + 96,
+            "only the map is held: {mem_encoded}"
+        );
     }
 }

@@ -292,7 +292,7 @@ impl Tree {
             let (pending, cb) = match &g.body {
                 Body::Internal(n) if i < n.children.len() => {
                     let pending = if work.deletes_only {
-                        n.buffers[i].data().is_some_and(|b| b.counts().1 > 0)
+                        n.buffers[i].range_count().is_some_and(|r| r > 0)
                     } else {
                         !n.buffers[i].is_empty()
                     };

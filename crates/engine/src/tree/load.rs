@@ -149,9 +149,9 @@ impl Tree {
         read_ahead: bool,
     ) -> Result<bool> {
         let g = cn.read();
-        let (count, is_leaf) = match &g.body {
-            Body::Leaf(l) => (l.parts.len(), true),
-            Body::Internal(n) => (n.buffers.len(), false),
+        let count = match &g.body {
+            Body::Leaf(l) => l.parts.len(),
+            Body::Internal(n) => n.buffers.len(),
         };
         let resident = |i: usize| match &g.body {
             Body::Leaf(l) => l.parts[i].data().is_some(),
@@ -170,110 +170,86 @@ impl Tree {
                 cn.id
             ))
         })?;
-        let whole = if missing.len() > 2 {
-            if is_leaf {
-                // The whole image is read anyway: keep every partition of the leaf, not only the
-                // ones asked for. A sequential read asks for a leaf's range piece by piece (1 MiB
-                // FUSE reads of a 4 MiB leaf); taking only the asked part re-read the whole leaf
-                // for every piece (measured: 2.5x the file's bytes read in the sequential-read
-                // benchmark). Partitions decode cheaply; buffers do not, so they stay as asked.
-                missing = (0..count).filter(|&i| !resident(i)).collect();
+        if let Body::Internal(n) = &g.body {
+            // Buffers are kept in their checked encoding, not built: a point query searches it,
+            // a move carries it, a write copies it back out; the first access that needs the
+            // map builds it (`node/slot.rs`). Building every buffer of a node read whole was
+            // two fifths of a cold directory rename's time. A node read whole keeps every
+            // buffer's encoding, so that the next range asked for does not read it again.
+            let whole = (missing.len() > 2)
+                .then(|| self.store.read_image(ext.offset(), ext.len(), "node"))
+                .transpose()?;
+            if whole.is_some() {
+                missing = (0..count).collect();
             }
-            let img = self.store.read_image(ext.offset(), ext.len(), "node")?;
-            if let Body::Internal(n) = &g.body {
-                // Keep the encodings of the other buffers too (cheap: no map is built), so that
-                // the next range asked for does not read the whole node again.
-                for (i, slot) in n.buffers.iter().enumerate() {
-                    if missing.contains(&i) {
-                        continue;
+            for i in missing {
+                let slot = &n.buffers[i];
+                let Some(loc) = slot.missing_at() else {
+                    continue;
+                };
+                let what = format!("node {} buffer {i}", cn.id);
+                let dev_off = ext.offset() + loc.offset as u64;
+                let fetched;
+                let stored: &[u8] = match &whole {
+                    Some(img) => &img[loc.offset as usize..],
+                    None => {
+                        let (off, len) = loc.aligned_range();
+                        fetched = self.store.read(ext.offset() + off, len, &what)?;
+                        &fetched
                     }
-                    let Some(loc) = slot.missing_at() else {
-                        continue;
-                    };
-                    let what = format!("node {} buffer {i}", cn.id);
-                    let dev_off = ext.offset() + loc.offset as u64;
-                    let enc = self.encoded_buffer(
-                        &img[loc.offset as usize..],
-                        &loc,
-                        slot,
-                        &what,
-                        dev_off,
-                        g.max_msn,
-                    )?;
-                    slot.keep_encoding(enc);
-                }
+                };
+                let bounds = node::child_bounds_of(&n.pivots, i);
+                let enc =
+                    self.encoded_buffer(stored, &loc, slot, &what, dev_off, g.max_msn, bounds)?;
+                slot.keep_encoding(enc);
+                self.count_subblock_load();
             }
-            Some(img)
+            self.cache.remeasure(cn, &g);
+            return Ok(true);
+        }
+        let whole = if missing.len() > 2 {
+            // The whole image is read anyway: keep every partition of the leaf, not only the
+            // ones asked for. A sequential read asks for a leaf's range piece by piece (1 MiB
+            // FUSE reads of a 4 MiB leaf); taking only the asked part re-read the whole leaf
+            // for every piece (measured: 2.5x the file's bytes read in the sequential-read
+            // benchmark).
+            missing = (0..count).filter(|&i| !resident(i)).collect();
+            Some(self.store.read_image(ext.offset(), ext.len(), "node")?)
         } else {
             None
         };
+        let Body::Leaf(l) = &g.body else {
+            unreachable!("internal nodes returned above")
+        };
         for i in missing {
-            let loc = match &g.body {
-                Body::Leaf(l) => l.parts[i].state.lock().loc,
-                Body::Internal(n) => n.buffers[i].loc(),
-            }
-            .expect("a sub-block not in memory has a disk location");
-            let what = format!(
-                "node {} {} {i}",
-                cn.id,
-                if is_leaf { "partition" } else { "buffer" }
-            );
+            let slot = &l.parts[i];
+            let loc = slot
+                .state
+                .lock()
+                .loc
+                .expect("a sub-block not in memory has a disk location");
+            let what = format!("node {} partition {i}", cn.id);
             let dev_off = ext.offset() + loc.offset as u64;
-            // A buffer's encoding kept for point queries saves the read.
-            let kept = match &g.body {
-                Body::Internal(n) => n.buffers[i].raw(),
-                Body::Leaf(_) => None,
-            };
             let fetched;
-            let stored: &[u8] = match (&kept, &whole) {
-                (Some(_), _) => &[],
-                (None, Some(img)) => &img[loc.offset as usize..],
-                (None, None) => {
+            let stored: &[u8] = match &whole {
+                Some(img) => &img[loc.offset as usize..],
+                None => {
                     let (off, len) = loc.aligned_range();
                     fetched = self.store.read(ext.offset() + off, len, &what)?;
                     &fetched
                 }
             };
-            match &g.body {
-                Body::Leaf(l) => {
-                    let slot = &l.parts[i];
-                    let p = node::decode_partition(stored, &loc, &self.format, &what, dev_off)?;
-                    if p.len() != slot.entries || p.bytes() != slot.bytes {
-                        return Err(Error::Corrupt(format!(
-                            "{what}: contents differ from the node index"
-                        )));
-                    }
-                    let mut st = slot.state.lock();
-                    if st.data.is_none() {
-                        st.data = Some(Arc::new(p));
-                    }
-                }
-                Body::Internal(n) => {
-                    let decoded;
-                    let payload: &[u8] = match &kept {
-                        Some(enc) => enc.raw(),
-                        None => {
-                            decoded = node::decode_sub_borrowed(stored, &loc, &what, dev_off)?;
-                            &decoded
-                        }
-                    };
-                    let (lo, hi) = node::child_bounds_of(&n.pivots, i);
-                    let b = node::decode_buffer_payload(
-                        payload,
-                        &self.format,
-                        &what,
-                        g.max_msn,
-                        lo,
-                        hi,
-                    )?;
-                    if b.bytes() != n.buffers[i].bytes() {
-                        return Err(Error::Corrupt(format!(
-                            "{what}: contents differ from the node index"
-                        )));
-                    }
-                    n.buffers[i].keep_built(b);
-                }
+            let p = node::decode_partition(stored, &loc, &self.format, &what, dev_off)?;
+            if p.len() != slot.entries || p.bytes() != slot.bytes {
+                return Err(Error::Corrupt(format!(
+                    "{what}: contents differ from the node index"
+                )));
             }
+            let mut st = slot.state.lock();
+            if st.data.is_none() {
+                st.data = Some(Arc::new(p));
+            }
+            drop(st);
             self.count_subblock_load();
         }
         self.cache.remeasure(cn, &g);
@@ -287,7 +263,9 @@ impl Tree {
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Checks and indexes a buffer sub-block's encoding (`stored` starts at the sub-block).
+    /// Checks and indexes a buffer sub-block's encoding (`stored` starts at the sub-block)
+    /// against its slot, its node's message numbers and the child's range `bounds`.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn encoded_buffer(
         &self,
         stored: &[u8],
@@ -296,21 +274,22 @@ impl Tree {
         what: &str,
         dev_off: u64,
         node_max_msn: Msn,
+        bounds: (&[u8], Option<&[u8]>),
     ) -> Result<EncodedBuffer> {
-        let raw = node::decode_sub(stored, loc, what, dev_off)?;
-        if raw.len() != slot.bytes() + node::BUFFER_HEADER {
+        if loc.raw_len as usize != slot.bytes() + node::BUFFER_HEADER {
             return Err(Error::Corrupt(format!(
                 "{what}: size differs from the node index"
             )));
         }
-        let enc = EncodedBuffer::index(raw, self.format.max_key_len, self.format.max_value_len)
-            .map_err(|e| Error::Corrupt(format!("{what}: {e}")))?;
-        if enc.max_msn() > node_max_msn {
-            return Err(Error::Corrupt(format!(
-                "{what}: messages newer than the node"
-            )));
-        }
-        Ok(enc)
+        node::index_buffer(
+            stored,
+            loc,
+            &self.format,
+            what,
+            dev_off,
+            node_max_msn,
+            bounds,
+        )
     }
 
     /// Reads the encoding of an internal node's buffer `i` for point queries (checked against its
@@ -339,7 +318,8 @@ impl Tree {
         let (off, len) = loc.aligned_range();
         let stored = self.store.read(ext.offset() + off, len, &what)?;
         let dev_off = ext.offset() + loc.offset as u64;
-        let enc = self.encoded_buffer(&stored, &loc, slot, &what, dev_off, g.max_msn)?;
+        let bounds = node::child_bounds_of(&n.pivots, i);
+        let enc = self.encoded_buffer(&stored, &loc, slot, &what, dev_off, g.max_msn, bounds)?;
         slot.keep_encoding(enc);
         self.count_subblock_load();
         self.cache.remeasure(cn, &g);

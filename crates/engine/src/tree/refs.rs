@@ -40,8 +40,7 @@ impl Tree {
                 }
                 Body::Internal(n) => {
                     for slot in &n.buffers {
-                        let b = slot.data().expect("buffers just loaded");
-                        for block in b.ref_blocks() {
+                        for block in slot.ref_blocks() {
                             refs.add(block, 1);
                         }
                     }

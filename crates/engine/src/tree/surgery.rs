@@ -215,8 +215,7 @@ impl Tree {
                 unreachable!()
             };
             for slot in &n.buffers[dead_slots.0..dead_slots.1] {
-                let b = slot.data().expect("the destination node is wholly loaded");
-                dead_refs.extend(b.ref_blocks());
+                dead_refs.extend(slot.ref_blocks());
             }
         }
         // A move leaves a chain of empty nodes in the source's slot, kept as a hole for a range
@@ -505,16 +504,7 @@ impl Tree {
                 btt.refs.add(c);
             }
         }
-        let blocks: Vec<u64> = run
-            .buffers
-            .iter()
-            .flat_map(|s| {
-                s.data()
-                    .expect("a copied buffer")
-                    .ref_blocks()
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let blocks: Vec<u64> = run.buffers.iter().flat_map(|s| s.ref_blocks()).collect();
         if !blocks.is_empty() {
             let mut d = self.store.data.lock();
             for b in blocks {
