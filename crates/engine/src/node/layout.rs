@@ -470,35 +470,6 @@ pub fn decode_sub(stored: &[u8], loc: &SubLoc, what: &str, dev_offset: u64) -> R
     compress::decompress(codec, stored, loc.raw_len as usize)
 }
 
-/// Verifies one sub-block and gives its decoded bytes: the stored bytes themselves when they
-/// are not compressed (no copy: a buffer is parsed from them and not kept), else a decompressed
-/// copy.
-pub fn decode_sub_borrowed<'a>(
-    stored: &'a [u8],
-    loc: &SubLoc,
-    what: &str,
-    dev_offset: u64,
-) -> Result<Cow<'a, [u8]>> {
-    if loc.codec == Compression::None.code() {
-        let stored = &stored[..loc.stored_len as usize];
-        if crc(stored) != loc.crc {
-            return Err(Error::Checksum {
-                what: what.to_string(),
-                offset: dev_offset,
-            });
-        }
-        if stored.len() != loc.raw_len as usize {
-            return Err(Error::Corrupt(format!(
-                "{what}: sub-block of {} bytes stored uncompressed as {}",
-                loc.raw_len,
-                stored.len()
-            )));
-        }
-        return Ok(Cow::Borrowed(stored));
-    }
-    decode_sub(stored, loc, what, dev_offset).map(Cow::Owned)
-}
-
 /// Decodes a leaf partition sub-block.
 pub fn decode_partition(
     stored: &[u8],
@@ -614,7 +585,8 @@ pub fn build_node(
 }
 
 /// Verifies and decodes one child's message buffer: its checksum, its encoding, that no message is
-/// newer than the node and that every message lies in the child's range `[lo, hi)`.
+/// newer than the node and that every message lies in the child's range `[lo, hi)`
+/// ([`index_buffer`], then built).
 #[allow(clippy::too_many_arguments)]
 pub fn decode_buffer(
     stored: &[u8],
@@ -626,8 +598,7 @@ pub fn decode_buffer(
     lo: &[u8],
     hi: Option<&[u8]>,
 ) -> Result<Buffer> {
-    let raw = decode_sub_borrowed(stored, loc, what, dev_offset)?;
-    decode_buffer_payload(&raw, format, what, node_max_msn, lo, hi)
+    index_buffer(stored, loc, format, what, dev_offset, node_max_msn, (lo, hi)).map(|e| e.build())
 }
 
 /// Verifies one child's message buffer as [`decode_buffer`] does (checksum, encoding, message
@@ -661,43 +632,6 @@ pub fn index_buffer(
         )));
     }
     Ok(enc)
-}
-
-/// Decodes the checked, decompressed payload of a buffer sub-block and checks it against its node.
-pub fn decode_buffer_payload(
-    raw: &[u8],
-    format: &Format,
-    what: &str,
-    node_max_msn: Msn,
-    lo: &[u8],
-    hi: Option<&[u8]>,
-) -> Result<Buffer> {
-    let mut d = Dec::new(raw, "message buffer");
-    let b = Buffer::decode(&mut d, format.max_key_len, format.max_value_len)?;
-    d.finish()?;
-    if b.max_msn() > node_max_msn {
-        return Err(Error::Corrupt(format!(
-            "{what}: messages newer than the node"
-        )));
-    }
-    if b.bytes() + BUFFER_HEADER != raw.len() {
-        return Err(Error::Corrupt(format!(
-            "{what}: size differs from its encoding"
-        )));
-    }
-    let bad_point = b
-        .points_in(&[], None)
-        .any(|(k, _)| k.as_slice() < lo || hi.is_some_and(|h| k.as_slice() >= h));
-    let bad_range = b
-        .ranges_in(&[], None)
-        .iter()
-        .any(|r| r.lo.as_slice() < lo || hi.is_some_and(|h| r.hi.as_slice() > h));
-    if bad_point || bad_range {
-        return Err(Error::Corrupt(format!(
-            "{what}: messages outside the child's range"
-        )));
-    }
-    Ok(b)
 }
 
 #[cfg(test)]

@@ -189,15 +189,9 @@ impl Tree {
                 };
                 let what = format!("node {} buffer {i}", cn.id);
                 let dev_off = ext.offset() + loc.offset as u64;
-                let fetched;
-                let stored: &[u8] = match &whole {
-                    Some(img) => &img[loc.offset as usize..],
-                    None => {
-                        let (off, len) = loc.aligned_range();
-                        fetched = self.store.read(ext.offset() + off, len, &what)?;
-                        &fetched
-                    }
-                };
+                let mut fetched = None;
+                let stored =
+                    self.sub_block(whole.as_deref(), ext.offset(), &loc, &what, &mut fetched)?;
                 let bounds = node::child_bounds_of(&n.pivots, i);
                 let enc =
                     self.encoded_buffer(stored, &loc, slot, &what, dev_off, g.max_msn, bounds)?;
@@ -230,15 +224,8 @@ impl Tree {
                 .expect("a sub-block not in memory has a disk location");
             let what = format!("node {} partition {i}", cn.id);
             let dev_off = ext.offset() + loc.offset as u64;
-            let fetched;
-            let stored: &[u8] = match &whole {
-                Some(img) => &img[loc.offset as usize..],
-                None => {
-                    let (off, len) = loc.aligned_range();
-                    fetched = self.store.read(ext.offset() + off, len, &what)?;
-                    &fetched
-                }
-            };
+            let mut fetched = None;
+            let stored = self.sub_block(whole.as_deref(), ext.offset(), &loc, &what, &mut fetched)?;
             let p = node::decode_partition(stored, &loc, &self.format, &what, dev_off)?;
             if p.len() != slot.entries || p.bytes() != slot.bytes {
                 return Err(Error::Corrupt(format!(
@@ -254,6 +241,23 @@ impl Tree {
         }
         self.cache.remeasure(cn, &g);
         Ok(true)
+    }
+
+    /// The stored bytes of the sub-block at `loc` (onwards): in the node's image `whole` when it
+    /// was read whole, else read on their own into `fetched`.
+    fn sub_block<'a>(
+        &self,
+        whole: Option<&'a [u8]>,
+        ext_off: u64,
+        loc: &node::SubLoc,
+        what: &str,
+        fetched: &'a mut Option<AlignedBuf>,
+    ) -> Result<&'a [u8]> {
+        if let Some(img) = whole {
+            return Ok(&img[loc.offset as usize..]);
+        }
+        let (off, len) = loc.aligned_range();
+        Ok(fetched.insert(self.store.read(ext_off + off, len, what)?))
     }
 
     pub(super) fn count_subblock_load(&self) {
