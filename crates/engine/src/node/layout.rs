@@ -598,7 +598,16 @@ pub fn decode_buffer(
     lo: &[u8],
     hi: Option<&[u8]>,
 ) -> Result<Buffer> {
-    index_buffer(stored, loc, format, what, dev_offset, node_max_msn, (lo, hi)).map(|e| e.build())
+    index_buffer(
+        stored,
+        loc,
+        format,
+        what,
+        dev_offset,
+        node_max_msn,
+        (lo, hi),
+    )
+    .map(|e| e.build())
 }
 
 /// Verifies one child's message buffer as [`decode_buffer`] does (checksum, encoding, message

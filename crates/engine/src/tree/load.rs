@@ -225,7 +225,8 @@ impl Tree {
             let what = format!("node {} partition {i}", cn.id);
             let dev_off = ext.offset() + loc.offset as u64;
             let mut fetched = None;
-            let stored = self.sub_block(whole.as_deref(), ext.offset(), &loc, &what, &mut fetched)?;
+            let stored =
+                self.sub_block(whole.as_deref(), ext.offset(), &loc, &what, &mut fetched)?;
             let p = node::decode_partition(stored, &loc, &self.format, &what, dev_off)?;
             if p.len() != slot.entries || p.bytes() != slot.bytes {
                 return Err(Error::Corrupt(format!(
