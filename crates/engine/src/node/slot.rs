@@ -15,9 +15,9 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::{longest_field, RekeyPlan, SubLoc, BUFFER_HEADER, LONGEST_UNKNOWN};
-use crate::buffer::{Buffer, EncodedBuffer};
+use crate::buffer::{Buffer, EncodedBuffer, Taken};
 use crate::error::Result;
-use crate::msg::{KeyMsgs, Msn};
+use crate::msg::{KeyMsgs, Msn, RangeDel};
 
 /// A buffer as it is held in memory: built (a map of its messages, needed to change it or to
 /// read a range of it), or in its checked encoding (enough for point queries, for moving it,
@@ -114,6 +114,8 @@ struct BufState {
     /// A key rewrite not yet applied to the messages. When set, `loc` is not (the slot is new
     /// since its move, and its image would be of the old keys).
     pending: Option<RekeyPlan>,
+    /// Deliveries spliced into the encoding since it was read ([`BufSlot::deliver`]).
+    splices: u8,
 }
 
 impl BufState {
@@ -179,8 +181,30 @@ impl BufState {
         let b = raw.build();
         assert_eq!(b.bytes(), bytes, "a built buffer's size as its encoding's");
         self.data = Some(Arc::new(b));
+        self.splices = 0;
         true
     }
+}
+
+/// How many deliveries a buffer held encoded takes by splicing before it is built: a splice
+/// copies the whole encoding (a fresh 256 KiB costs ~0.2 ms here, mostly page faults), a build
+/// of one costs ~1.5 ms.
+const MAX_SPLICES: u8 = 4;
+
+/// Applies a delivery to a built buffer: range deletes first (in MSN order), then points.
+fn apply_delivery(
+    b: &mut Buffer,
+    ranges: Vec<RangeDel>,
+    points: Vec<(Vec<u8>, KeyMsgs)>,
+) -> Vec<u64> {
+    let mut released = Vec::new();
+    for r in ranges {
+        released.extend(b.add_range(r.msn, &r.lo, &r.hi));
+    }
+    for (k, km) in points {
+        released.extend(b.add_key_msgs(k, km));
+    }
+    released
 }
 
 /// The bound of a buffer's longest point key once `plan` is applied (every key changes length
@@ -261,6 +285,7 @@ impl BufSlot {
                 raw: st.raw.clone(),
                 pending: st.pending.clone(),
                 loc: None,
+                splices: st.splices,
             }),
             longest: self.longest,
         }
@@ -302,6 +327,7 @@ impl BufSlot {
                 raw: st.raw,
                 pending,
                 loc: None,
+                splices: st.splices,
             }),
             longest,
         }
@@ -494,9 +520,93 @@ impl BufSlot {
         r
     }
 
-    /// Takes every message out, leaving the buffer empty (its max MSN is kept).
-    pub fn take(&mut self) -> Buffer {
-        self.mutate(|b| b.take())
+    /// Delivers messages from the parent: `ranges` (in MSN order, within the child's range), then
+    /// `points` (in key order), all newer than what the buffer holds; returns the blocks whose
+    /// references the delivery dropped. A buffer held encoded takes a delivery without being
+    /// built, up to [`MAX_SPLICES`] times: the messages the delivery can change are built,
+    /// changed with [`Buffer`]'s own methods and spliced back into a copy of the encoding
+    /// (building a buffer of thousands of keys to add a few cost more than its read); after
+    /// that it is built, as one taking deliveries often is worth keeping.
+    pub(crate) fn deliver(
+        &mut self,
+        ranges: Vec<RangeDel>,
+        points: Vec<(Vec<u8>, KeyMsgs)>,
+    ) -> Vec<u64> {
+        let st = self.state.get_mut();
+        st.settle(self.bytes);
+        let raw = match &st.raw {
+            Some(raw) if st.splices < MAX_SPLICES => raw.clone(),
+            _ => return self.mutate(|b| apply_delivery(b, ranges, points)),
+        };
+        let keys: Vec<&[u8]> = points.iter().map(|(k, _)| k.as_slice()).collect();
+        let spans: Vec<(&[u8], &[u8])> = ranges
+            .iter()
+            .map(|r| (r.lo.as_slice(), r.hi.as_slice()))
+            .collect();
+        let (mut changed, taken) = raw.affected(&keys, &spans);
+        drop((keys, spans));
+        let released = apply_delivery(&mut changed, ranges, points);
+        let new = raw.spliced(&taken, &changed);
+        self.bytes = new.raw().len() - BUFFER_HEADER;
+        st.raw = Some(Arc::new(new));
+        st.loc = None;
+        st.splices += 1;
+        st.check();
+        released
+    }
+
+    /// Cuts the messages at `k` ([`Buffer::split_off`]): those for keys from `k` on go to the
+    /// returned slot (placed nowhere, with this slot's key-length bound). A buffer held encoded
+    /// is cut in its encoding, both halves staying encoded.
+    pub(crate) fn split_off(&mut self, k: &[u8]) -> BufSlot {
+        let st = self.state.get_mut();
+        st.settle(self.bytes);
+        let upper = if let Some(raw) = st.raw.take() {
+            let (lower, upper) = raw.split_at(k);
+            self.bytes = lower.raw().len() - BUFFER_HEADER;
+            st.raw = Some(Arc::new(lower));
+            st.loc = None;
+            st.check();
+            BufSlot {
+                bytes: upper.raw().len() - BUFFER_HEADER,
+                state: Mutex::new(BufState {
+                    raw: Some(Arc::new(upper)),
+                    splices: st.splices,
+                    ..BufState::default()
+                }),
+                longest: LONGEST_UNKNOWN,
+            }
+        } else {
+            let upper = self.mutate(|b| b.split_off(k));
+            BufSlot::resident(upper)
+        };
+        BufSlot {
+            longest: self.longest,
+            ..upper
+        }
+    }
+
+    /// Takes every message out, leaving the buffer empty (its max MSN is kept). A buffer held
+    /// encoded is decoded in order, without building its maps (a flush or a merge delivers the
+    /// messages one child further down at once).
+    pub(crate) fn take(&mut self) -> Taken {
+        let st = self.state.get_mut();
+        st.settle(self.bytes);
+        if let Some(raw) = st.raw.take() {
+            let t = raw.taken();
+            assert_eq!(t.bytes, self.bytes, "taken messages' size");
+            st.data = Some(Arc::new(Buffer::from_sorted(
+                t.max_msn,
+                Vec::new(),
+                Vec::new(),
+            )));
+            st.loc = None;
+            st.splices = 0;
+            self.bytes = 0;
+            st.check();
+            return t;
+        }
+        self.mutate(|b| b.take()).into_taken()
     }
 
     /// Memory held.
@@ -648,7 +758,8 @@ mod tests {
         let mut moved = moved.rekeyed(&RekeyPlan::new(b"c".to_vec(), b"de".to_vec()));
         assert!(moved.rekey_pending());
         let taken = moved.take();
-        assert_eq!(keys_of(&taken), [&b"de1"[..]]);
+        let keys: Vec<&[u8]> = taken.points.iter().map(|(k, _)| k.as_slice()).collect();
+        assert_eq!(keys, [&b"de1"[..]]);
         assert_eq!(moved.bytes(), 0);
     }
 
@@ -744,5 +855,128 @@ mod tests {
             built.mem() + 96,
             "only the map is held: {mem_encoded}"
         );
+    }
+
+    /// Random messages over keys `k000`..`k300` numbered from `msn` on: a buffer's worth, as a
+    /// parent's buffer holds them (range deletes having removed the older points they cover).
+    fn random_messages(rng: &mut rand::rngs::SmallRng, msn: &mut u64, n: usize) -> Buffer {
+        use crate::dataref::DataRef;
+        use crate::msg::Patch;
+        use rand::Rng;
+        let mut b = Buffer::new();
+        for _ in 0..n {
+            *msn += 1;
+            let key = format!("k{:03}", rng.gen_range(0..300u32)).into_bytes();
+            if rng.gen_bool(0.08) {
+                let hi = format!("k{:03}", rng.gen_range(0..310u32)).into_bytes();
+                if key < hi {
+                    let _ = b.add_range(*msn, &key, &hi);
+                }
+                continue;
+            }
+            let op = match rng.gen_range(0..5) {
+                0 => PointOp::Put(vec![3; rng.gen_range(0..12)]),
+                1 => PointOp::Delete,
+                2 => PointOp::PutRef(DataRef::new(rng.gen_range(1..500), 40)),
+                3 => PointOp::Upsert(Patch::Truncate {
+                    len: rng.gen_range(0..30),
+                }),
+                _ => PointOp::Upsert(Patch::Write {
+                    offset: rng.gen_range(0..30),
+                    data: b"xy".to_vec(),
+                }),
+            };
+            let _ = b.add_point(key, *msn, op);
+        }
+        b
+    }
+
+    /// Deliveries spliced into an encoded buffer leave exactly the encoding, and drop exactly the
+    /// references, that the same deliveries into the built buffer do (past the splice limit too).
+    #[test]
+    fn deliveries_spliced_into_an_encoding_match_the_built_buffer() {
+        use rand::{Rng, SeedableRng};
+        let seed: u64 = std::env::var("AMARANTH_SEED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(rand::random);
+        eprintln!("seed {seed} (AMARANTH_SEED={seed} repeats it)");
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        let mut spliced = 0;
+        for _ in 0..300 {
+            let mut msn = 0;
+            let n = rng.gen_range(0..150);
+            let old = random_messages(&mut rng, &mut msn, n);
+            let mut enc = image_slot(&old);
+            let mut built = BufSlot::resident(old);
+            for round in 0..7 {
+                let n = rng.gen_range(0..20);
+                let (mut ranges, points) = random_messages(&mut rng, &mut msn, n).into_parts();
+                ranges.sort_by_key(|r| r.msn);
+                let was_encoded = matches!(enc.held(), Some(Resident::Encoded(_)));
+                let mut a = enc.deliver(ranges.clone(), points.clone());
+                let mut b = built.deliver(ranges, points);
+                a.sort_unstable();
+                b.sort_unstable();
+                assert_eq!(a, b, "round {round}: references dropped");
+                assert_eq!(enc.bytes(), built.bytes(), "round {round}: size");
+                let bytes = |s: &BufSlot| match s.for_write() {
+                    Resident::Built(b) => {
+                        let mut e = crate::codec::Enc::default();
+                        b.encode(&mut e);
+                        e.buf
+                    }
+                    Resident::Encoded(r) => r.raw().to_vec(),
+                };
+                let got = bytes(&enc);
+                assert_eq!(got, bytes(&built), "round {round}: encoding");
+                if was_encoded && matches!(enc.held(), Some(Resident::Encoded(_))) {
+                    spliced += 1;
+                    // The spliced encoding indexes as the one written would.
+                    let again = crate::buffer::EncodedBuffer::index(got, 100, 100).unwrap();
+                    assert_eq!(Some(again.counts().1), enc.range_count());
+                    assert_eq!(again.longest_point_key(), enc.longest_point_key_held());
+                }
+            }
+        }
+        assert!(spliced > 500, "{spliced} deliveries spliced");
+        // Cut in its encoding: both halves as the built buffer's.
+        for _ in 0..200 {
+            let mut msn = 0;
+            let n = rng.gen_range(0..150);
+            let old = random_messages(&mut rng, &mut msn, n);
+            let mut enc = image_slot(&old);
+            let mut built = BufSlot::resident(old);
+            let k = format!("k{:03}", rng.gen_range(0..310u32)).into_bytes();
+            let (eu, bu) = (enc.split_off(&k), built.split_off(&k));
+            assert!(matches!(eu.held(), Some(Resident::Encoded(_))));
+            assert_eq!((eu.longest, bu.longest), (enc.longest, built.longest));
+            for (a, b) in [(&enc, &built), (&eu, &bu)] {
+                assert_eq!(a.bytes(), b.bytes());
+                let Resident::Encoded(ae) = a.for_write() else {
+                    panic!("an encoding cut stays encoded")
+                };
+                let Resident::Built(bb) = b.for_write() else {
+                    panic!("a built buffer cut stays built")
+                };
+                let mut e = crate::codec::Enc::default();
+                bb.encode(&mut e);
+                assert_eq!(ae.raw(), e.buf.as_slice());
+                let again = crate::buffer::EncodedBuffer::index(e.buf, 100, 100).unwrap();
+                assert_eq!(again.counts(), ae.counts());
+                assert_eq!(again.longest_point_key(), ae.longest_point_key());
+            }
+        }
+        // Taken out of an encoding: what the built buffer gives.
+        let mut msn = 0;
+        let old = random_messages(&mut rng, &mut msn, 200);
+        let mut enc = image_slot(&old);
+        let mut built = BufSlot::resident(old);
+        let (a, b) = (enc.take(), built.take());
+        assert_eq!((a.ranges, a.points), (b.ranges, b.points));
+        assert_eq!((a.max_msn, a.bytes), (b.max_msn, b.bytes));
+        assert!(a.longest <= b.longest);
+        assert_eq!(enc.bytes(), 0);
+        assert_eq!(enc.resident_max_msn(), Some(b.max_msn));
     }
 }

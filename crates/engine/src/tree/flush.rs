@@ -4,9 +4,9 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::inject::route_range;
+use super::inject::range_pieces;
 use super::{Bounds, Tree};
-use crate::buffer::Buffer;
+use crate::buffer::Taken;
 use crate::cache::{CachedNode, WriteGuard};
 use crate::config::Format;
 use crate::error::{Error, Result};
@@ -403,12 +403,12 @@ impl Tree {
         };
         let buf = pn.buffers[c].take();
         // The messages join the child's subtree: its key-length bound covers them.
-        pn.buffers[c].raise_longest(buf.longest_point_key());
+        pn.buffers[c].raise_longest(buf.longest);
         let (cb, extra) = (pb.child(pn, c), pb.extra(pn, c));
         self.counters.flushes.fetch_add(1, Ordering::Relaxed);
         self.counters
             .bytes_flushed
-            .fetch_add(buf.bytes() as u64, Ordering::Relaxed);
+            .fetch_add(buf.bytes as u64, Ordering::Relaxed);
         self.deliver(buf, cg, &cb, extra)?;
         // The buffer left the parent: count that before the child's growth, or the accounted
         // usage holds the messages twice (measured: 13 MiB above the eviction point in one step).
@@ -426,12 +426,12 @@ impl Tree {
     /// ([`Tree::inline_heavy_refs`]), before anything changes.
     pub(super) fn deliver(
         &self,
-        buf: Buffer,
+        buf: Taken,
         node: &mut Node,
         cb: &Bounds,
         extra: usize,
     ) -> Result<()> {
-        let ranges = buf.counts().1 > 0;
+        let ranges = !buf.ranges.is_empty();
         let released = deliver(buf, node, cb, extra, &self.format, &mut |l, r, p, rel| {
             self.inline_heavy_refs(l, r, p, rel)
         })?;
@@ -449,18 +449,22 @@ type BeforeLeaf<'a> =
 
 /// [`Tree::deliver`]'s work; returns the blocks whose references the messages dropped.
 fn deliver(
-    buf: Buffer,
+    buf: Taken,
     node: &mut Node,
     cb: &Bounds,
     extra: usize,
     format: &Format,
     before_leaf: &mut BeforeLeaf<'_>,
 ) -> Result<Vec<u64>> {
-    let max = buf.max_msn();
+    let max = buf.max_msn;
     // A node is rewritten with the prefix its bounds give (a subtree moved by a range move
     // still carries its old prefix hint until then).
     node.adopt_prefix(cb.prefix());
-    let (mut ranges, mut points) = buf.into_parts();
+    let Taken {
+        mut ranges,
+        mut points,
+        ..
+    } = buf;
     if extra > 0 {
         for r in &mut ranges {
             Bounds::strip(cb, extra, &mut r.lo);
@@ -475,13 +479,23 @@ fn deliver(
         Body::Internal(n) => {
             // Ranges are independent of each other; deliver them in MSN order so each buffer sees
             // increasing numbers, then the point messages (newer than the ranges they overlap).
+            // Per child: its pieces of the ranges, in MSN order, then its points (what each
+            // buffer would see were they routed one by one), delivered in one go.
             ranges.sort_by_key(|r| r.msn);
+            let mut per_child: Vec<Delivery> =
+                (0..n.children.len()).map(|_| Default::default()).collect();
             for r in ranges {
-                route_range(n, r.msn, &r.lo, &r.hi, &mut released);
+                for (c, lo, hi) in range_pieces(n, &r.lo, &r.hi) {
+                    per_child[c].0.push(RangeDel { msn: r.msn, lo, hi });
+                }
             }
             for (k, km) in points {
-                let c = child_index(&n.pivots, &k);
-                released.extend(n.buffers[c].mutate(|b| b.add_key_msgs(k, km)));
+                per_child[child_index(&n.pivots, &k)].1.push((k, km));
+            }
+            for (c, (rs, ps)) in per_child.into_iter().enumerate() {
+                if !rs.is_empty() || !ps.is_empty() {
+                    released.extend(n.buffers[c].deliver(rs, ps));
+                }
             }
         }
         Body::Leaf(l) => {
@@ -492,6 +506,10 @@ fn deliver(
     node.max_msn = node.max_msn.max(max);
     Ok(released)
 }
+
+/// What one child's buffer receives in a delivery: range deletes in MSN order, then points in
+/// key order.
+type Delivery = (Vec<RangeDel>, Vec<(Vec<u8>, KeyMsgs)>);
 
 /// The budget and filter of one [`Tree::drain_from`] round.
 pub(super) struct DrainWork {

@@ -104,8 +104,16 @@ pub(super) fn route_range(
     hi: &[u8],
     released: &mut Vec<u64>,
 ) {
+    for (c, l, h) in range_pieces(n, lo, hi) {
+        released.extend(n.buffers[c].mutate(|b| b.add_range(msn, &l, &h)));
+    }
+}
+
+/// The non-empty pieces of `[lo, hi)` in each child's range: (child, lo, hi).
+pub(super) fn range_pieces(n: &Internal, lo: &[u8], hi: &[u8]) -> Vec<(usize, Vec<u8>, Vec<u8>)> {
     let first = child_index(&n.pivots, lo);
     let last = n.pivots.partition_point(|p| p.as_slice() < hi);
+    let mut out = Vec::new();
     for c in first..=last.min(n.children.len() - 1) {
         let (cl, ch) = n.child_bounds(c, lo, None);
         let l = if cl > lo { cl.to_vec() } else { lo.to_vec() };
@@ -114,7 +122,8 @@ pub(super) fn route_range(
             _ => hi.to_vec(),
         };
         if l < h {
-            released.extend(n.buffers[c].mutate(|b| b.add_range(msn, &l, &h)));
+            out.push((c, l, h));
         }
     }
+    out
 }

@@ -250,9 +250,7 @@ impl Tree {
         };
         let pk = [pb.tail_of(&whole), whole.lift(k)].concat();
         // Both pieces keep the child's bound (see `split_child`).
-        let upper = pn.buffers[c].mutate(|buf| buf.split_off(&pk));
-        let mut slot = BufSlot::resident(upper);
-        slot.longest = pn.buffers[c].longest;
+        let slot = pn.buffers[c].split_off(&pk);
         pn.pivots.insert(c, pk);
         pn.children.insert(c + 1, self.new_node(right));
         pn.buffers.insert(c + 1, slot);

@@ -266,12 +266,12 @@ impl Tree {
             unreachable!()
         };
         let sbuf = pn.buffers[s].take();
-        pn.buffers[s].raise_longest(sbuf.longest_point_key());
+        pn.buffers[s].raise_longest(sbuf.longest);
         if !sbuf.is_empty() {
             self.counters.flushes.fetch_add(1, Ordering::Relaxed);
             self.counters
                 .bytes_flushed
-                .fetch_add(sbuf.bytes() as u64, Ordering::Relaxed);
+                .fetch_add(sbuf.bytes as u64, Ordering::Relaxed);
             let (sb, extra) = (pb.child(pn, s), pb.extra(pn, s));
             self.deliver(sbuf, &mut sg, &sb, extra)?;
         }
