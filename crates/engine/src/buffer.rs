@@ -568,6 +568,8 @@ impl Buffer {
 }
 
 mod encoded;
+#[cfg(test)]
+pub(crate) mod testing;
 
 pub use encoded::EncodedBuffer;
 

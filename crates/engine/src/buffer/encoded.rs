@@ -553,7 +553,7 @@ impl EncodedBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataref::DataRef;
+    use crate::buffer::testing::{encoding, random_messages, seeded_rng};
     use crate::msg::tests::w;
     use crate::msg::{Patch, PointOp};
 
@@ -609,49 +609,11 @@ mod tests {
         assert!(EncodedBuffer::index(short, 100, 100).is_err());
     }
 
-    /// A random buffer: puts, deletes, upsert runs, references and a few range deletes over keys
-    /// `k00000`..`k00400` (every message older than the buffer's max MSN).
+    /// A random buffer of up to 120 messages over 400 keys.
     fn random_buffer(rng: &mut rand::rngs::SmallRng) -> Buffer {
         use rand::Rng;
-        let mut b = Buffer::new();
-        let mut msn = 0;
-        for _ in 0..rng.gen_range(0..120) {
-            msn += 1;
-            let key = format!("k{:05}", rng.gen_range(0..400u32));
-            if rng.gen_bool(0.05) {
-                let hi = format!("k{:05}", rng.gen_range(0..420u32));
-                if key.as_bytes() < hi.as_bytes() {
-                    let _ = b.add_range(msn, key.as_bytes(), hi.as_bytes());
-                }
-                continue;
-            }
-            let op = match rng.gen_range(0..5) {
-                0 => PointOp::Put(vec![7; rng.gen_range(0..20)]),
-                1 => PointOp::Delete,
-                2 => PointOp::PutRef(DataRef::new(rng.gen_range(1..1000), 40)),
-                3 => PointOp::Upsert(Patch::Truncate {
-                    len: rng.gen_range(0..50),
-                }),
-                _ => PointOp::Upsert(w(rng.gen_range(0..40), b"abc")),
-            };
-            let _ = b.add_point(key.into_bytes(), msn, op);
-        }
-        b
-    }
-
-    fn encoding(b: &Buffer) -> Vec<u8> {
-        let mut e = Enc::default();
-        b.encode(&mut e);
-        e.buf
-    }
-
-    fn seed() -> u64 {
-        let s = std::env::var("AMARANTH_SEED")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(rand::random);
-        eprintln!("seed {s} (AMARANTH_SEED={s} repeats it)");
-        s
+        let n = rng.gen_range(0..120);
+        random_messages(rng, &mut 0, n, 400)
     }
 
     /// Indexing accepts exactly what decoding accepts: random buffers, then their encodings
@@ -659,8 +621,8 @@ mod tests {
     /// what decodes, byte for byte.
     #[test]
     fn indexing_accepts_what_decoding_accepts() {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed());
+        use rand::Rng;
+        let mut rng = seeded_rng();
         let (mut ok, mut bad) = (0, 0);
         for _ in 0..300 {
             let b = random_buffer(&mut rng);
@@ -708,8 +670,8 @@ mod tests {
     /// buffer.
     #[test]
     fn encoded_rekey_window_and_bounds_match_the_built_buffer() {
-        use rand::{Rng, SeedableRng};
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed());
+        use rand::Rng;
+        let mut rng = seeded_rng();
         for _ in 0..400 {
             let b = random_buffer(&mut rng);
             let enc = EncodedBuffer::index(encoding(&b), 100, 100).unwrap();

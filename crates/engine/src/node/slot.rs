@@ -55,6 +55,14 @@ impl Resident {
         }
     }
 
+    /// Number of range deletes.
+    fn range_count(&self) -> usize {
+        match self {
+            Resident::Built(b) => b.range_count(),
+            Resident::Encoded(r) => r.counts().1,
+        }
+    }
+
     /// Keys stored: one per point, two per range delete.
     fn keys_stored(&self) -> usize {
         match self {
@@ -379,11 +387,7 @@ impl BufSlot {
     /// Number of range deletes of the resident buffer (`None` when not resident), without
     /// building it.
     pub(crate) fn range_count(&self) -> Option<usize> {
-        let st = self.state.lock();
-        match st.resident()? {
-            Resident::Built(b) => Some(b.range_count()),
-            Resident::Encoded(r) => Some(r.counts().1),
-        }
+        self.state.lock().resident().map(|h| h.range_count())
     }
 
     /// Whether the resident buffer holds a range delete over all of `[lo, hi)`. A buffer with a
@@ -391,14 +395,7 @@ impl BufSlot {
     /// asked after each delivery into it); none is built.
     pub(crate) fn deletes_all_of(&self, lo: &[u8], hi: &[u8]) -> bool {
         let mut st = self.state.lock();
-        let Some(held) = st.resident() else {
-            return false;
-        };
-        let ranges = match &held {
-            Resident::Built(b) => b.range_count(),
-            Resident::Encoded(r) => r.counts().1,
-        };
-        if ranges == 0 {
+        if st.resident().is_none_or(|h| h.range_count() == 0) {
             return false;
         }
         st.settle(self.bytes);
@@ -684,6 +681,7 @@ impl BufSlot {
 #[cfg(test)]
 mod tests {
     use super::{BufSlot, Resident};
+    use crate::buffer::testing::{encoding, key, random_messages, seeded_rng};
     use crate::buffer::Buffer;
     use crate::msg::{KeyMsgs, PointOp};
     use crate::node::RekeyPlan;
@@ -772,9 +770,7 @@ mod tests {
     }
 
     fn encoded(b: &Buffer) -> crate::buffer::EncodedBuffer {
-        let mut e = crate::codec::Enc::default();
-        b.encode(&mut e);
-        crate::buffer::EncodedBuffer::index(e.buf, 100, 100).unwrap()
+        crate::buffer::EncodedBuffer::index(encoding(b), 100, 100).unwrap()
     }
 
     fn image_slot(b: &Buffer) -> BufSlot {
@@ -823,9 +819,7 @@ mod tests {
         let Resident::Encoded(got) = copy.for_write() else {
             panic!("an encoding is written as it is")
         };
-        let mut e = crate::codec::Enc::default();
-        wb.encode(&mut e);
-        assert_eq!(got.raw(), e.buf.as_slice());
+        assert_eq!(got.raw(), encoding(&wb).as_slice());
         // Changed: built first, and no longer held encoded.
         let mut moved = moved;
         let _ = moved.mutate(|b| b.add_point(b"xyz9".to_vec(), 9, PointOp::Delete));
@@ -857,61 +851,22 @@ mod tests {
         );
     }
 
-    /// Random messages over keys `k000`..`k300` numbered from `msn` on: a buffer's worth, as a
-    /// parent's buffer holds them (range deletes having removed the older points they cover).
-    fn random_messages(rng: &mut rand::rngs::SmallRng, msn: &mut u64, n: usize) -> Buffer {
-        use crate::dataref::DataRef;
-        use crate::msg::Patch;
-        use rand::Rng;
-        let mut b = Buffer::new();
-        for _ in 0..n {
-            *msn += 1;
-            let key = format!("k{:03}", rng.gen_range(0..300u32)).into_bytes();
-            if rng.gen_bool(0.08) {
-                let hi = format!("k{:03}", rng.gen_range(0..310u32)).into_bytes();
-                if key < hi {
-                    let _ = b.add_range(*msn, &key, &hi);
-                }
-                continue;
-            }
-            let op = match rng.gen_range(0..5) {
-                0 => PointOp::Put(vec![3; rng.gen_range(0..12)]),
-                1 => PointOp::Delete,
-                2 => PointOp::PutRef(DataRef::new(rng.gen_range(1..500), 40)),
-                3 => PointOp::Upsert(Patch::Truncate {
-                    len: rng.gen_range(0..30),
-                }),
-                _ => PointOp::Upsert(Patch::Write {
-                    offset: rng.gen_range(0..30),
-                    data: b"xy".to_vec(),
-                }),
-            };
-            let _ = b.add_point(key, *msn, op);
-        }
-        b
-    }
-
     /// Deliveries spliced into an encoded buffer leave exactly the encoding, and drop exactly the
     /// references, that the same deliveries into the built buffer do (past the splice limit too).
     #[test]
     fn deliveries_spliced_into_an_encoding_match_the_built_buffer() {
-        use rand::{Rng, SeedableRng};
-        let seed: u64 = std::env::var("AMARANTH_SEED")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(rand::random);
-        eprintln!("seed {seed} (AMARANTH_SEED={seed} repeats it)");
-        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        use rand::Rng;
+        let mut rng = seeded_rng();
         let mut spliced = 0;
         for _ in 0..300 {
             let mut msn = 0;
             let n = rng.gen_range(0..150);
-            let old = random_messages(&mut rng, &mut msn, n);
+            let old = random_messages(&mut rng, &mut msn, n, 300);
             let mut enc = image_slot(&old);
             let mut built = BufSlot::resident(old);
             for round in 0..7 {
                 let n = rng.gen_range(0..20);
-                let (mut ranges, points) = random_messages(&mut rng, &mut msn, n).into_parts();
+                let (mut ranges, points) = random_messages(&mut rng, &mut msn, n, 300).into_parts();
                 ranges.sort_by_key(|r| r.msn);
                 let was_encoded = matches!(enc.held(), Some(Resident::Encoded(_)));
                 let mut a = enc.deliver(ranges.clone(), points.clone());
@@ -921,11 +876,7 @@ mod tests {
                 assert_eq!(a, b, "round {round}: references dropped");
                 assert_eq!(enc.bytes(), built.bytes(), "round {round}: size");
                 let bytes = |s: &BufSlot| match s.for_write() {
-                    Resident::Built(b) => {
-                        let mut e = crate::codec::Enc::default();
-                        b.encode(&mut e);
-                        e.buf
-                    }
+                    Resident::Built(b) => encoding(&b),
                     Resident::Encoded(r) => r.raw().to_vec(),
                 };
                 let got = bytes(&enc);
@@ -944,10 +895,10 @@ mod tests {
         for _ in 0..200 {
             let mut msn = 0;
             let n = rng.gen_range(0..150);
-            let old = random_messages(&mut rng, &mut msn, n);
+            let old = random_messages(&mut rng, &mut msn, n, 300);
             let mut enc = image_slot(&old);
             let mut built = BufSlot::resident(old);
-            let k = format!("k{:03}", rng.gen_range(0..310u32)).into_bytes();
+            let k = key(rng.gen_range(0..310));
             let (eu, bu) = (enc.split_off(&k), built.split_off(&k));
             assert!(matches!(eu.held(), Some(Resident::Encoded(_))));
             assert_eq!((eu.longest, bu.longest), (enc.longest, built.longest));
@@ -959,17 +910,16 @@ mod tests {
                 let Resident::Built(bb) = b.for_write() else {
                     panic!("a built buffer cut stays built")
                 };
-                let mut e = crate::codec::Enc::default();
-                bb.encode(&mut e);
-                assert_eq!(ae.raw(), e.buf.as_slice());
-                let again = crate::buffer::EncodedBuffer::index(e.buf, 100, 100).unwrap();
+                let want = encoding(&bb);
+                assert_eq!(ae.raw(), want.as_slice());
+                let again = crate::buffer::EncodedBuffer::index(want, 100, 100).unwrap();
                 assert_eq!(again.counts(), ae.counts());
                 assert_eq!(again.longest_point_key(), ae.longest_point_key());
             }
         }
         // Taken out of an encoding: what the built buffer gives.
         let mut msn = 0;
-        let old = random_messages(&mut rng, &mut msn, 200);
+        let old = random_messages(&mut rng, &mut msn, 200, 300);
         let mut enc = image_slot(&old);
         let mut built = BufSlot::resident(old);
         let (a, b) = (enc.take(), built.take());
