@@ -169,7 +169,8 @@ pub fn run(a: MkfsArgs<'_>) -> CliResult {
     let dev = match size {
         Some(size) => {
             progress(&format!(
-                "creating image file {} of {} (sparse: it takes host space as it fills)",
+                "creating image file {} of {} (sparse but for its log, written now: the rest takes host \
+                 space as it fills)",
                 a.image.display(),
                 human(size)
             ));

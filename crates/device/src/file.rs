@@ -7,7 +7,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::{check_request, BlockDevice, IoCounters, IoStats, BLOCK_SIZE};
+use crate::{check_request, AlignedBuf, BlockDevice, IoCounters, IoStats, BLOCK_SIZE};
 
 /// An image file or a block device opened with `O_DIRECT` (bypassing the kernel page cache, so the
 /// engine's cache is the only one) and locked with `flock` so that a second process cannot open it
@@ -193,6 +193,10 @@ fn lock(file: &File, access: Access, path: &Path) -> io::Result<()> {
 
 /// How long a busy image lock is retried (see `lock`): far longer than a fork-to-exec window,
 /// short enough that a second mount of a mounted image fails at once to a person.
+/// The largest write [`BlockDevice::provision`] makes at a time (a loop device takes up to
+/// 1,280 KiB in one request).
+const PROVISION_PIECE: u64 = 1 << 20;
+
 const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn block_device_len(file: &File) -> io::Result<u64> {
@@ -282,6 +286,22 @@ impl BlockDevice for FileDevice {
         Ok(())
     }
 
+    fn provision(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_request(self.len, offset, len as usize)?;
+        if len == 0 || !self.writable {
+            return Ok(());
+        }
+        let zeros = AlignedBuf::zeroed(len.min(PROVISION_PIECE) as usize);
+        let end = offset + len;
+        let mut at = offset;
+        while at < end {
+            let n = (end - at).min(zeros.len() as u64) as usize;
+            self.write_at(at, &zeros[..n])?;
+            at += n as u64;
+        }
+        Ok(())
+    }
+
     fn describe(&self) -> String {
         let kind = if self.block_device {
             "block device"
@@ -328,6 +348,53 @@ mod tests {
         assert!(dev.read_at(100, &mut back).is_err());
         drop(dev);
         assert!(FileDevice::open(&path).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Provisioning a range of a sparse image writes it: the host holds its blocks afterwards,
+    /// they read as zeros, the blocks around it keep their contents, and the writes are counted.
+    #[test]
+    fn provisioning_writes_zeros_over_a_sparse_range() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = std::env::temp_dir().join(format!("amaranth-dev-prov-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("img");
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(8 << 20).unwrap();
+        drop(f);
+        let host = |p: &Path| std::fs::metadata(p).unwrap().blocks() * 512;
+        assert!(host(&path) < 64 << 10, "the test image is sparse");
+        let dev = FileDevice::open(&path).unwrap();
+        let mut ones = AlignedBuf::zeroed(8 << 20);
+        ones.fill(1);
+        dev.write_at(0, &ones[..BLOCK_SIZE]).unwrap();
+        dev.write_at(BLOCK_SIZE as u64, &ones[..BLOCK_SIZE])
+            .unwrap();
+        let len = (2 << 20) + (1 << 19); // more than one piece, not a whole number of them
+        dev.write_at(BLOCK_SIZE as u64 + len, &ones[..BLOCK_SIZE])
+            .unwrap();
+        let writes = dev.io_stats().bytes_written;
+        dev.provision(BLOCK_SIZE as u64, len).unwrap();
+        dev.flush().unwrap();
+        assert_eq!(dev.io_stats().bytes_written - writes, len);
+        assert!(
+            host(&path) >= len + 2 * BLOCK_SIZE as u64,
+            "{}",
+            host(&path)
+        );
+        let mut back = AlignedBuf::zeroed(len as usize + 2 * BLOCK_SIZE);
+        dev.read_at(0, &mut back).unwrap();
+        assert!(back[..BLOCK_SIZE].iter().all(|&b| b == 1));
+        assert!(back[BLOCK_SIZE..BLOCK_SIZE + len as usize]
+            .iter()
+            .all(|&b| b == 0));
+        assert!(back[BLOCK_SIZE + len as usize..].iter().all(|&b| b == 1));
+        assert!(
+            dev.provision(8 << 20, BLOCK_SIZE as u64).is_err(),
+            "past the end"
+        );
+        assert!(dev.provision(100, BLOCK_SIZE as u64).is_err(), "unaligned");
+        drop(dev);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -68,6 +68,18 @@ pub trait BlockDevice: Send + Sync {
         let _ = (offset, len);
         Ok(())
     }
+    /// Backs the `len` bytes at `offset` (block-aligned) with written storage now, so that later
+    /// writes into them allocate nothing in the layers below: an image file or a block device
+    /// (a loop device over a sparse file, a thin volume) gets zeros written over the range. A
+    /// write into a hole or an `fallocate`d (unwritten) extent of a host file system changes the
+    /// host's metadata, and the next flush then waits for the host's journal as well (measured:
+    /// 4 KiB write + flush 194-309 µs into a hole or a reserved extent of an ext4 file, 101-121 µs
+    /// into written blocks). Contents afterwards are unspecified (zeros where it wrote); devices
+    /// kept in memory do nothing (the default). Not durable until a flush.
+    fn provision(&self, offset: u64, len: u64) -> io::Result<()> {
+        let _ = (offset, len);
+        Ok(())
+    }
 }
 
 /// Counters of device I/O.
@@ -168,5 +180,43 @@ impl<T: BlockDevice + ?Sized> BlockDevice for std::sync::Arc<T> {
     }
     fn io_stats(&self) -> IoStats {
         (**self).io_stats()
+    }
+    fn writable(&self) -> bool {
+        (**self).writable()
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        (**self).discard(offset, len)
+    }
+    fn provision(&self, offset: u64, len: u64) -> io::Result<()> {
+        (**self).provision(offset, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// A device behind an `Arc` (how the engine holds it) does what the device itself does for
+    /// every method, not the trait's defaults: a discard reaches the device and a read-only
+    /// device stays read-only.
+    #[test]
+    fn an_arc_forwards_every_method() {
+        let mem = Arc::new(MemDevice::new(1 << 20));
+        let dev: Arc<dyn BlockDevice> = mem.clone();
+        let outer: Arc<Arc<dyn BlockDevice>> = Arc::new(dev.clone());
+        outer.discard(0, BLOCK_SIZE as u64).unwrap();
+        dev.discard(0, BLOCK_SIZE as u64).unwrap();
+        assert_eq!(mem.io_stats().discards, 2);
+        assert!(outer.provision(0, BLOCK_SIZE as u64).is_ok());
+
+        let dir = std::env::temp_dir().join(format!("amaranth-dev-arc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("img");
+        drop(FileDevice::create_image(&path, 1 << 20).unwrap());
+        let ro: Arc<dyn BlockDevice> = Arc::new(FileDevice::open_read_only(&path).unwrap());
+        assert!(!ro.writable());
+        assert!(!Arc::new(ro).writable());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -139,3 +139,42 @@ fn without_discard_the_image_keeps_its_host_space() {
     assert_eq!(discards, 0);
     assert!(made >= 192 * MIB && full >= 192 * MIB && emptied >= 192 * MIB);
 }
+
+/// A new image's log is written at creation (so that the log's first pass allocates nothing on
+/// the host, and an `fsync` does not wait for the host's journal), and nothing else is: on a
+/// sparse image file the log's range is data from its first block to its last, and the host
+/// holds little more than the log.
+#[test]
+fn a_new_image_s_log_is_written_and_the_rest_stays_sparse() {
+    use std::os::unix::io::AsRawFd;
+    let dir = Dir(std::env::temp_dir().join(format!("amaranth-provision-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let path = dir.0.join("img");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(192 * MIB)
+        .unwrap();
+    assert!(host(&path) < MIB, "the test image starts sparse");
+    let dev = Arc::new(FileDevice::open(&path).unwrap());
+    let e = Engine::create(dev.clone(), format(), options(true)).unwrap();
+    e.put(b"k", b"v").unwrap();
+    e.sync().unwrap();
+    let log = format().log_size.unwrap();
+    let log_start = 2 * 4096;
+    let f = std::fs::File::open(&path).unwrap();
+    // SAFETY: plain syscall on a valid fd.
+    let hole = unsafe { libc::lseek(f.as_raw_fd(), log_start as libc::off_t, libc::SEEK_HOLE) };
+    assert!(
+        hole >= (log_start + log) as libc::off_t,
+        "a hole at {hole} inside the log [{log_start}, {})",
+        log_start + log
+    );
+    let held = host(&path);
+    assert!(
+        held >= log && held < log + 16 * MIB,
+        "host holds {} KiB for an {} KiB log",
+        held >> 10,
+        log >> 10
+    );
+    e.close().unwrap();
+}

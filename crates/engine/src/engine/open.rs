@@ -52,6 +52,12 @@ impl Engine {
         let layout = Layout::plan(&*dev, &format)?;
         // Invalidate whatever image was there before, backups included.
         Checkpointer::clear_copies(&*dev, &layout.backups)?;
+        // The log's ring is written once now: a log write into a host hole or reserved extent
+        // (a sparse image, a loop device over one) changes the host's metadata, and every
+        // `fsync` of the log's first pass would wait for the host's journal too (DESIGN.md, the
+        // log: "Provisioned at creation").
+        dev.provision(2 * BLOCK_SIZE as u64, layout.log_blocks * BLOCK_SIZE as u64)
+            .map_err(|e| Error::io("writing the log's blocks", e))?;
         let epoch = random_u64() >> 1;
         let sb = layout.superblock(&format, epoch);
         let mut tree = Tree::new(
