@@ -155,6 +155,7 @@ pub fn live_json(
         json!({
             "transport": transport.name(),
             "requests": counts.total(),
+            "ring_spread": counts.ring_spread(),
             "requests_by_opcode": by_op,
             "handler_ns_by_opcode": ns_by_op,
         }),

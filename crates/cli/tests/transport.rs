@@ -385,8 +385,9 @@ fn queue0_threads(pid: i32) -> Vec<(usize, String)> {
 }
 
 /// Each CPU's ring queue has 16 threads by default (so that 16 READs of one CPU, a sequential
-/// reader's read-ahead, are served at once), and `-o ring_threads=N` sets another number. The
-/// first 8 of a queue are pinned to its CPU; the others may run on any CPU.
+/// reader's read-ahead, are served at once), and `-o ring_threads=N` sets another number. Every
+/// thread of a queue waits pinned to its CPU, so a request is served where it was made whichever
+/// entry the kernel hands it to (a thread free to run anywhere is woken on the idle CPU).
 #[test]
 fn each_ring_queue_has_16_threads_unless_told_otherwise() {
     if !mount_env_ok() || !uring_in_kernel() {
@@ -414,11 +415,107 @@ fn each_ring_queue_has_16_threads_unless_told_otherwise() {
         let threads = queue0_threads(m.pid());
         assert_eq!(threads.len(), want, "{:?}: {threads:?}", o.extra);
         for (k, cpus) in &threads {
-            let want = if *k < 8 { "0" } else { all.as_str() };
-            assert_eq!(cpus, want, "thread {k} of queue 0 may run on {cpus}");
+            assert_eq!(cpus, "0", "thread {k} of queue 0 may run on {cpus}");
         }
         m.umount();
     }
+    let _ = all;
+}
+
+/// A queue with more than 8 requests in hand lets the threads that take the extra ones run on
+/// any CPU (a sequential reader's read-ahead: their checksums and copies need not queue on the
+/// reader's CPU), and a thread pins itself again once its queue is back to one request at a
+/// time (the unit tests of `uring::QueueLoad`). Ten fsyncs made on CPU 0 are held in the daemon
+/// (`AMARANTH_TEST_HOLD_FSYNC`): the ninth and tenth are served by widened threads; requests made
+/// one at a time afterwards widen none.
+#[test]
+fn a_busy_queue_spreads_and_a_quiet_one_pins_again() {
+    if !mount_env_ok() || !uring_in_kernel() {
+        return;
+    }
+    let all = fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Cpus_allowed_list:")
+                .map(|c| c.trim().to_string())
+        })
+        .unwrap();
+    if all == "0" {
+        eprintln!("SKIPPED: one CPU");
+        return;
+    }
+    let _g = serial();
+    let s = Scratch::new("spread");
+    let img = s.mkfs("a.img", "1G");
+    let hold = s.path("hold");
+    let o = MountOpts {
+        env: vec![(
+            amaranth_fuse::HOLD_FSYNC_ENV.to_string(),
+            hold.display().to_string(),
+        )],
+        ..with_transport("uring")
+    };
+    let m = s.mount(&img, "mnt", &o);
+    let files: Vec<File> = (0..10)
+        .map(|i| File::create(m.p(&format!("f{i}"))).unwrap())
+        .collect();
+    assert_eq!(stat_json(&s, &m.mp)["fuse"]["ring_spread"], 0);
+    fs::write(&hold, b"").unwrap();
+    let released = Arc::new(AtomicBool::new(false));
+    let watchdog = {
+        let (hold, released) = (hold.clone(), released.clone());
+        std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            while !released.load(Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(30) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = fs::remove_file(&hold);
+        })
+    };
+    let syncers: Vec<_> = files
+        .into_iter()
+        .map(|f| {
+            std::thread::spawn(move || {
+                pin_to_cpu0();
+                f.sync_all().unwrap();
+            })
+        })
+        .collect();
+    let t0 = std::time::Instant::now();
+    while requests(&stat_json(&s, &m.mp), "FSYNC") < 10 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the ten fsyncs did not all reach the daemon"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let held = stat_json(&s, &m.mp);
+    let wide: Vec<_> = queue0_threads(m.pid())
+        .into_iter()
+        .filter(|(_, cpus)| *cpus == all)
+        .collect();
+    released.store(true, Ordering::Relaxed);
+    fs::remove_file(&hold).ok();
+    for t in syncers {
+        t.join().unwrap();
+    }
+    watchdog.join().unwrap();
+    assert_eq!(
+        held["fuse"]["ring_spread"], 2,
+        "the 9th and 10th requests in hand widen their threads"
+    );
+    assert_eq!(wide.len(), 2, "widened threads while held: {wide:?}");
+    // One request at a time on CPU 0 again: the threads the kernel hands them to (the entries
+    // committed last) pin themselves.
+    let old = pin_to_cpu0();
+    for i in 0..40 {
+        fs::write(m.p(&format!("s{i}")), b"one at a time").unwrap();
+    }
+    restore_affinity(&old);
+    let after = stat_json(&s, &m.mp);
+    assert_eq!(after["fuse"]["ring_spread"], 2, "no widening one at a time");
+    s.finish(m);
 }
 
 fn inodes_used(v: &serde_json::Value) -> u64 {

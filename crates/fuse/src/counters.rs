@@ -67,6 +67,9 @@ const NAMES: [&str; 54] = [
 pub struct RequestCounts {
     counts: [AtomicU64; NAMES.len()],
     nanos: [AtomicU64; NAMES.len()],
+    /// Requests the io_uring transport served with the thread's affinity widened beyond its
+    /// queue's CPU (more than `uring::PINNED_PER_QUEUE` of the queue busy at once).
+    pub(crate) ring_spread: std::sync::Arc<AtomicU64>,
 }
 
 impl Default for RequestCounts {
@@ -74,6 +77,7 @@ impl Default for RequestCounts {
         RequestCounts {
             counts: std::array::from_fn(|_| AtomicU64::new(0)),
             nanos: std::array::from_fn(|_| AtomicU64::new(0)),
+            ring_spread: Default::default(),
         }
     }
 }
@@ -119,6 +123,11 @@ impl RequestCounts {
             }
         }
         out
+    }
+
+    /// Requests served by a ring thread allowed off its queue's CPU (see `uring::QueueLoad`).
+    pub fn ring_spread(&self) -> u64 {
+        self.ring_spread.load(Ordering::Relaxed)
     }
 
     /// All requests served.

@@ -1,5 +1,5 @@
 //! FUSE-over-io_uring (Linux 6.14+, `fuse.enable_uring`): one ring queue per possible CPU,
-//! served by threads pinned to that CPU, so a request is answered on the CPU that made it without
+//! served by threads that wait pinned to that CPU, so a request is answered on the CPU that made it without
 //! a cross-CPU wake-up. Each thread owns one io_uring (single issuer) and registers one entry with
 //! the kernel for its CPU's queue (`FUSE_IO_URING_CMD_REGISTER`); an entry is a 288-byte header
 //! area (`fuse_in_header` or `fuse_out_header`, the operation's fixed argument, and the entry's
@@ -214,16 +214,111 @@ fn sqe(
 /// is never handed another request).
 const ENTRIES_PER_THREAD: usize = 1;
 
-/// Threads of a queue pinned to its CPU; the others run where the scheduler puts them. A request
-/// is served on its CPU while at most this many of that CPU's are in flight (the common case: no
-/// cross-CPU wake-up); past that, as when a sequential reader's read-ahead keeps 16 READs in
-/// flight, the extra threads' checksums and reply copies can run on another CPU instead of
-/// queueing behind the pinned ones (2 GiB cold reads, four alternating pairs each way: 1,435 →
-/// 1,613 and 1,574 → 1,693 MiB/s, all threads pinned against 8; 100-byte writes 11.3–11.9 µs
-/// either way; docs/BENCHMARKS.md, 2026-11-27).
+/// Requests of one queue served on its CPU alone. Every thread of a queue waits pinned to the
+/// queue's CPU, so whichever entry the kernel picks, its thread wakes where the request was made
+/// (no cross-CPU wake-up: 11–15 µs a round trip here against 36–49 µs served from the other CPU,
+/// docs/BENCHMARKS.md "Ring threads that wait on their CPU"). A thread that takes a request while
+/// this many others of its queue are busy with theirs (a sequential reader's read-ahead keeps up
+/// to 32 READs in flight) may run anywhere while that lasts ([`QueueLoad`]): the extra
+/// requests' checksums and copies then run on another CPU instead of queueing behind the first
+/// ones (2 GiB cold reads, four alternating pairs each way: 1,435 → 1,613 and 1,574 → 1,693
+/// MiB/s against all of them kept on the queue's CPU; docs/BENCHMARKS.md, 2026-11-27).
 pub(crate) const PINNED_PER_QUEUE: usize = 8;
 
-/// Starts `per_queue` threads per possible CPU (the first [`PINNED_PER_QUEUE`] pinned to it), each registering its entries with payload
+/// A wide thread pins itself again on a request taken with at most this many of its queue busy
+/// (itself included): the queue has gone back to one request at a time, where serving on the
+/// caller's CPU is what counts. Between this and [`PINNED_PER_QUEUE`] a thread keeps what it has,
+/// so a stream of requests whose number in flight swings around the limit does not move threads
+/// back and forth (measured: 520-560 affinity changes in a 2 GiB cold read without this margin).
+const NARROW_AT: usize = 2;
+
+/// The CPUs this process may run on (read before any thread pins itself).
+fn allowed_cpus() -> Option<libc::cpu_set_t> {
+    // SAFETY: a zeroed cpu_set_t filled in by the kernel for this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
+            .then_some(set)
+    }
+}
+
+fn set_affinity(set: &libc::cpu_set_t) -> io::Result<()> {
+    // SAFETY: a valid cpu_set_t applied to the calling thread.
+    match unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) } {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// How busy one queue's threads are, and where they may run. A thread waits pinned to the
+/// queue's CPU; one that takes a request while more than [`PINNED_PER_QUEUE`] of the queue's
+/// threads are busy widens its affinity to every allowed CPU and stays wide while the queue stays
+/// that busy (a stream of READs: no affinity calls per request); the first request it takes with
+/// the queue less busy pins it again (that one request may have been woken on another CPU).
+pub(crate) struct QueueLoad {
+    /// The queue's CPU, or `None` for a queue of a CPU that is not online (never pinned).
+    cpu: Option<usize>,
+    /// What a busy thread may widen to.
+    wide: Option<libc::cpu_set_t>,
+    busy: std::sync::atomic::AtomicUsize,
+    /// Affinity widenings (`amaranth stat`: `fuse.ring_spread`).
+    spread: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl QueueLoad {
+    fn new(
+        cpu: Option<usize>,
+        wide: Option<libc::cpu_set_t>,
+        spread: Arc<std::sync::atomic::AtomicU64>,
+    ) -> QueueLoad {
+        QueueLoad {
+            cpu,
+            wide,
+            busy: std::sync::atomic::AtomicUsize::new(0),
+            spread,
+        }
+    }
+
+    /// Pins the calling thread to the queue's CPU (at start).
+    fn pin(&self) {
+        if let Some(cpu) = self.cpu {
+            pin_to(cpu);
+        }
+    }
+
+    /// A request taken by a thread that is `*wide` (allowed off the queue's CPU) or not: widens
+    /// or pins it again as the queue's load asks, and updates `*wide`.
+    fn enter(&self, wide: &mut bool) {
+        use std::sync::atomic::Ordering;
+        let busy = self.busy.fetch_add(1, Ordering::AcqRel) + 1;
+        let Some(cpu) = self.cpu else {
+            return;
+        };
+        match (busy > PINNED_PER_QUEUE, *wide, &self.wide) {
+            (true, false, Some(all)) => {
+                if set_affinity(all).is_ok() {
+                    *wide = true;
+                    self.spread.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            _ if busy > NARROW_AT => {}
+            (false, true, _) => {
+                pin_to(cpu);
+                *wide = false;
+            }
+            _ => {}
+        }
+    }
+
+    /// The request's reply is ready.
+    fn leave(&self) {
+        let before = self.busy.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        assert!(before >= 1, "a queue left more often than entered");
+    }
+}
+
+/// Starts `per_queue` threads per possible CPU (pinned to it while they wait, see
+/// [`QueueLoad`]), each registering its entries with payload
 /// buffers of `payload_len` bytes. Returns once every thread has registered (or the first error:
 /// then the threads that started wind down when the connection ends).
 pub(crate) fn start(
@@ -239,19 +334,24 @@ pub(crate) fn start(
         .unwrap_or(1);
     let (tx, rx) = mpsc::channel();
     let mut threads = Vec::new();
+    let wide = allowed_cpus();
     for qid in 0..queues {
         let arena = Arc::new(Arena::new(per_queue * ENTRIES_PER_THREAD, payload_len));
+        let cpu = (qid < online).then_some(qid);
+        let load = Arc::new(QueueLoad::new(
+            cpu,
+            wide,
+            adapter.counts.ring_spread.clone(),
+        ));
         for k in 0..per_queue {
             let (fd, adapter, tx) = (fd.clone(), adapter.clone(), tx.clone());
-            let arena = arena.clone();
+            let (arena, load) = (arena.clone(), load.clone());
             let t = std::thread::Builder::new()
                 .name(format!("amaranth-q{qid}-{k}"))
                 .spawn(move || {
-                    if qid < online && k < PINNED_PER_QUEUE {
-                        pin_to(qid);
-                    }
+                    load.pin();
                     let slots = (k * ENTRIES_PER_THREAD, arena);
-                    serve_queue(&fd, &adapter, qid as u16, slots, payload_len, &tx)
+                    serve_queue(&fd, &adapter, qid as u16, slots, &load, payload_len, &tx)
                 })?;
             threads.push(t);
         }
@@ -274,6 +374,7 @@ fn serve_queue(
     adapter: &Adapter,
     qid: u16,
     slots: (usize, Arc<Arena>),
+    load: &QueueLoad,
     payload_len: usize,
     ready: &mpsc::Sender<io::Result<()>>,
 ) -> io::Result<()> {
@@ -318,6 +419,7 @@ fn serve_queue(
     }
     let _ = ready.send(Ok(()));
     let mut live = depth;
+    let mut wide = false;
     let mut reply = Reply::with_capacity(payload_len);
     let header = std::mem::size_of::<InHeader>();
     while live > 0 {
@@ -333,7 +435,9 @@ fn serve_queue(
                 continue;
             }
             let ent = &mut entries[idx as usize];
+            load.enter(&mut wide);
             let commit_id = serve_entry(adapter, ent, header, &mut reply);
+            load.leave();
             let e = sqe(
                 raw,
                 CMD_COMMIT_AND_FETCH,
@@ -407,6 +511,64 @@ fn serve_entry(adapter: &Adapter, ent: &mut Entry, header: usize, reply: &mut Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn affinity() -> Vec<usize> {
+        let set = allowed_cpus().expect("sched_getaffinity");
+        (0..libc::CPU_SETSIZE as usize)
+            // SAFETY: reads a bit of a cpu_set_t the kernel filled in.
+            .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+            .collect()
+    }
+
+    /// A thread widens when it takes a request with more than `PINNED_PER_QUEUE` of its queue
+    /// busy, keeps what it has between `NARROW_AT` and that, and pins itself again on a request
+    /// taken with the queue quiet; every widening is counted.
+    #[test]
+    fn a_queue_thread_widens_when_busy_and_pins_again_when_quiet() {
+        let all = affinity();
+        if all.len() < 2 {
+            eprintln!("SKIPPED: one CPU");
+            return;
+        }
+        std::thread::spawn(move || {
+            let spread = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let load = QueueLoad::new(Some(all[0]), allowed_cpus(), spread.clone());
+            load.pin();
+            assert_eq!(affinity(), vec![all[0]]);
+            // Eight requests in hand (other threads' in life; this thread's flags here).
+            let mut others = [false; PINNED_PER_QUEUE];
+            for w in &mut others {
+                load.enter(w);
+            }
+            assert!(others.iter().all(|w| !w), "the first eight stay pinned");
+            assert_eq!(affinity(), vec![all[0]]);
+            let mut wide = false;
+            load.enter(&mut wide);
+            assert!(wide, "the ninth widens");
+            assert_eq!(affinity(), all);
+            assert_eq!(spread.load(std::sync::atomic::Ordering::Relaxed), 1);
+            load.leave();
+            // Busy between NARROW_AT and the limit: a wide thread stays wide.
+            for _ in 0..PINNED_PER_QUEUE - NARROW_AT {
+                load.leave();
+            }
+            load.enter(&mut wide);
+            assert!(wide, "kept wide with {} busy", NARROW_AT + 1);
+            assert_eq!(affinity(), all);
+            load.leave();
+            for _ in 0..NARROW_AT {
+                load.leave();
+            }
+            // Quiet: the next request pins it again, and nothing is counted.
+            load.enter(&mut wide);
+            assert!(!wide, "pinned again with the queue quiet");
+            assert_eq!(affinity(), vec![all[0]]);
+            load.leave();
+            assert_eq!(spread.load(std::sync::atomic::Ordering::Relaxed), 1);
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn payload_slots_are_one_huge_page_aligned_mapping_advised_huge() {
