@@ -295,11 +295,9 @@ impl QueueLoad {
             return;
         };
         match (busy > PINNED_PER_QUEUE, *wide, &self.wide) {
-            (true, false, Some(all)) => {
-                if set_affinity(all).is_ok() {
-                    *wide = true;
-                    self.spread.fetch_add(1, Ordering::Relaxed);
-                }
+            (true, false, Some(all)) if set_affinity(all).is_ok() => {
+                *wide = true;
+                self.spread.fetch_add(1, Ordering::Relaxed);
             }
             _ if busy > NARROW_AT => {}
             (false, true, _) => {
