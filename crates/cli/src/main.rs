@@ -119,7 +119,7 @@ enum Command {
         log_file: Option<PathBuf>,
         /// Mount options: ro, rw, dev, nodev, suid, nosuid, exec, noexec, noatime, relatime,
         /// strictatime, lazytime, sync, dirsync, allow_other, default_permissions, cache_size=,
-        /// threads=, ring_threads=, read_ahead_kb=, out_of_line_min=, log=, pid_file=; unknown ones
+        /// threads=, ring_threads=, ring_affinity=cpu|any, read_ahead_kb=, out_of_line_min=, log=, pid_file=; unknown ones
         /// are refused.
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,

@@ -152,6 +152,18 @@ impl Parsed {
                 }
                 m.ring_threads = n;
             }
+            "ring_affinity" => {
+                m.ring_pinned = match need(key, val)? {
+                    "cpu" => true,
+                    "any" => false,
+                    v => {
+                        return Err(Failure::new(format!(
+                            "ring_affinity={v}: use ring_affinity=cpu (threads wait on their \
+                             queue's CPU) or ring_affinity=any"
+                        )))
+                    }
+                }
+            }
             "out_of_line_min" => {
                 self.out_of_line_min =
                     Some(parse_size(need(key, val)?).map_err(Failure::new)? as usize)
@@ -297,6 +309,14 @@ mod tests {
             3
         );
         assert!(parse(Origin::Cli, "ring_threads=0").is_err());
+        assert!(parse(Origin::Cli, "rw").unwrap().mount.ring_pinned);
+        assert!(
+            !parse(Origin::Cli, "ring_affinity=any")
+                .unwrap()
+                .mount
+                .ring_pinned
+        );
+        assert!(parse(Origin::Cli, "ring_affinity=some").is_err());
         let p = parse(Origin::Cli, "noatime,strictatime").unwrap();
         assert!(!p.mount.noatime && p.mount.strictatime);
         let p = parse(Origin::Cli, "strictatime,relatime,dirsync").unwrap();

@@ -146,6 +146,14 @@ pub struct MountOptions {
     /// device read in flight (with 4, READs waited for a thread while the device idled;
     /// docs/BENCHMARKS.md, 2026-11-27).
     pub ring_threads: usize,
+    /// Whether ring threads wait pinned to their queue's CPU (`true`, the default; a thread of a
+    /// busy queue may still run anywhere, see `uring.rs` `QueueLoad`) or run wherever the
+    /// scheduler puts them (`-o ring_affinity=any`). Pinned serves requests on the CPU that made
+    /// them; measured faster where several processes use the mount (rsync 1.4-2.2x, IMAP 1.2x,
+    /// TokuBench 1.15x) and slower for one process issuing calls in a loop on an otherwise idle
+    /// machine (untar 1.3x, chmod 1.7-4.9x), where the caller then moves between the two CPUs
+    /// (docs/BENCHMARKS.md, "Ring threads that wait on their CPU").
+    pub ring_pinned: bool,
     /// Let other users use the mount (`allow_other`).
     pub allow_other: bool,
     /// Let the kernel check permissions from the mode bits (`default_permissions`).
@@ -187,6 +195,7 @@ impl Default for MountOptions {
             threads: 2,
             transport: Transport::Auto,
             ring_threads: 16,
+            ring_pinned: true,
             allow_other: true,
             default_permissions: true,
             read_only: false,
@@ -316,6 +325,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Resu
             fd.clone(),
             adapter.clone(),
             options.ring_threads.max(1),
+            options.ring_pinned,
             payload,
         ) {
             Ok(t) => {

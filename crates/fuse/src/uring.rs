@@ -315,7 +315,7 @@ impl QueueLoad {
     }
 }
 
-/// Starts `per_queue` threads per possible CPU (pinned to it while they wait, see
+/// Starts `per_queue` threads per possible CPU (pinned to it while they wait if `pinned`, see
 /// [`QueueLoad`]), each registering its entries with payload
 /// buffers of `payload_len` bytes. Returns once every thread has registered (or the first error:
 /// then the threads that started wind down when the connection ends).
@@ -323,6 +323,7 @@ pub(crate) fn start(
     fd: Arc<OwnedFd>,
     adapter: Arc<Adapter>,
     per_queue: usize,
+    pinned: bool,
     payload_len: usize,
 ) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
     assert!(per_queue >= 1);
@@ -335,7 +336,7 @@ pub(crate) fn start(
     let wide = allowed_cpus();
     for qid in 0..queues {
         let arena = Arc::new(Arena::new(per_queue * ENTRIES_PER_THREAD, payload_len));
-        let cpu = (qid < online).then_some(qid);
+        let cpu = (pinned && qid < online).then_some(qid);
         let load = Arc::new(QueueLoad::new(
             cpu,
             wide,
