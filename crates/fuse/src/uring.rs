@@ -1,6 +1,6 @@
 //! FUSE-over-io_uring (Linux 6.14+, `fuse.enable_uring`): one ring queue per possible CPU,
-//! served by threads that wait pinned to that CPU, so a request is answered on the CPU that made it without
-//! a cross-CPU wake-up. Each thread owns one io_uring (single issuer) and registers one entry with
+//! served by threads that wait pinned to that CPU, so a request is answered on the CPU that made
+//! it without a cross-CPU wake-up (see [`QueueLoad`] for when they leave it). Each thread owns one io_uring (single issuer) and registers one entry with
 //! the kernel for its CPU's queue (`FUSE_IO_URING_CMD_REGISTER`); an entry is a 288-byte header
 //! area (`fuse_in_header` or `fuse_out_header`, the operation's fixed argument, and the entry's
 //! commit id and payload size) plus a payload buffer as large as the largest request (1 MiB; a
@@ -214,15 +214,16 @@ fn sqe(
 /// is never handed another request).
 const ENTRIES_PER_THREAD: usize = 1;
 
-/// Requests of one queue served on its CPU alone. Every thread of a queue waits pinned to the
-/// queue's CPU, so whichever entry the kernel picks, its thread wakes where the request was made
-/// (no cross-CPU wake-up: 11–15 µs a round trip here against 36–49 µs served from the other CPU,
-/// docs/BENCHMARKS.md "Ring threads that wait on their CPU"). A thread that takes a request while
-/// this many others of its queue are busy with theirs (a sequential reader's read-ahead keeps up
-/// to 32 READs in flight) may run anywhere while that lasts ([`QueueLoad`]): the extra
-/// requests' checksums and copies then run on another CPU instead of queueing behind the first
-/// ones (2 GiB cold reads, four alternating pairs each way: 1,435 → 1,613 and 1,574 → 1,693
-/// MiB/s against all of them kept on the queue's CPU; docs/BENCHMARKS.md, 2026-11-27).
+/// Threads of a queue that may be busy before the next one to take a request may leave the
+/// queue's CPU. Every thread waits pinned to its queue's CPU (unless `-o ring_affinity=any`), so
+/// whichever entry the kernel picks, its thread wakes where the request was made: in a trace of an
+/// IMAP copy, 11–15 µs a round trip against 36–49 µs for requests woken on the other CPU (the
+/// trade-off for a lone caller on an idle machine is in docs/BENCHMARKS.md, "Ring threads that
+/// wait on their CPU"). A thread that takes a request while this many others of its queue are
+/// busy (a sequential reader's read-ahead keeps up to 32 READs in flight) may run anywhere while
+/// that lasts ([`QueueLoad`]): the extra requests' checksums and copies then run on another CPU
+/// instead of queueing behind the first ones (2 GiB cold reads: 1,445–1,790 MiB/s in three runs
+/// against 1,187–1,549 in six with every thread kept on its CPU; docs/BENCHMARKS.md).
 pub(crate) const PINNED_PER_QUEUE: usize = 8;
 
 /// A wide thread pins itself again on a request taken with at most this many of its queue busy
