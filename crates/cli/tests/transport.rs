@@ -264,12 +264,17 @@ fn lazy_unmount_under_load_on_uring() {
 
 /// Pins the calling thread to CPU 0; returns the mask it had.
 fn pin_to_cpu0() -> libc::cpu_set_t {
+    pin_to_cpu(0)
+}
+
+/// Pins the calling thread (and the processes it starts) to `cpu`; returns the mask it had.
+fn pin_to_cpu(cpu: usize) -> libc::cpu_set_t {
     // SAFETY: cpu_set_t values on the stack, applied to the calling thread.
     unsafe {
         let mut old: libc::cpu_set_t = std::mem::zeroed();
         libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut old);
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(0, &mut set);
+        libc::CPU_SET(cpu, &mut set);
         assert_eq!(
             libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
             0
@@ -482,6 +487,9 @@ fn a_busy_queue_spreads_and_a_quiet_one_pins_again() {
             let _ = fs::remove_file(&hold);
         })
     };
+    // This thread, and the `amaranth stat` it runs, on CPU 1: their requests go to queue 1 and
+    // cannot add to queue 0's count.
+    let main_mask = pin_to_cpu(1);
     let syncers: Vec<_> = files
         .into_iter()
         .map(|f| {
@@ -510,6 +518,7 @@ fn a_busy_queue_spreads_and_a_quiet_one_pins_again() {
         t.join().unwrap();
     }
     watchdog.join().unwrap();
+    restore_affinity(&main_mask);
     assert_eq!(
         held["fuse"]["ring_spread"], 2,
         "the 9th and 10th requests in hand widen their threads"
