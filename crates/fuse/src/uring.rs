@@ -259,8 +259,8 @@ fn set_affinity(set: &libc::cpu_set_t) -> io::Result<()> {
 pub(crate) struct QueueLoad {
     /// The queue's CPU, or `None` for a queue of a CPU that is not online (never pinned).
     cpu: Option<usize>,
-    /// What a busy thread may widen to.
-    wide: Option<libc::cpu_set_t>,
+    /// What a busy thread may widen to (the CPUs the process may run on).
+    all_cpus: Option<libc::cpu_set_t>,
     busy: std::sync::atomic::AtomicUsize,
     /// Affinity widenings (`amaranth stat`: `fuse.ring_spread`).
     spread: Arc<std::sync::atomic::AtomicU64>,
@@ -269,12 +269,12 @@ pub(crate) struct QueueLoad {
 impl QueueLoad {
     fn new(
         cpu: Option<usize>,
-        wide: Option<libc::cpu_set_t>,
+        all_cpus: Option<libc::cpu_set_t>,
         spread: Arc<std::sync::atomic::AtomicU64>,
     ) -> QueueLoad {
         QueueLoad {
             cpu,
-            wide,
+            all_cpus,
             busy: std::sync::atomic::AtomicUsize::new(0),
             spread,
         }
@@ -295,7 +295,7 @@ impl QueueLoad {
         let Some(cpu) = self.cpu else {
             return;
         };
-        match (busy > PINNED_PER_QUEUE, *wide, &self.wide) {
+        match (busy > PINNED_PER_QUEUE, *wide, &self.all_cpus) {
             (true, false, Some(all)) if set_affinity(all).is_ok() => {
                 *wide = true;
                 self.spread.fetch_add(1, Ordering::Relaxed);
@@ -334,13 +334,13 @@ pub(crate) fn start(
         .unwrap_or(1);
     let (tx, rx) = mpsc::channel();
     let mut threads = Vec::new();
-    let wide = allowed_cpus();
+    let all_cpus = allowed_cpus();
     for qid in 0..queues {
         let arena = Arc::new(Arena::new(per_queue * ENTRIES_PER_THREAD, payload_len));
         let cpu = (pinned && qid < online).then_some(qid);
         let load = Arc::new(QueueLoad::new(
             cpu,
-            wide,
+            all_cpus,
             adapter.counts.ring_spread.clone(),
         ));
         for k in 0..per_queue {
