@@ -367,6 +367,16 @@ fn a_blocked_request_does_not_stall_its_cpu() {
     }
 }
 
+/// The CPUs a task may run on, as the `Cpus_allowed_list` of its status file (`/proc/.../status`)
+/// gives them.
+fn cpus_allowed(status: impl AsRef<Path>) -> Option<String> {
+    let status = fs::read_to_string(status).ok()?;
+    let cpus = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+    Some(cpus.trim().to_string())
+}
+
 /// The daemon's threads that serve ring queue 0: (thread number in the queue, the CPUs it may
 /// run on, as `Cpus_allowed_list` gives them).
 fn queue0_threads(pid: i32) -> Vec<(usize, String)> {
@@ -376,13 +386,7 @@ fn queue0_threads(pid: i32) -> Vec<(usize, String)> {
             let dir = t.ok()?.path();
             let comm = fs::read_to_string(dir.join("comm")).ok()?;
             let k = comm.trim().strip_prefix("amaranth-q0-")?.parse().ok()?;
-            let status = fs::read_to_string(dir.join("status")).ok()?;
-            let cpus = status
-                .lines()
-                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
-                .trim()
-                .to_string();
-            Some((k, cpus))
+            Some((k, cpus_allowed(dir.join("status"))?))
         })
         .collect();
     out.sort();
@@ -402,14 +406,7 @@ fn each_ring_queue_has_16_threads_unless_told_otherwise() {
     let _g = serial();
     let s = Scratch::new("ringthreads");
     let img = s.mkfs("a.img", "1G");
-    let all = fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("Cpus_allowed_list:")
-                .map(|c| c.trim().to_string())
-        })
-        .unwrap();
+    let all = cpus_allowed("/proc/self/status").expect("Cpus_allowed_list");
     for (opts, want, cpus_want) in [
         (vec![], 16, "0"),
         (vec!["-o".to_string(), "ring_threads=3".into()], 3, "0"),
@@ -447,14 +444,7 @@ fn a_busy_queue_spreads_and_a_quiet_one_pins_again() {
     if !mount_env_ok() || !uring_in_kernel() {
         return;
     }
-    let all = fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("Cpus_allowed_list:")
-                .map(|c| c.trim().to_string())
-        })
-        .unwrap();
+    let all = cpus_allowed("/proc/self/status").expect("Cpus_allowed_list");
     if all == "0" {
         eprintln!("SKIPPED: one CPU");
         return;
