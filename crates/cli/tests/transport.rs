@@ -34,6 +34,18 @@ fn requests(v: &serde_json::Value, opcode: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Mount options for transport `t` with the test hook that holds every fsync in the daemon while
+/// `hold` exists (`AMARANTH_TEST_HOLD_FSYNC`).
+fn with_fsync_hold(hold: &Path, t: &str) -> MountOpts {
+    MountOpts {
+        env: vec![(
+            amaranth_fuse::HOLD_FSYNC_ENV.to_string(),
+            hold.display().to_string(),
+        )],
+        ..with_transport(t)
+    }
+}
+
 fn with_transport(t: &str) -> MountOpts {
     MountOpts {
         extra: vec!["--transport".into(), t.into()],
@@ -306,13 +318,7 @@ fn a_blocked_request_does_not_stall_its_cpu() {
         let s = Scratch::new(&format!("hold-{t}"));
         let img = s.mkfs("a.img", "1G");
         let hold = s.path("hold");
-        let o = MountOpts {
-            env: vec![(
-                amaranth_fuse::HOLD_FSYNC_ENV.to_string(),
-                hold.display().to_string(),
-            )],
-            ..with_transport(t)
-        };
+        let o = with_fsync_hold(&hold, t);
         let m = s.mount(&img, "mnt", &o);
         assert_eq!(stat_json(&s, &m.mp)["fuse"]["transport"], t);
         let f = File::create(m.p("f")).unwrap();
@@ -453,13 +459,7 @@ fn a_busy_queue_spreads_and_a_quiet_one_pins_again() {
     let s = Scratch::new("spread");
     let img = s.mkfs("a.img", "1G");
     let hold = s.path("hold");
-    let o = MountOpts {
-        env: vec![(
-            amaranth_fuse::HOLD_FSYNC_ENV.to_string(),
-            hold.display().to_string(),
-        )],
-        ..with_transport("uring")
-    };
+    let o = with_fsync_hold(&hold, "uring");
     let m = s.mount(&img, "mnt", &o);
     let files: Vec<File> = (0..10)
         .map(|i| File::create(m.p(&format!("f{i}"))).unwrap())
