@@ -85,6 +85,7 @@ mod space;
 #[cfg(test)]
 mod stepwise_tests;
 mod store;
+mod subbytes;
 mod superblock;
 mod tree;
 mod trim;

@@ -24,10 +24,12 @@ mod lift;
 mod rekey;
 mod slot;
 
-pub(crate) use layout::serialize_layout;
 pub use layout::{
-    build_node, decode_buffer, decode_partition, header_span, index_buffer, parse_header,
-    serialize, NodeHeader, SubLoc, HEADER_LEN, NODE_VERSION, NODE_VERSION_UNLIFTED,
+    build_node, decode_buffer, decode_partition, header_span, parse_header, serialize, NodeHeader,
+    SubLoc, HEADER_LEN, NODE_VERSION, NODE_VERSION_UNLIFTED,
+};
+pub(crate) use layout::{
+    build_node_in, decode_partition_in, index_buffer_in, serialize_layout, SubSrc,
 };
 pub(crate) use rekey::RekeyPlan;
 pub use slot::BufSlot;
@@ -175,14 +177,19 @@ impl Leaf {
         self.parts.iter().all(|p| p.state.lock().data.is_some())
     }
 
-    /// Estimated memory footprint of what is resident.
+    /// Estimated memory footprint of what is resident: each partition, and each node image its
+    /// partitions are read in place from, whole and once (`subbytes.rs`).
     pub fn mem(&self) -> usize {
-        let parts: usize = self
-            .parts
-            .iter()
-            .map(|p| p.state.lock().data.as_ref().map_or(0, |d| d.mem()) + 96)
-            .sum();
-        parts + pivot_bytes(&self.pivots) + self.pivots.len() * 24 + 128
+        let mut images = crate::subbytes::ImageCharge::default();
+        let mut parts = 0;
+        for p in &self.parts {
+            if let Some(d) = &p.state.lock().data {
+                parts += d.mem();
+                images.add(d.part_bytes());
+            }
+            parts += 96;
+        }
+        parts + images.mem() + pivot_bytes(&self.pivots) + self.pivots.len() * 24 + 128
     }
 
     /// All partitions, which must be resident.
@@ -283,12 +290,19 @@ impl Internal {
         self.buffered_bytes() + pivot_bytes(&self.pivots) + self.children.len() * 31
     }
 
-    /// Estimated memory footprint.
+    /// Estimated memory footprint: each buffer, and each node image buffers are read in place
+    /// from, whole and once (`subbytes.rs`).
     pub fn mem(&self) -> usize {
-        self.buffers.iter().map(|b| b.mem()).sum::<usize>()
-            + pivot_bytes(&self.pivots)
-            + self.children.len() * 128
-            + 128
+        let mut images = crate::subbytes::ImageCharge::default();
+        let buffers: usize = self
+            .buffers
+            .iter()
+            .map(|b| {
+                b.charge_image(&mut images);
+                b.mem()
+            })
+            .sum();
+        buffers + images.mem() + pivot_bytes(&self.pivots) + self.children.len() * 128 + 128
     }
 
     /// Index of the child with the most buffered bytes.

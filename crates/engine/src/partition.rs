@@ -9,6 +9,7 @@
 use crate::codec::Dec;
 use crate::dataref::{DataRef, Stored, REF_BYTES, REF_MAX};
 use crate::error::Result;
+use crate::subbytes::SubBytes;
 
 const ENTRY_HEADER: usize = 6;
 
@@ -18,7 +19,9 @@ const REF_FLAG: u32 = 1 << 31;
 /// A sorted, immutable run of entries.
 #[derive(Clone, Debug, Default)]
 pub struct Partition {
-    data: Vec<u8>,
+    /// The entries: a buffer of its own, or their range of the node image read from the device
+    /// (`subbytes.rs`), copied out before a change in place.
+    data: SubBytes,
     offs: Vec<u32>,
     /// Entries that are references.
     refs: usize,
@@ -30,7 +33,7 @@ pub struct Partition {
 /// Partitions are equal when their entries are ([`Partition::ref_max`] is only a bound).
 impl PartialEq for Partition {
     fn eq(&self, other: &Partition) -> bool {
-        self.data == other.data && self.offs == other.offs && self.refs == other.refs
+        *self.data == *other.data && self.offs == other.offs && self.refs == other.refs
     }
 }
 
@@ -57,9 +60,15 @@ impl Partition {
         self.data.len()
     }
 
-    /// Estimated memory footprint.
+    /// Estimated memory footprint, without the node image its entries may lie in (the leaf
+    /// charges each image it uses once, [`Partition::part_bytes`]).
     pub fn mem(&self) -> usize {
-        self.data.capacity() + self.offs.capacity() * 4 + 64
+        self.data.own_capacity() + self.offs.capacity() * 4 + 64
+    }
+
+    /// The entries' bytes, to be charged with [`crate::subbytes::shared_images_mem`].
+    pub(crate) fn part_bytes(&self) -> &SubBytes {
+        &self.data
     }
 
     /// The raw encoded entries (the partition's on-disk payload).
@@ -152,12 +161,12 @@ impl Partition {
                 let mut e = Vec::with_capacity(entry_size(key, v));
                 encode_entry(&mut e, key, v);
                 let delta = e.len() as isize - (end - start) as isize;
-                replace_bytes(&mut self.data, start, end, &e);
+                replace_bytes(self.data.to_mut(), start, end, &e);
                 self.shift_offsets(i + 1, delta);
             }
             (Ok(i), None) => {
                 let (start, end) = self.entry_range(i);
-                self.data.drain(start..end);
+                self.data.to_mut().drain(start..end);
                 self.offs.remove(i);
                 self.shift_offsets(i, -((end - start) as isize));
             }
@@ -170,7 +179,7 @@ impl Partition {
                 let mut e = Vec::with_capacity(entry_size(key, v));
                 encode_entry(&mut e, key, v);
                 let len = e.len();
-                replace_bytes(&mut self.data, start, start, &e);
+                replace_bytes(self.data.to_mut(), start, start, &e);
                 self.offs.insert(i, start as u32);
                 self.shift_offsets(i + 1, len as isize);
             }
@@ -206,7 +215,7 @@ impl Partition {
         }
         self.refs -= (a..b).filter(|&i| self.value(i).is_ref()).count();
         let start = self.offs[a] as usize;
-        self.data.drain(start..start + len);
+        self.data.to_mut().drain(start..start + len);
         self.offs.drain(a..b);
         self.shift_offsets(a, -(len as isize));
     }
@@ -227,8 +236,14 @@ impl Partition {
         }
     }
 
-    /// Parses a raw payload, checking that keys are strictly increasing and lengths in bounds.
-    pub fn decode(data: Vec<u8>, max_key: usize, max_value: usize) -> Result<Partition> {
+    /// Parses a raw payload (a buffer of its own, or a range of a node image used in place),
+    /// checking that keys are strictly increasing and lengths in bounds.
+    pub fn decode(
+        data: impl Into<SubBytes>,
+        max_key: usize,
+        max_value: usize,
+    ) -> Result<Partition> {
+        let data = data.into();
         let mut offs = Vec::new();
         let mut refs = 0;
         let mut ref_max = 0;
@@ -270,7 +285,9 @@ impl Partition {
 impl Drop for Partition {
     /// The entries' buffer goes back to the pool for the next partition decoded (`bufpool.rs`).
     fn drop(&mut self) {
-        crate::bufpool::POOL.give(std::mem::take(&mut self.data));
+        if let Some(own) = self.data.take_own() {
+            crate::bufpool::POOL.give(own);
+        }
     }
 }
 
@@ -335,7 +352,7 @@ impl PartitionBuilder {
         }
         self.offs.shrink_to_fit();
         Partition {
-            data: self.data,
+            data: SubBytes::Own(self.data),
             offs: self.offs,
             refs: self.refs,
             ref_max: self.ref_max,

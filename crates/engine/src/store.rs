@@ -20,6 +20,7 @@ use crate::datatable::DataTable;
 use crate::datawriter::DataWriter;
 use crate::error::{Error, Result};
 use crate::node::NodeId;
+use crate::subbytes::SharedImage;
 use crate::superblock::Extent;
 
 pub(crate) use crate::btt::decode_btt_catalog;
@@ -364,9 +365,21 @@ impl std::ops::Deref for Image<'_> {
     }
 }
 
+impl Image<'_> {
+    /// The buffer, kept by the caller instead of going back to the pool: a leaf's partitions
+    /// are then used where they lie in it (`subbytes.rs`). The whole buffer is shared (it may
+    /// be longer than the image); the bytes past the image's length are zeros or a former
+    /// image's and belong to no partition.
+    pub(crate) fn into_shared(mut self) -> SharedImage {
+        Arc::new(self.buf.take().expect("image buffer"))
+    }
+}
+
 impl Drop for Image<'_> {
     fn drop(&mut self) {
-        let buf = self.buf.take().expect("image buffer");
+        let Some(buf) = self.buf.take() else {
+            return;
+        };
         let mut pool = self.pool.lock();
         if buf.len() >= POOLED_MIN && pool.len() < POOLED_IMAGES {
             pool.push(buf);

@@ -5,6 +5,7 @@ use super::{Buffer, Taken};
 use crate::codec::{Dec, Enc};
 use crate::error::Result;
 use crate::msg::{KeyMsgs, Msn, RangeDel};
+use crate::subbytes::SubBytes;
 
 /// A buffer kept in its encoding (as [`Buffer::encode`] writes it) with an index of where each
 /// range delete and each key starts: a point query binary-searches it in place instead of building
@@ -14,7 +15,9 @@ use crate::msg::{KeyMsgs, Msn, RangeDel};
 /// its untouched buffers in this form and write them back as they are (`node/slot.rs`).
 #[derive(Debug)]
 pub struct EncodedBuffer {
-    raw: Box<[u8]>,
+    /// The encoding: a buffer of its own, or its range of the node image it was read in
+    /// (`subbytes.rs`; never changed in place).
+    raw: SubBytes,
     /// Offset of each range delete (its MSN), in `lo` order.
     ranges: Vec<u32>,
     /// Offset of each point entry (its key's length prefix), in key order.
@@ -28,7 +31,12 @@ pub struct EncodedBuffer {
 impl EncodedBuffer {
     /// Indexes an encoding, checking its structure, key order and message numbers on the way
     /// (all that [`Buffer::decode`] checks).
-    pub fn index(raw: Vec<u8>, max_key: usize, max_value: usize) -> Result<EncodedBuffer> {
+    pub fn index(
+        raw: impl Into<SubBytes>,
+        max_key: usize,
+        max_value: usize,
+    ) -> Result<EncodedBuffer> {
+        let raw = raw.into();
         let mut ranges = Vec::new();
         let mut points = Vec::new();
         let mut longest = 0;
@@ -72,7 +80,7 @@ impl EncodedBuffer {
             d.finish()?;
         }
         Ok(EncodedBuffer {
-            raw: raw.into_boxed_slice(),
+            raw,
             ranges,
             points,
             longest,
@@ -81,9 +89,15 @@ impl EncodedBuffer {
         })
     }
 
-    /// Memory held.
+    /// Memory held, without the node image the encoding may lie in (the node charges each
+    /// image its buffers use once, [`EncodedBuffer::sub_bytes`]).
     pub fn mem(&self) -> usize {
-        self.raw.len() + (self.ranges.len() + self.points.len()) * 4 + 64
+        self.raw.own_capacity() + (self.ranges.len() + self.points.len()) * 4 + 64
+    }
+
+    /// The encoding's bytes, to be charged with [`crate::subbytes::ImageCharge`].
+    pub(crate) fn sub_bytes(&self) -> &SubBytes {
+        &self.raw
     }
 
     /// The encoding.
@@ -134,7 +148,7 @@ impl EncodedBuffer {
         longest: usize,
     ) -> EncodedBuffer {
         EncodedBuffer {
-            raw: raw.into_boxed_slice(),
+            raw: SubBytes::from(raw),
             ranges,
             points,
             longest,

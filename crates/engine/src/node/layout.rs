@@ -22,6 +22,7 @@ use crate::config::{Compression, Format};
 use crate::error::{Error, Result};
 use crate::msg::Msn;
 use crate::partition::Partition;
+use crate::subbytes::{SharedImage, SubBytes};
 
 /// Magic number at the start of every node image.
 pub const NODE_MAGIC: [u8; 4] = *b"AMND";
@@ -456,18 +457,72 @@ pub fn parse_header(
     })
 }
 
+/// Where a sub-block's stored bytes are read from: a slice (decoded into a buffer of its own),
+/// or a node image shared with what is decoded from it (an uncompressed sub-block is then used
+/// where it lies, `subbytes.rs`). Either may extend past the sub-block.
+#[derive(Clone, Copy)]
+pub(crate) enum SubSrc<'a> {
+    /// The stored bytes start here.
+    Slice(&'a [u8]),
+    /// The stored bytes start at `offset` of `image`.
+    Shared {
+        image: &'a SharedImage,
+        offset: usize,
+    },
+}
+
+impl<'a> SubSrc<'a> {
+    fn bytes(&self) -> &'a [u8] {
+        match *self {
+            SubSrc::Slice(s) => s,
+            SubSrc::Shared { image, offset } => &image[offset..],
+        }
+    }
+}
+
 /// Verifies and decodes one sub-block from its stored bytes (which may extend past `stored_len`).
 pub fn decode_sub(stored: &[u8], loc: &SubLoc, what: &str, dev_offset: u64) -> Result<Vec<u8>> {
-    let stored = &stored[..loc.stored_len as usize];
+    let stored = checked_stored(stored, loc, what, dev_offset)?;
+    let codec = Compression::from_code(loc.codec)
+        .ok_or_else(|| Error::Corrupt(format!("{what}: bad codec")))?;
+    compress::decompress(codec, stored, loc.raw_len as usize)
+}
+
+/// The sub-block's stored bytes, once their checksum matches.
+fn checked_stored<'a>(
+    stored: &'a [u8],
+    loc: &SubLoc,
+    what: &str,
+    dev_offset: u64,
+) -> Result<&'a [u8]> {
+    let stored = stored
+        .get(..loc.stored_len as usize)
+        .ok_or_else(|| Error::Corrupt(format!("{what}: sub-block past the bytes read")))?;
     if crc(stored) != loc.crc {
         return Err(Error::Checksum {
             what: what.to_string(),
             offset: dev_offset,
         });
     }
-    let codec = Compression::from_code(loc.codec)
-        .ok_or_else(|| Error::Corrupt(format!("{what}: bad codec")))?;
-    compress::decompress(codec, stored, loc.raw_len as usize)
+    Ok(stored)
+}
+
+/// [`decode_sub`] from `src`: an uncompressed sub-block of a shared image is used in place.
+fn decode_sub_src(src: SubSrc<'_>, loc: &SubLoc, what: &str, dev_offset: u64) -> Result<SubBytes> {
+    let SubSrc::Shared { image, offset } = src else {
+        return decode_sub(src.bytes(), loc, what, dev_offset).map(SubBytes::from);
+    };
+    if Compression::from_code(loc.codec) != Some(Compression::None) {
+        return decode_sub(src.bytes(), loc, what, dev_offset).map(SubBytes::from);
+    }
+    let stored = checked_stored(src.bytes(), loc, what, dev_offset)?;
+    if loc.raw_len != loc.stored_len {
+        return Err(Error::Corrupt(format!(
+            "{what}: uncompressed sub-block of {} bytes, index says {}",
+            loc.stored_len, loc.raw_len
+        )));
+    }
+    Ok(SubBytes::in_image(image, offset, stored.len()))
 }
 
 /// Decodes a leaf partition sub-block.
@@ -478,8 +533,20 @@ pub fn decode_partition(
     what: &str,
     dev_offset: u64,
 ) -> Result<Partition> {
-    let raw = decode_sub(stored, loc, what, dev_offset)?;
-    let p = Partition::decode(raw, format.max_key_len, format.max_value_len)?;
+    decode_partition_in(SubSrc::Slice(stored), loc, format, what, dev_offset)
+}
+
+/// [`decode_partition`] from `src` (used in place when it is an uncompressed sub-block of a
+/// shared image).
+pub(crate) fn decode_partition_in(
+    src: SubSrc<'_>,
+    loc: &SubLoc,
+    format: &Format,
+    what: &str,
+    dev_offset: u64,
+) -> Result<Partition> {
+    let bytes = decode_sub_src(src, loc, what, dev_offset)?;
+    let p = Partition::decode(bytes, format.max_key_len, format.max_value_len)?;
     if p.len() != loc.count as usize {
         return Err(Error::Corrupt(format!(
             "{what}: {} entries, index says {}",
@@ -498,90 +565,125 @@ pub fn build_node(
     format: &Format,
     dev_offset: u64,
 ) -> Result<Node> {
+    build_from(h, image.map(SubSrc::Slice), format, dev_offset)
+}
+
+/// [`build_node`] from a whole image kept shared: its uncompressed partitions and buffers are
+/// used where they lie in it (`subbytes.rs`).
+pub(crate) fn build_node_in(
+    h: &NodeHeader,
+    image: &SharedImage,
+    format: &Format,
+    dev_offset: u64,
+) -> Result<Node> {
+    build_from(
+        h,
+        Some(SubSrc::Shared { image, offset: 0 }),
+        format,
+        dev_offset,
+    )
+}
+
+/// [`build_node`] from the whole image `src` starts, if given.
+fn build_from(
+    h: &NodeHeader,
+    src: Option<SubSrc<'_>>,
+    format: &Format,
+    dev_offset: u64,
+) -> Result<Node> {
+    let at = |loc: &SubLoc| {
+        let o = loc.offset as usize;
+        src.map(|src| match src {
+            SubSrc::Slice(img) => SubSrc::Slice(&img[o..]),
+            SubSrc::Shared { image, offset } => SubSrc::Shared {
+                image,
+                offset: offset + o,
+            },
+        })
+    };
     if h.is_leaf {
-        let mut parts = Vec::with_capacity(h.sublocs.len());
-        for (i, loc) in h.sublocs.iter().enumerate() {
-            let data = match image {
-                Some(img) => {
-                    let o = loc.offset as usize;
-                    let what = format!("node {} partition {}", h.id, i);
-                    Some(Arc::new(decode_partition(
-                        &img[o..],
-                        loc,
-                        format,
-                        &what,
-                        dev_offset + o as u64,
-                    )?))
-                }
-                None => None,
+        leaf_of(h, |i, loc| {
+            let Some(src) = at(loc) else {
+                return Ok(None);
             };
-            parts.push(PartSlot {
-                state: Mutex::new(PartState {
-                    data,
-                    loc: Some(*loc),
-                }),
-                bytes: loc.raw_len as usize,
-                entries: loc.count as usize,
-            });
-        }
-        let leaf = Leaf {
-            pivots: h.pivots.clone(),
-            parts,
-        };
-        let node = Node {
-            height: 0,
-            max_msn: h.max_msn,
-            body: Body::Leaf(leaf),
-            prefix: h.prefix.clone(),
-        };
-        Ok(node)
+            let what = format!("node {} partition {}", h.id, i);
+            let dev = dev_offset + loc.offset as u64;
+            decode_partition_in(src, loc, format, &what, dev).map(Some)
+        })
     } else {
-        let mut buffers = Vec::with_capacity(h.sublocs.len());
-        for (i, loc) in h.sublocs.iter().enumerate() {
-            if (loc.raw_len as usize) < BUFFER_HEADER {
-                return Err(Error::Corrupt(format!(
-                    "node {} buffer {i}: impossible length",
-                    h.id
-                )));
-            }
-            // A whole image keeps each buffer in its checked encoding: it is built only when
-            // something needs its messages (`node/slot.rs`), and written back as it is if not.
-            let enc = match image {
-                Some(img) => {
-                    let o = loc.offset as usize;
-                    let what = format!("node {} buffer {}", h.id, i);
-                    let (lo, hi) = child_bounds_of(&h.pivots, i);
-                    Some(index_buffer(
-                        &img[o..],
-                        loc,
-                        format,
-                        &what,
-                        dev_offset + o as u64,
-                        h.max_msn,
-                        (lo, hi),
-                    )?)
-                }
-                None => None,
+        internal_of(h, |i, loc| {
+            let Some(src) = at(loc) else {
+                return Ok(None);
             };
-            buffers.push(BufSlot::in_image(
-                loc.raw_len as usize - BUFFER_HEADER,
-                enc,
-                *loc,
-                h.child_longest[i],
-            ));
-        }
-        let int = Internal {
-            pivots: h.pivots.clone(),
-            children: h.children.clone(),
-            buffers,
-        };
-        Ok(Node {
-            height: h.height,
-            max_msn: h.max_msn,
-            body: Body::Internal(int),
-            prefix: h.prefix.clone(),
+            let what = format!("node {} buffer {}", h.id, i);
+            let bounds = child_bounds_of(&h.pivots, i);
+            let dev = dev_offset + loc.offset as u64;
+            index_buffer_in(src, loc, format, &what, dev, h.max_msn, bounds).map(Some)
         })
     }
+}
+
+/// A leaf from its header, with the partitions `part(i, loc)` gives (`None`: not resident).
+fn leaf_of(
+    h: &NodeHeader,
+    mut part: impl FnMut(usize, &SubLoc) -> Result<Option<Partition>>,
+) -> Result<Node> {
+    let mut parts = Vec::with_capacity(h.sublocs.len());
+    for (i, loc) in h.sublocs.iter().enumerate() {
+        parts.push(PartSlot {
+            state: Mutex::new(PartState {
+                data: part(i, loc)?.map(Arc::new),
+                loc: Some(*loc),
+            }),
+            bytes: loc.raw_len as usize,
+            entries: loc.count as usize,
+        });
+    }
+    let leaf = Leaf {
+        pivots: h.pivots.clone(),
+        parts,
+    };
+    Ok(Node {
+        height: 0,
+        max_msn: h.max_msn,
+        body: Body::Leaf(leaf),
+        prefix: h.prefix.clone(),
+    })
+}
+
+/// An internal node from its header, with the buffers `buf(i, loc)` gives (`None`: not
+/// resident). A whole image keeps each buffer in its checked encoding: it is built only when
+/// something needs its messages (`node/slot.rs`), and written back as it is if not.
+fn internal_of(
+    h: &NodeHeader,
+    mut buf: impl FnMut(usize, &SubLoc) -> Result<Option<EncodedBuffer>>,
+) -> Result<Node> {
+    let mut buffers = Vec::with_capacity(h.sublocs.len());
+    for (i, loc) in h.sublocs.iter().enumerate() {
+        if (loc.raw_len as usize) < BUFFER_HEADER {
+            return Err(Error::Corrupt(format!(
+                "node {} buffer {i}: impossible length",
+                h.id
+            )));
+        }
+        buffers.push(BufSlot::in_image(
+            loc.raw_len as usize - BUFFER_HEADER,
+            buf(i, loc)?,
+            *loc,
+            h.child_longest[i],
+        ));
+    }
+    let int = Internal {
+        pivots: h.pivots.clone(),
+        children: h.children.clone(),
+        buffers,
+    };
+    Ok(Node {
+        height: h.height,
+        max_msn: h.max_msn,
+        body: Body::Internal(int),
+        prefix: h.prefix.clone(),
+    })
 }
 
 /// Verifies and decodes one child's message buffer: its checksum, its encoding, that no message is
@@ -622,7 +724,22 @@ pub fn index_buffer(
     node_max_msn: Msn,
     bounds: (&[u8], Option<&[u8]>),
 ) -> Result<EncodedBuffer> {
-    let raw = decode_sub(stored, loc, what, dev_offset)?;
+    let src = SubSrc::Slice(stored);
+    index_buffer_in(src, loc, format, what, dev_offset, node_max_msn, bounds)
+}
+
+/// [`index_buffer`] from `src` (used in place when it is an uncompressed sub-block of a shared
+/// image).
+pub(crate) fn index_buffer_in(
+    src: SubSrc<'_>,
+    loc: &SubLoc,
+    format: &Format,
+    what: &str,
+    dev_offset: u64,
+    node_max_msn: Msn,
+    bounds: (&[u8], Option<&[u8]>),
+) -> Result<EncodedBuffer> {
+    let raw = decode_sub_src(src, loc, what, dev_offset)?;
     if raw.len() != loc.raw_len as usize {
         return Err(Error::Corrupt(format!(
             "{what}: size differs from the node index"

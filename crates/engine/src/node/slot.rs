@@ -606,7 +606,14 @@ impl BufSlot {
         self.mutate(|b| b.take()).into_taken()
     }
 
-    /// Memory held.
+    /// Counts the node image the encoding lies in, if it is read in place (`subbytes.rs`).
+    pub(crate) fn charge_image(&self, images: &mut crate::subbytes::ImageCharge) {
+        if let Some(raw) = &self.state.lock().raw {
+            images.add(raw.sub_bytes());
+        }
+    }
+
+    /// Memory held, without the node image its encoding may lie in ([`BufSlot::charge_image`]).
     pub fn mem(&self) -> usize {
         let st = self.state.lock();
         st.data.as_ref().map_or(0, |b| b.mem()) + st.raw.as_ref().map_or(0, |r| r.mem()) + 96

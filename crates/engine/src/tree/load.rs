@@ -7,10 +7,12 @@ use std::sync::Arc;
 use super::{Need, Tree};
 use crate::buffer::EncodedBuffer;
 use crate::cache::CachedNode;
+use crate::config::Compression;
 use crate::error::{Error, Result};
 use crate::msg::Msn;
 use crate::node::NodeHeader;
 use crate::node::{self, Body, BufSlot, Node, NodeId};
+use crate::subbytes::SharedImage;
 use crate::superblock::Extent;
 use amaranth_device::AlignedBuf;
 
@@ -75,10 +77,13 @@ impl Tree {
             node::header_span(&image, &what, ext.offset())?;
             let h = node::parse_header(&image, &self.format, &what, ext.offset())?;
             check_header(&h, id, Some(ext), &what)?;
-            return Ok((
-                node::build_node(&h, Some(&image), &self.format, ext.offset())?,
-                ext,
-            ));
+            let node = if h.sublocs.iter().any(stored_raw) {
+                let image = image.into_shared();
+                node::build_node_in(&h, &image, &self.format, ext.offset())?
+            } else {
+                node::build_node(&h, Some(&image), &self.format, ext.offset())?
+            };
+            return Ok((node, ext));
         }
         let image = self.read_header_image(ext, &what)?;
         let h = node::parse_header(&image, &self.format, &what, ext.offset())?;
@@ -170,95 +175,88 @@ impl Tree {
                 cn.id
             ))
         })?;
-        if let Body::Internal(n) = &g.body {
-            // Buffers are kept in their checked encoding, not built: a point query searches it,
-            // a move carries it, a write copies it back out; the first access that needs the
-            // map builds it (`node/slot.rs`). Building every buffer of a node read whole was
-            // two fifths of a cold directory rename's time. A node read whole keeps every
-            // buffer's encoding, so that the next range asked for does not read it again.
-            let whole = (missing.len() > 2)
-                .then(|| self.store.read_image(ext.offset(), ext.len(), "node"))
-                .transpose()?;
-            if whole.is_some() {
-                missing = (0..count).collect();
-            }
-            for i in missing {
-                let slot = &n.buffers[i];
-                let Some(loc) = slot.missing_at() else {
-                    continue;
-                };
-                let what = format!("node {} buffer {i}", cn.id);
-                let dev_off = ext.offset() + loc.offset as u64;
-                let mut fetched = None;
-                let stored =
-                    self.sub_block(whole.as_deref(), ext.offset(), &loc, &what, &mut fetched)?;
-                let bounds = node::child_bounds_of(&n.pivots, i);
-                let enc =
-                    self.encoded_buffer(stored, &loc, slot, &what, dev_off, g.max_msn, bounds)?;
-                slot.keep_encoding(enc);
-                self.count_subblock_load();
-            }
-            self.cache.remeasure(cn, &g);
-            return Ok(true);
-        }
+        let loc_of = |i: usize| match &g.body {
+            Body::Leaf(l) => Some(
+                l.parts[i]
+                    .state
+                    .lock()
+                    .loc
+                    .expect("a sub-block not in memory has a disk location"),
+            ),
+            Body::Internal(n) => n.buffers[i].missing_at(),
+        };
+        // One read of the whole image when several are missing. A node read whole keeps every
+        // sub-block it does not have yet, not only the ones asked for: a sequential read asks
+        // for a leaf's range piece by piece (1 MiB FUSE reads of a 4 MiB leaf), and taking only
+        // the asked part re-read the whole leaf for every piece (measured: 2.5x the file's
+        // bytes read in the sequential-read benchmark); a node's buffers are kept in their
+        // checked encoding, not built (building every buffer of a node read whole was two
+        // fifths of a cold directory rename's time), so the next range asked for is not read
+        // again either.
         let whole = if missing.len() > 2 {
-            // The whole image is read anyway: keep every partition of the leaf, not only the
-            // ones asked for. A sequential read asks for a leaf's range piece by piece (1 MiB
-            // FUSE reads of a 4 MiB leaf); taking only the asked part re-read the whole leaf
-            // for every piece (measured: 2.5x the file's bytes read in the sequential-read
-            // benchmark).
             missing = (0..count).filter(|&i| !resident(i)).collect();
             Some(self.store.read_image(ext.offset(), ext.len(), "node")?)
         } else {
             None
         };
-        let Body::Leaf(l) = &g.body else {
-            unreachable!("internal nodes returned above")
+        let locs: Vec<(usize, node::SubLoc)> = missing
+            .iter()
+            .filter_map(|&i| loc_of(i).map(|loc| (i, loc)))
+            .collect();
+        // Uncompressed sub-blocks are used where they lie in what was read (`subbytes.rs`): the
+        // image, or each one's own read; an image of compressed ones goes back to the pool.
+        let whole = match whole {
+            Some(image) if locs.iter().any(|(_, loc)| stored_raw(loc)) => {
+                Some(Whole::Shared(image.into_shared()))
+            }
+            Some(image) => Some(Whole::Pooled(image)),
+            None => None,
         };
-        for i in missing {
-            let slot = &l.parts[i];
-            let loc = slot
-                .state
-                .lock()
-                .loc
-                .expect("a sub-block not in memory has a disk location");
-            let what = format!("node {} partition {i}", cn.id);
+        for (i, loc) in locs {
             let dev_off = ext.offset() + loc.offset as u64;
-            let mut fetched = None;
-            let stored =
-                self.sub_block(whole.as_deref(), ext.offset(), &loc, &what, &mut fetched)?;
-            let p = node::decode_partition(stored, &loc, &self.format, &what, dev_off)?;
-            if p.len() != slot.entries || p.bytes() != slot.bytes {
-                return Err(Error::Corrupt(format!(
-                    "{what}: contents differ from the node index"
-                )));
+            let o = loc.offset as usize;
+            let own;
+            let src = match &whole {
+                Some(Whole::Shared(image)) => node::SubSrc::Shared { image, offset: o },
+                Some(Whole::Pooled(image)) => node::SubSrc::Slice(&image[o..]),
+                None => {
+                    let (off, len) = loc.aligned_range();
+                    let what = format!("node {} sub-block {i}", cn.id);
+                    own = Arc::new(self.store.read(ext.offset() + off, len, &what)?);
+                    node::SubSrc::Shared {
+                        image: &own,
+                        offset: 0,
+                    }
+                }
+            };
+            match &g.body {
+                Body::Internal(n) => {
+                    let what = format!("node {} buffer {i}", cn.id);
+                    let slot = &n.buffers[i];
+                    let bounds = node::child_bounds_of(&n.pivots, i);
+                    let enc =
+                        self.encoded_buffer(src, &loc, slot, &what, dev_off, g.max_msn, bounds)?;
+                    slot.keep_encoding(enc);
+                }
+                Body::Leaf(l) => {
+                    let what = format!("node {} partition {i}", cn.id);
+                    let slot = &l.parts[i];
+                    let p = node::decode_partition_in(src, &loc, &self.format, &what, dev_off)?;
+                    if p.len() != slot.entries || p.bytes() != slot.bytes {
+                        return Err(Error::Corrupt(format!(
+                            "{what}: contents differ from the node index"
+                        )));
+                    }
+                    let mut st = slot.state.lock();
+                    if st.data.is_none() {
+                        st.data = Some(Arc::new(p));
+                    }
+                }
             }
-            let mut st = slot.state.lock();
-            if st.data.is_none() {
-                st.data = Some(Arc::new(p));
-            }
-            drop(st);
             self.count_subblock_load();
         }
         self.cache.remeasure(cn, &g);
         Ok(true)
-    }
-
-    /// The stored bytes of the sub-block at `loc` (onwards): in the node's image `whole` when it
-    /// was read whole, else read on their own into `fetched`.
-    fn sub_block<'a>(
-        &self,
-        whole: Option<&'a [u8]>,
-        ext_off: u64,
-        loc: &node::SubLoc,
-        what: &str,
-        fetched: &'a mut Option<AlignedBuf>,
-    ) -> Result<&'a [u8]> {
-        if let Some(img) = whole {
-            return Ok(&img[loc.offset as usize..]);
-        }
-        let (off, len) = loc.aligned_range();
-        Ok(fetched.insert(self.store.read(ext_off + off, len, what)?))
     }
 
     pub(super) fn count_subblock_load(&self) {
@@ -273,7 +271,7 @@ impl Tree {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn encoded_buffer(
         &self,
-        stored: &[u8],
+        stored: node::SubSrc<'_>,
         loc: &node::SubLoc,
         slot: &BufSlot,
         what: &str,
@@ -286,7 +284,7 @@ impl Tree {
                 "{what}: size differs from the node index"
             )));
         }
-        node::index_buffer(
+        node::index_buffer_in(
             stored,
             loc,
             &self.format,
@@ -321,10 +319,14 @@ impl Tree {
         })?;
         let what = format!("node {} buffer {i}", cn.id);
         let (off, len) = loc.aligned_range();
-        let stored = self.store.read(ext.offset() + off, len, &what)?;
+        let stored = Arc::new(self.store.read(ext.offset() + off, len, &what)?);
         let dev_off = ext.offset() + loc.offset as u64;
         let bounds = node::child_bounds_of(&n.pivots, i);
-        let enc = self.encoded_buffer(&stored, &loc, slot, &what, dev_off, g.max_msn, bounds)?;
+        let src = node::SubSrc::Shared {
+            image: &stored,
+            offset: 0,
+        };
+        let enc = self.encoded_buffer(src, &loc, slot, &what, dev_off, g.max_msn, bounds)?;
         slot.keep_encoding(enc);
         self.count_subblock_load();
         self.cache.remeasure(cn, &g);
@@ -371,4 +373,15 @@ pub(crate) fn check_header(
         )));
     }
     Ok(())
+}
+
+/// A leaf image read whole: kept for the partitions used in place, or back to the pool.
+enum Whole<'a> {
+    Shared(SharedImage),
+    Pooled(crate::store::Image<'a>),
+}
+
+/// Whether a sub-block is stored uncompressed (its bytes are then its in-memory form).
+fn stored_raw(loc: &node::SubLoc) -> bool {
+    Compression::from_code(loc.codec) == Some(Compression::None)
 }

@@ -1,0 +1,190 @@
+//! The bytes of a leaf partition: a buffer of its own, or its range of the node image it was
+//! read in.
+//!
+//! An uncompressed partition's stored bytes are its in-memory form (`partition.rs`), so a leaf
+//! read from the device can use them where they lie instead of copying each partition out of
+//! the image into a buffer of its own. On this machine a copy into fresh memory costs a page
+//! fault and a page clear per 4 KiB (the daemon's allocator maps every buffer of 64 KiB or more
+//! afresh, `cli/src/memlimit.rs`): in the first rename of a cold directory tree, which reads the
+//! leaves at its range's edges whole to cut them, those copies and their faults were two fifths
+//! of the daemon's samples (docs/BENCHMARKS.md, "Range rename: partitions read in place").
+//!
+//! The memory of a shared image is charged by every leaf that holds one of its ranges, whole
+//! ([`crate::node::Leaf::mem`]): an image stays mapped while any range of it is used, so a leaf
+//! charging only its ranges' lengths would under-count the bound once its other partitions
+//! are rewritten. A partition that is changed in place takes a copy of its range first
+//! ([`SubBytes::to_mut`]).
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use amaranth_device::AlignedBuf;
+
+/// A node image read from the device, shared by the partitions decoded in place from it.
+pub(crate) type SharedImage = Arc<AlignedBuf>;
+
+/// A partition's encoded entries.
+#[derive(Clone, Debug)]
+pub(crate) enum SubBytes {
+    /// A buffer of its own (built, changed, or decompressed).
+    Own(Vec<u8>),
+    /// `len` bytes at `start` of a node image.
+    Image {
+        image: SharedImage,
+        start: usize,
+        len: usize,
+    },
+}
+
+impl Default for SubBytes {
+    fn default() -> SubBytes {
+        SubBytes::Own(Vec::new())
+    }
+}
+
+impl From<Vec<u8>> for SubBytes {
+    fn from(v: Vec<u8>) -> SubBytes {
+        SubBytes::Own(v)
+    }
+}
+
+impl SubBytes {
+    /// `len` bytes at `start` of `image`, used in place.
+    pub(crate) fn in_image(image: &SharedImage, start: usize, len: usize) -> SubBytes {
+        assert!(
+            start.checked_add(len).is_some_and(|end| end <= image.len()),
+            "partition range {start}+{len} outside its image of {}",
+            image.len()
+        );
+        SubBytes::Image {
+            image: image.clone(),
+            start,
+            len,
+        }
+    }
+
+    /// The bytes as a buffer of their own, copied out of the image first if they are shared.
+    pub(crate) fn to_mut(&mut self) -> &mut Vec<u8> {
+        if let SubBytes::Image { .. } = self {
+            let mut own = crate::bufpool::POOL.take(self.len());
+            own.extend_from_slice(self);
+            *self = SubBytes::Own(own);
+        }
+        match self {
+            SubBytes::Own(v) => v,
+            SubBytes::Image { .. } => unreachable!("copied out above"),
+        }
+    }
+
+    /// The image whose range these bytes are, if they are shared.
+    pub(crate) fn image(&self) -> Option<&SharedImage> {
+        match self {
+            SubBytes::Own(_) => None,
+            SubBytes::Image { image, .. } => Some(image),
+        }
+    }
+
+    /// Memory of a buffer of their own (0 for a shared range: the image is charged whole by
+    /// the leaves that hold it).
+    pub(crate) fn own_capacity(&self) -> usize {
+        match self {
+            SubBytes::Own(v) => v.capacity(),
+            SubBytes::Image { .. } => 0,
+        }
+    }
+
+    /// The buffer of their own, leaving an empty one (for the pool when a partition is dropped).
+    pub(crate) fn take_own(&mut self) -> Option<Vec<u8>> {
+        match std::mem::take(self) {
+            SubBytes::Own(v) => Some(v),
+            SubBytes::Image { .. } => None,
+        }
+    }
+}
+
+impl Deref for SubBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            SubBytes::Own(v) => v,
+            SubBytes::Image { image, start, len } => &image[*start..*start + *len],
+        }
+    }
+}
+
+/// The memory of the distinct images some partitions share: each image once, whole.
+#[derive(Default)]
+pub(crate) struct ImageCharge {
+    seen: Vec<*const AlignedBuf>,
+    mem: usize,
+}
+
+impl ImageCharge {
+    /// Counts the image `bytes` are a range of, unless it was counted already.
+    pub(crate) fn add(&mut self, bytes: &SubBytes) {
+        if let Some(image) = bytes.image() {
+            let p = Arc::as_ptr(image);
+            if !self.seen.contains(&p) {
+                self.seen.push(p);
+                self.mem += image.len();
+            }
+        }
+    }
+
+    /// The bytes of the images counted.
+    pub(crate) fn mem(&self) -> usize {
+        self.mem
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shared_range_reads_in_place_and_is_copied_once_changed() {
+        let mut buf = AlignedBuf::zeroed(8192);
+        buf[100..110].copy_from_slice(b"0123456789");
+        let image: SharedImage = Arc::new(buf);
+        let mut b = SubBytes::in_image(&image, 100, 10);
+        assert_eq!(&*b, b"0123456789");
+        assert_eq!(b.own_capacity(), 0);
+        assert!(Arc::ptr_eq(b.image().unwrap(), &image));
+        assert_eq!(Arc::strong_count(&image), 2);
+        b.to_mut().push(b'x');
+        assert_eq!(&*b, b"0123456789x");
+        assert!(b.image().is_none() && b.own_capacity() >= 11);
+        assert_eq!(
+            Arc::strong_count(&image),
+            1,
+            "the copy lets go of the image"
+        );
+    }
+
+    #[test]
+    fn images_are_charged_once_each_and_whole() {
+        let (a, b): (SharedImage, SharedImage) = (
+            Arc::new(AlignedBuf::zeroed(8192)),
+            Arc::new(AlignedBuf::zeroed(4096)),
+        );
+        let parts = [
+            SubBytes::in_image(&a, 0, 10),
+            SubBytes::in_image(&a, 10, 10),
+            SubBytes::from(vec![1; 50]),
+            SubBytes::in_image(&b, 0, 1),
+        ];
+        let mut all = ImageCharge::default();
+        parts.iter().for_each(|b| all.add(b));
+        assert_eq!(all.mem(), 8192 + 4096);
+        let mut own = ImageCharge::default();
+        own.add(&parts[2]);
+        assert_eq!(own.mem(), 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside its image")]
+    fn a_range_past_the_image_is_refused() {
+        let image: SharedImage = Arc::new(AlignedBuf::zeroed(4096));
+        SubBytes::in_image(&image, 4000, 200);
+    }
+}
