@@ -57,6 +57,8 @@ mod heal_tests;
 mod heap;
 mod info;
 #[cfg(test)]
+mod inplace_tests;
+#[cfg(test)]
 mod invariant_tests;
 #[cfg(test)]
 mod lift_tests;

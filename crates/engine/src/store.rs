@@ -412,7 +412,14 @@ impl Store {
         } else {
             None
         };
-        let mut buf = pooled.unwrap_or_else(|| AlignedBuf::zeroed(len.next_power_of_two()));
+        // A buffer the pool may keep is sized to serve later reads too; one it will not keep is
+        // sized to this image (it may stay shared by the sub-blocks read in place from it).
+        let size = if len >= POOLED_MIN {
+            len.next_power_of_two()
+        } else {
+            len
+        };
+        let mut buf = pooled.unwrap_or_else(|| AlignedBuf::zeroed(size));
         self.dev
             .read_at(offset, &mut buf[..len])
             .map_err(|e| Error::io(format!("reading {what}"), e))?;
