@@ -266,6 +266,7 @@ impl Cache {
         disk_blocks: u64,
         read_ahead: bool,
     ) -> Arc<CachedNode> {
+        node.unshare_sparse_images();
         let mem = node.mem();
         let next = image_blocks(&node);
         let mut meta = NodeMeta {
@@ -305,6 +306,7 @@ impl Cache {
 
     /// Re-measures a node after a change and adjusts the accounting (memory, and space if dirty).
     pub fn remeasure(&self, cn: &CachedNode, node: &Node) {
+        node.unshare_sparse_images();
         let new = node.mem();
         let next = image_blocks(node);
         let mut m = cn.meta.lock();

@@ -232,3 +232,66 @@ fn a_damaged_sub_block_read_in_place_is_refused() {
         Err(crate::Error::Checksum { .. })
     ));
 }
+
+#[test]
+fn a_node_that_uses_little_of_its_image_copies_it_out() {
+    // Nodes of 256 KiB and partitions of 32 KiB: a leaf read whole uses nearly all of its image.
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let format = Format {
+        node_size: 256 << 10,
+        partition_size: 32 << 10,
+        max_fanout: 8,
+        ..Format::small_for_tests()
+    };
+    let e = Engine::create(dev.clone(), format, options()).unwrap();
+    for i in 0..6000u32 {
+        e.put(format!("k/{i:06}").as_bytes(), &value(i)).unwrap();
+    }
+    e.checkpoint().unwrap();
+    e.close().unwrap();
+    let e = Engine::open(dev, options()).unwrap();
+    let mut leaf = nodes_read_whole(&e)
+        .into_iter()
+        .filter(|n| n.height == 0)
+        .max_by_key(|n| n.bytes())
+        .unwrap();
+    let image_len = {
+        let Body::Leaf(l) = &leaf.body else {
+            unreachable!()
+        };
+        assert!(l.parts.len() >= 4, "{} partitions", l.parts.len());
+        l.resident_parts()[0].part_bytes().image().unwrap().len()
+    };
+    let (_, charged) = sharing(&leaf);
+    assert_eq!(charged, image_len);
+    assert!(
+        !leaf.unshare_sparse_images(),
+        "a leaf read whole uses most of its image and keeps it"
+    );
+    // Keep only the first partition (as a cut piece would): its image is now mostly unused.
+    let Body::Leaf(l) = &mut leaf.body else {
+        unreachable!()
+    };
+    l.parts.truncate(1);
+    l.pivots.clear();
+    let before = l.resident_parts()[0].raw().to_vec();
+    assert!(leaf.unshare_sparse_images());
+    let (shared, charged) = sharing(&leaf);
+    assert_eq!((shared, charged), (vec![false], 0));
+    let Body::Leaf(l) = &leaf.body else {
+        unreachable!()
+    };
+    assert_eq!(l.resident_parts()[0].raw(), before.as_slice());
+    assert!(l.mem() < image_len / 2, "the leaf still charges the image");
+    // Through the cache: every node it holds after a cold scan charges at most 4/3 of the bytes
+    // of the images its sub-blocks use.
+    e.scan(Bound::Unbounded, Bound::Unbounded, |_, _| true)
+        .unwrap();
+    for cn in e.tree().cache.all() {
+        let g = cn.read();
+        let (shared, _) = sharing(&g);
+        if shared.contains(&true) {
+            assert!(!g.unshare_sparse_images(), "the cache kept a sparse image");
+        }
+    }
+}

@@ -436,6 +436,46 @@ impl Node {
         }
     }
 
+    /// Copies out the sub-blocks that lie in a node image this node's sub-blocks use only
+    /// sparsely (`subbytes.rs`, less than three quarters of it: a node changed or cut since it
+    /// was read), so that it no longer charges, and keeps mapped, an image it mostly does not
+    /// use. The cache calls it before it measures a node. Returns whether anything was copied.
+    pub(crate) fn unshare_sparse_images(&self) -> bool {
+        let mut charge = crate::subbytes::ImageCharge::default();
+        match &self.body {
+            Body::Leaf(l) => {
+                for p in &l.parts {
+                    if let Some(d) = &p.state.lock().data {
+                        charge.add(d.part_bytes());
+                    }
+                }
+                if !charge.any_sparse() {
+                    return false;
+                }
+                for p in &l.parts {
+                    let mut st = p.state.lock();
+                    let own = match &st.data {
+                        Some(d) if charge.is_sparse(d.part_bytes()) => d.unshared(),
+                        _ => continue,
+                    };
+                    st.data = Some(Arc::new(own));
+                }
+            }
+            Body::Internal(n) => {
+                for b in &n.buffers {
+                    b.charge_image(&mut charge);
+                }
+                if !charge.any_sparse() {
+                    return false;
+                }
+                for b in &n.buffers {
+                    b.unshare_if_sparse(&charge);
+                }
+            }
+        }
+        true
+    }
+
     /// Whether every partition (leaf) or buffer (internal node) is in memory.
     pub fn fully_resident(&self) -> bool {
         match &self.body {

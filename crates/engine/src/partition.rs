@@ -66,6 +66,13 @@ impl Partition {
         self.data.own_capacity() + self.offs.capacity() * 4 + 64
     }
 
+    /// The same entries, in a buffer of their own.
+    pub(crate) fn unshared(&self) -> Partition {
+        let mut p = self.clone();
+        p.data.to_mut();
+        p
+    }
+
     /// The entries' bytes, to be charged with [`crate::subbytes::shared_images_mem`].
     pub(crate) fn part_bytes(&self) -> &SubBytes {
         &self.data

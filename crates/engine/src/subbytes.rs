@@ -112,21 +112,26 @@ impl Deref for SubBytes {
     }
 }
 
-/// The memory of the distinct images some partitions share: each image once, whole.
+/// The memory of the distinct images some sub-blocks lie in: each image once, whole, with the
+/// bytes of it those sub-blocks use.
 #[derive(Default)]
 pub(crate) struct ImageCharge {
-    seen: Vec<*const AlignedBuf>,
+    /// Each image counted (its address and length), and the bytes of it the ranges counted use.
+    seen: Vec<(*const AlignedBuf, usize, usize)>,
     mem: usize,
 }
 
 impl ImageCharge {
-    /// Counts the image `bytes` are a range of, unless it was counted already.
+    /// Counts the image `bytes` are a range of, unless it was counted already, and the range.
     pub(crate) fn add(&mut self, bytes: &SubBytes) {
         if let Some(image) = bytes.image() {
             let p = Arc::as_ptr(image);
-            if !self.seen.contains(&p) {
-                self.seen.push(p);
-                self.mem += image.len();
+            match self.seen.iter_mut().find(|(q, _, _)| *q == p) {
+                Some((_, _, used)) => *used += bytes.len(),
+                None => {
+                    self.seen.push((p, image.len(), bytes.len()));
+                    self.mem += image.len();
+                }
             }
         }
     }
@@ -135,6 +140,33 @@ impl ImageCharge {
     pub(crate) fn mem(&self) -> usize {
         self.mem
     }
+
+    /// Whether some image counted is used for less than [`KEEP_USED`] of its bytes by the
+    /// ranges counted ([`ImageCharge::is_sparse`] tells which ranges lie in one).
+    pub(crate) fn any_sparse(&self) -> bool {
+        self.seen.iter().any(|&(_, len, used)| sparse(used, len))
+    }
+
+    /// Whether `bytes` lie in an image that the ranges counted use sparsely.
+    pub(crate) fn is_sparse(&self, bytes: &SubBytes) -> bool {
+        let Some(image) = bytes.image() else {
+            return false;
+        };
+        let p = Arc::as_ptr(image);
+        self.seen
+            .iter()
+            .any(|&(q, len, used)| q == p && sparse(used, len))
+    }
+}
+
+/// A node keeps ranges of an image only while they use at least three quarters of it; otherwise
+/// they are copied into buffers of their own ([`crate::node::Node::unshare_sparse_images`]).
+/// So a node charges at most 4/3 of its ranges' bytes for an image, and of the pieces of a cut
+/// or a split at most one keeps it.
+const KEEP_USED: (usize, usize) = (3, 4);
+
+fn sparse(used: usize, len: usize) -> bool {
+    used * KEEP_USED.1 < len * KEEP_USED.0
 }
 
 #[cfg(test)]

@@ -95,6 +95,20 @@ impl EncodedBuffer {
         self.raw.own_capacity() + (self.ranges.len() + self.points.len()) * 4 + 64
     }
 
+    /// The same encoding and index, in a buffer of its own.
+    pub(crate) fn unshared(&self) -> EncodedBuffer {
+        let mut raw = self.raw.clone();
+        raw.to_mut();
+        EncodedBuffer {
+            raw,
+            ranges: self.ranges.clone(),
+            points: self.points.clone(),
+            longest: self.longest,
+            max_key: self.max_key,
+            max_value: self.max_value,
+        }
+    }
+
     /// The encoding's bytes, to be charged with [`crate::subbytes::ImageCharge`].
     pub(crate) fn sub_bytes(&self) -> &SubBytes {
         &self.raw

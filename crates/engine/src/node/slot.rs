@@ -613,6 +613,17 @@ impl BufSlot {
         }
     }
 
+    /// Copies the encoding out of its node image if `charge` finds that image used sparsely
+    /// ([`crate::node::Node::unshare_sparse_images`]).
+    pub(crate) fn unshare_if_sparse(&self, charge: &crate::subbytes::ImageCharge) {
+        let mut st = self.state.lock();
+        let own = match &st.raw {
+            Some(raw) if charge.is_sparse(raw.sub_bytes()) => raw.unshared(),
+            _ => return,
+        };
+        st.raw = Some(Arc::new(own));
+    }
+
     /// Memory held, without the node image its encoding may lie in ([`BufSlot::charge_image`]).
     pub fn mem(&self) -> usize {
         let st = self.state.lock();
