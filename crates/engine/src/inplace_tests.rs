@@ -283,8 +283,8 @@ fn a_node_that_uses_little_of_its_image_copies_it_out() {
     };
     assert_eq!(l.resident_parts()[0].raw(), before.as_slice());
     assert!(l.mem() < image_len / 2, "the leaf still charges the image");
-    // Through the cache: every node it holds after a cold scan charges at most 4/3 of the bytes
-    // of the images its sub-blocks use.
+    // Through the cache: no node it holds after a cold scan keeps an image it uses half of or
+    // less.
     e.scan(Bound::Unbounded, Bound::Unbounded, |_, _| true)
         .unwrap();
     for cn in e.tree().cache.all() {

@@ -437,7 +437,7 @@ impl Node {
     }
 
     /// Copies out the sub-blocks that lie in a node image this node's sub-blocks use only
-    /// sparsely (`subbytes.rs`, less than three quarters of it: a node changed or cut since it
+    /// sparsely (`subbytes.rs`, half of it or less: a node changed or cut since it
     /// was read), so that it no longer charges, and keeps mapped, an image it mostly does not
     /// use. The cache calls it before it measures a node. Returns whether anything was copied.
     pub(crate) fn unshare_sparse_images(&self) -> bool {

@@ -380,10 +380,15 @@ impl Drop for Image<'_> {
         let Some(buf) = self.buf.take() else {
             return;
         };
-        let mut pool = self.pool.lock();
-        if buf.len() >= POOLED_MIN && pool.len() < POOLED_IMAGES {
-            pool.push(buf);
+        if buf.len() < POOLED_MIN {
+            return;
         }
+        // The newest buffers are kept (the oldest, of sizes no longer read, go).
+        let mut pool = self.pool.lock();
+        let old = (pool.len() >= POOLED_IMAGES).then(|| pool.remove(0));
+        pool.push(buf);
+        drop(pool);
+        drop(old);
     }
 }
 
@@ -405,20 +410,19 @@ impl Store {
     /// flushes). The bytes past `len` in the buffer are never exposed.
     pub fn read_image(&self, offset: u64, len: usize, what: &str) -> Result<Image<'_>> {
         let len = amaranth_device::round_up(len);
+        // A pooled buffer is at most a quarter longer than the image, and a new one is sized to
+        // it: the sub-blocks read in place keep the whole buffer (`subbytes.rs`), and a node
+        // keeps them so only while they use most of it.
         let pooled = if len >= POOLED_MIN {
             let mut pool = self.image_pool.lock();
-            let i = pool.iter().position(|b| b.len() >= len);
+            let i = pool
+                .iter()
+                .position(|b| b.len() >= len && b.len() <= len + len / 4);
             i.map(|i| pool.swap_remove(i))
         } else {
             None
         };
-        // A buffer the pool may keep is sized to serve later reads too; one it will not keep is
-        // sized to this image (it may stay shared by the sub-blocks read in place from it).
-        let size = if len >= POOLED_MIN {
-            len.next_power_of_two()
-        } else {
-            len
-        };
+        let size = len;
         let mut buf = pooled.unwrap_or_else(|| AlignedBuf::zeroed(size));
         self.dev
             .read_at(offset, &mut buf[..len])

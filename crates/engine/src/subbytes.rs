@@ -141,7 +141,7 @@ impl ImageCharge {
         self.mem
     }
 
-    /// Whether some image counted is used for less than [`KEEP_USED`] of its bytes by the
+    /// Whether some image counted is used for no more than [`KEEP_USED`] of its bytes by the
     /// ranges counted ([`ImageCharge::is_sparse`] tells which ranges lie in one).
     pub(crate) fn any_sparse(&self) -> bool {
         self.seen.iter().any(|&(_, len, used)| sparse(used, len))
@@ -159,14 +159,14 @@ impl ImageCharge {
     }
 }
 
-/// A node keeps ranges of an image only while they use at least three quarters of it; otherwise
-/// they are copied into buffers of their own ([`crate::node::Node::unshare_sparse_images`]).
-/// So a node charges at most 4/3 of its ranges' bytes for an image, and of the pieces of a cut
-/// or a split at most one keeps it.
-const KEEP_USED: (usize, usize) = (3, 4);
+/// A node keeps ranges of an image only while they use more than half of it; otherwise they are
+/// copied into buffers of their own ([`crate::node::Node::unshare_sparse_images`]). So a node
+/// charges less than twice its ranges' bytes for an image, and of the pieces of a cut or a split
+/// at most one keeps it.
+const KEEP_USED: (usize, usize) = (1, 2);
 
 fn sparse(used: usize, len: usize) -> bool {
-    used * KEEP_USED.1 < len * KEEP_USED.0
+    used * KEEP_USED.1 <= len * KEEP_USED.0
 }
 
 #[cfg(test)]
