@@ -9,7 +9,7 @@
 use crate::codec::Dec;
 use crate::dataref::{DataRef, Stored, REF_BYTES, REF_MAX};
 use crate::error::Result;
-use crate::subbytes::SubBytes;
+use crate::subbytes::{SharedImage, SubBytes};
 
 const ENTRY_HEADER: usize = 6;
 
@@ -351,6 +351,22 @@ impl PartitionBuilder {
         self.offs.is_empty()
     }
 
+    /// Copies the entries pushed so far into `arena` at `start` (a buffer to be shared by the
+    /// partitions placed in it, `subbytes.rs`) and empties the builder for the next partition,
+    /// keeping its buffer.
+    pub(crate) fn place(&mut self, arena: &mut [u8], start: usize) -> Placed {
+        let len = self.data.len();
+        arena[start..start + len].copy_from_slice(&self.data);
+        self.data.clear();
+        Placed {
+            start,
+            len,
+            offs: std::mem::take(&mut self.offs),
+            refs: std::mem::replace(&mut self.refs, 0),
+            ref_max: std::mem::replace(&mut self.ref_max, 0),
+        }
+    }
+
     /// The finished partition.
     pub fn finish(mut self) -> Partition {
         // Give back a large unused tail only (a reallocation copies the whole partition).
@@ -360,6 +376,37 @@ impl PartitionBuilder {
         self.offs.shrink_to_fit();
         Partition {
             data: SubBytes::Own(self.data),
+            offs: self.offs,
+            refs: self.refs,
+            ref_max: self.ref_max,
+        }
+    }
+}
+
+/// A partition's entries copied into a buffer not yet shared ([`PartitionBuilder::place`]): where
+/// they are, and their index.
+pub(crate) struct Placed {
+    start: usize,
+    len: usize,
+    offs: Vec<u32>,
+    refs: usize,
+    ref_max: usize,
+}
+
+impl Placed {
+    /// Bytes placed.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The partition, once the buffer it was placed in is shared as `image`.
+    pub(crate) fn into_partition(self, image: &SharedImage) -> Partition {
+        assert!(
+            self.offs.last().is_none_or(|&o| (o as usize) < self.len),
+            "a placed partition's index past its bytes"
+        );
+        Partition {
+            data: SubBytes::in_image(image, self.start, self.len),
             offs: self.offs,
             refs: self.refs,
             ref_max: self.ref_max,

@@ -3,8 +3,13 @@
 //! (their stored keys get the lost bytes back). Every stored key of the node changes the same
 //! way: entries, partition pivots, child pivots and buffered messages.
 
+use std::sync::Arc;
+
+use amaranth_device::AlignedBuf;
+
 use super::{Body, BufSlot, Internal, Leaf, Node, PartSlot, RekeyPlan, LONGEST_UNKNOWN};
-use crate::partition::PartitionBuilder;
+use crate::partition::{Partition, PartitionBuilder};
+use crate::subbytes::SharedImage;
 
 /// `key` without its first `drop.len()` bytes (which must be `drop`) and with `add` in front.
 fn rekey(key: &[u8], drop: &[u8], add: &[u8]) -> Vec<u8> {
@@ -70,10 +75,51 @@ impl Body {
     }
 }
 
+/// A re-lifted leaf of at least this many bytes is built into one buffer (a huge page or more,
+/// `AlignedBuf`) that its partitions share (`subbytes.rs`), instead of a buffer per partition.
+const ONE_BUFFER_MIN: usize = 2 << 20;
+
 impl Leaf {
     fn relift(&mut self, drop: &[u8], add: &[u8]) {
         for p in &mut self.pivots {
             *p = rekey(p, drop, add);
+        }
+        let olds: Vec<Arc<Partition>> = self
+            .parts
+            .iter()
+            .map(|s| s.data().expect("a re-lifted leaf is fully resident"))
+            .collect();
+        // Every key gains `add` or loses `drop`.
+        let size = |p: &Partition| p.bytes() + p.len() * add.len() - p.len() * drop.len();
+        let total: usize = olds.iter().map(|p| size(p)).sum();
+        if total >= ONE_BUFFER_MIN {
+            // The pieces a cut re-lifts are new memory: one mapping of huge pages faults a few
+            // times where partitions of their own fault once per 4 KiB (two fifths of the page
+            // faults of a cold directory rename, BENCHMARKS.md "Range rename: sub-blocks read
+            // in place").
+            let mut arena = AlignedBuf::zeroed(total);
+            let largest = olds.iter().map(|p| size(p)).max().unwrap_or(0);
+            let mut b = PartitionBuilder::with_capacity(largest);
+            let mut k = Vec::new();
+            let mut placed = Vec::with_capacity(olds.len());
+            let mut at = 0;
+            for old in &olds {
+                for i in 0..old.len() {
+                    rekey_into(&mut k, old.key(i), drop, add);
+                    b.push(&k, old.value(i));
+                }
+                let p = b.place(&mut arena, at);
+                assert_eq!(p.len(), size(old), "a re-lifted partition's size");
+                at += p.len();
+                placed.push(p);
+            }
+            assert_eq!(at, total, "re-lifted bytes");
+            let image: SharedImage = Arc::new(arena);
+            self.parts = placed
+                .into_iter()
+                .map(|p| PartSlot::resident(p.into_partition(&image)))
+                .collect();
+            return;
         }
         for slot in &mut self.parts {
             let old = slot.data().expect("a re-lifted leaf is fully resident");
@@ -145,6 +191,81 @@ mod tests {
         };
         let p = l.parts[0].data().unwrap();
         (0..p.len()).map(|i| p.key(i).to_vec()).collect()
+    }
+
+    #[test]
+    fn a_large_leaf_is_re_lifted_into_one_shared_buffer() {
+        // 40 partitions of ~64 KiB: past `ONE_BUFFER_MIN`.
+        let mut parts = Vec::new();
+        let mut want = Vec::new();
+        for p in 0..40u32 {
+            let mut b = PartitionBuilder::with_capacity(70 << 10);
+            for i in 0..600u32 {
+                let key = format!("dir/sub/{p:03}/{i:05}").into_bytes();
+                let value = vec![(p + i) as u8; 90];
+                b.push(&key, crate::dataref::Stored::Bytes(&value));
+                want.push((key, value));
+            }
+            parts.push(PartSlot::resident(b.finish()));
+        }
+        let pivots: Vec<Vec<u8>> = (1..40u32)
+            .map(|p| format!("dir/sub/{p:03}/").into_bytes())
+            .collect();
+        let mut n = Node {
+            height: 0,
+            max_msn: 0,
+            body: Body::Leaf(Leaf { pivots, parts }),
+            prefix: Vec::new(),
+        };
+        let bytes = n.bytes();
+        assert!(bytes >= ONE_BUFFER_MIN, "{bytes} bytes");
+        let entries = |n: &Node| -> Vec<(Vec<u8>, Vec<u8>)> {
+            let Body::Leaf(l) = &n.body else {
+                unreachable!()
+            };
+            l.resident_parts()
+                .iter()
+                .flat_map(|p| {
+                    (0..p.len())
+                        .map(|i| (p.key(i).to_vec(), p.value(i).raw().to_vec()))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        let shared_once = |n: &Node| {
+            let Body::Leaf(l) = &n.body else {
+                unreachable!()
+            };
+            let parts = l.resident_parts();
+            let image = parts[0]
+                .part_bytes()
+                .image()
+                .expect("in one buffer")
+                .clone();
+            assert!(parts
+                .iter()
+                .all(|p| Arc::ptr_eq(p.part_bytes().image().unwrap(), &image)));
+            assert!(
+                !n.unshare_sparse_images(),
+                "the buffer is sized to the leaf"
+            );
+            image.len()
+        };
+        n.relift(b"dir/", b"");
+        let lifted: Vec<_> = want
+            .iter()
+            .map(|(k, v)| (k[4..].to_vec(), v.clone()))
+            .collect();
+        assert_eq!(entries(&n), lifted);
+        assert!(shared_once(&n) < bytes, "sized to the shorter keys");
+        let Body::Leaf(l) = &n.body else {
+            unreachable!()
+        };
+        assert_eq!(l.pivots[0], b"sub/001/".to_vec());
+        n.relift(b"", b"dir/");
+        assert_eq!(entries(&n), want);
+        shared_once(&n);
+        assert_eq!(n.bytes(), bytes);
     }
 
     #[test]
