@@ -215,13 +215,16 @@ impl Tree {
         for (i, loc) in locs {
             let dev_off = ext.offset() + loc.offset as u64;
             let o = loc.offset as usize;
+            let what = match &g.body {
+                Body::Internal(_) => format!("node {} buffer {i}", cn.id),
+                Body::Leaf(_) => format!("node {} partition {i}", cn.id),
+            };
             let own;
             let src = match &whole {
                 Some(Whole::Shared(image)) => node::SubSrc::Shared { image, offset: o },
                 Some(Whole::Pooled(image)) => node::SubSrc::Slice(&image[o..]),
                 None => {
                     let (off, len) = loc.aligned_range();
-                    let what = format!("node {} sub-block {i}", cn.id);
                     own = Arc::new(self.store.read(ext.offset() + off, len, &what)?);
                     node::SubSrc::Shared {
                         image: &own,
@@ -231,7 +234,6 @@ impl Tree {
             };
             match &g.body {
                 Body::Internal(n) => {
-                    let what = format!("node {} buffer {i}", cn.id);
                     let slot = &n.buffers[i];
                     let bounds = node::child_bounds_of(&n.pivots, i);
                     let enc =
@@ -239,7 +241,6 @@ impl Tree {
                     slot.keep_encoding(enc);
                 }
                 Body::Leaf(l) => {
-                    let what = format!("node {} partition {i}", cn.id);
                     let slot = &l.parts[i];
                     let p = node::decode_partition_in(src, &loc, &self.format, &what, dev_off)?;
                     if p.len() != slot.entries || p.bytes() != slot.bytes {
