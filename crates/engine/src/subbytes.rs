@@ -1,29 +1,32 @@
-//! The bytes of a leaf partition: a buffer of its own, or its range of the node image it was
-//! read in.
+//! The bytes of a sub-block in memory (a leaf partition, or a child's buffer encoding): a buffer
+//! of its own, or its range of a buffer shared with other sub-blocks.
 //!
-//! An uncompressed partition's stored bytes are its in-memory form (`partition.rs`), so a leaf
-//! read from the device can use them where they lie instead of copying each partition out of
-//! the image into a buffer of its own. On this machine a copy into fresh memory costs a page
+//! An uncompressed sub-block's stored bytes are its in-memory form (`partition.rs`,
+//! `buffer/encoded.rs`), so a node read from the device uses them where they lie in what was
+//! read (the whole image, or the sub-block's own read) instead of copying each one out into a
+//! buffer of its own; and a large leaf re-lifted by a cut is rebuilt into one buffer that its new
+//! partitions share (`node/lift.rs`). On this machine a copy into fresh memory costs a page
 //! fault and a page clear per 4 KiB (the daemon's allocator maps every buffer of 64 KiB or more
 //! afresh, `cli/src/memlimit.rs`): in the first rename of a cold directory tree, which reads the
-//! leaves at its range's edges whole to cut them, those copies and their faults were two fifths
-//! of the daemon's samples (docs/BENCHMARKS.md, "Range rename: partitions read in place").
+//! nodes at its range's edges whole to cut them, those copies and their faults were most of the
+//! page faults (docs/BENCHMARKS.md, "Range rename: sub-blocks read in place").
 //!
-//! The memory of a shared image is charged by every leaf that holds one of its ranges, whole
-//! ([`crate::node::Leaf::mem`]): an image stays mapped while any range of it is used, so a leaf
-//! charging only its ranges' lengths would under-count the bound once its other partitions
-//! are rewritten. A partition that is changed in place takes a copy of its range first
-//! ([`SubBytes::to_mut`]).
+//! A shared buffer stays mapped while any range of it is used, so a node charges each buffer its
+//! sub-blocks lie in whole and once ([`ImageCharge`], in `Leaf::mem` and `Internal::mem`), and
+//! keeps those ranges only while they use more than half of it: otherwise the cache copies them
+//! out before it measures the node (`Node::unshare_sparse_images`). A sub-block changed in place
+//! is copied out first ([`SubBytes::to_mut`]); a shared buffer is never written.
 
 use std::ops::Deref;
 use std::sync::Arc;
 
 use amaranth_device::AlignedBuf;
 
-/// A node image read from the device, shared by the partitions decoded in place from it.
+/// A buffer shared by the sub-blocks that are ranges of it (a node image read from the device,
+/// or a re-lifted leaf's entries).
 pub(crate) type SharedImage = Arc<AlignedBuf>;
 
-/// A partition's encoded entries.
+/// A sub-block's bytes.
 #[derive(Clone, Debug)]
 pub(crate) enum SubBytes {
     /// A buffer of its own (built, changed, or decompressed).
@@ -53,7 +56,7 @@ impl SubBytes {
     pub(crate) fn in_image(image: &SharedImage, start: usize, len: usize) -> SubBytes {
         assert!(
             start.checked_add(len).is_some_and(|end| end <= image.len()),
-            "partition range {start}+{len} outside its image of {}",
+            "sub-block range {start}+{len} outside its image of {}",
             image.len()
         );
         SubBytes::Image {
@@ -85,7 +88,7 @@ impl SubBytes {
     }
 
     /// Memory of a buffer of their own (0 for a shared range: the image is charged whole by
-    /// the leaves that hold it).
+    /// the nodes that hold it).
     pub(crate) fn own_capacity(&self) -> usize {
         match self {
             SubBytes::Own(v) => v.capacity(),
