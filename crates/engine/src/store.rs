@@ -20,7 +20,7 @@ use crate::datatable::DataTable;
 use crate::datawriter::DataWriter;
 use crate::error::{Error, Result};
 use crate::node::NodeId;
-use crate::subbytes::SharedImage;
+use crate::subbytes::{ImageBuf, ImagePool, SharedImage};
 use crate::superblock::Extent;
 
 pub(crate) use crate::btt::decode_btt_catalog;
@@ -340,22 +340,16 @@ pub struct Store {
     /// engine adopts this as its failure whenever it checks for one (before every write, switch of
     /// mode and checkpoint), so it refuses writes after any failed node write.
     pub write_failure: Mutex<Option<Error>>,
-    /// Buffers of whole-image reads kept for the next ones (at most [`POOLED_IMAGES`]): a fresh
-    /// mapping costs a page fault and a kernel page clear per 4 KiB before the device can fill it.
-    image_pool: Mutex<Vec<AlignedBuf>>,
+    /// Buffers of whole-image reads kept for the next ones (`subbytes.rs` [`ImagePool`]):
+    /// given back by an image read when dropped, or by the last sub-block read in place from it.
+    image_pool: Arc<ImagePool>,
 }
-
-/// Read buffers kept for reuse: one per read-ahead worker and one for a foreground reader.
-const POOLED_IMAGES: usize = 3;
-
-/// Reads at least this long take their buffer from the pool.
-const POOLED_MIN: usize = 1 << 20;
 
 /// The bytes of a whole-image read, in a buffer that goes back to the store's pool when dropped.
 pub struct Image<'a> {
     buf: Option<AlignedBuf>,
     len: usize,
-    pool: &'a Mutex<Vec<AlignedBuf>>,
+    pool: &'a Arc<ImagePool>,
 }
 
 impl std::ops::Deref for Image<'_> {
@@ -366,29 +360,21 @@ impl std::ops::Deref for Image<'_> {
 }
 
 impl Image<'_> {
-    /// The buffer, kept by the caller instead of going back to the pool: a leaf's partitions
-    /// are then used where they lie in it (`subbytes.rs`). The whole buffer is shared (it may
-    /// be longer than the image); the bytes past the image's length are zeros or a former
-    /// image's and belong to no partition.
+    /// The buffer, kept by the caller: a node's sub-blocks are then used where they lie in it
+    /// (`subbytes.rs`), and it goes back to the pool when the last of them is dropped. The whole
+    /// buffer is shared (it may be longer than the image); the bytes past the image's length are
+    /// zeros or a former image's and belong to no sub-block.
     pub(crate) fn into_shared(mut self) -> SharedImage {
-        Arc::new(self.buf.take().expect("image buffer"))
+        let buf = self.buf.take().expect("image buffer");
+        Arc::new(ImageBuf::pooled(buf, self.pool.clone()))
     }
 }
 
 impl Drop for Image<'_> {
     fn drop(&mut self) {
-        let Some(buf) = self.buf.take() else {
-            return;
-        };
-        if buf.len() < POOLED_MIN {
-            return;
+        if let Some(buf) = self.buf.take() {
+            self.pool.give(buf);
         }
-        // The newest buffers are kept (the oldest, of sizes no longer read, go).
-        let mut pool = self.pool.lock();
-        let old = (pool.len() >= POOLED_IMAGES).then(|| pool.remove(0));
-        pool.push(buf);
-        drop(pool);
-        drop(old);
     }
 }
 
@@ -402,7 +388,7 @@ impl Store {
             writer: Arc::new(DataWriter::default()),
             counters: StoreCounters::default(),
             write_failure: Mutex::new(None),
-            image_pool: Mutex::new(Vec::new()),
+            image_pool: Arc::new(ImagePool::default()),
         }
     }
 
@@ -413,15 +399,9 @@ impl Store {
         // A pooled buffer is at most a quarter longer than the image, and a new one is sized to
         // it: the sub-blocks read in place keep the whole buffer (`subbytes.rs`), and a node
         // keeps them so only while they use most of it.
-        let pooled = if len >= POOLED_MIN {
-            let mut pool = self.image_pool.lock();
-            let i = pool
-                .iter()
-                .position(|b| b.len() >= len && b.len() <= len + len / 4);
-            i.map(|i| pool.swap_remove(i))
-        } else {
-            None
-        };
+        let pooled = (len >= ImagePool::MIN)
+            .then(|| self.image_pool.take(len))
+            .flatten();
         let size = len;
         let mut buf = pooled.unwrap_or_else(|| AlignedBuf::zeroed(size));
         self.dev
@@ -436,6 +416,11 @@ impl Store {
             len,
             pool: &self.image_pool,
         })
+    }
+
+    /// Image buffers handed out again by the pool.
+    pub(crate) fn image_buffers_reused(&self) -> u64 {
+        self.image_pool.reused()
     }
 
     /// Reads `len` bytes (rounded up to blocks) at `offset`.

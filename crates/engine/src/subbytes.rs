@@ -24,7 +24,94 @@ use amaranth_device::AlignedBuf;
 
 /// A buffer shared by the sub-blocks that are ranges of it (a node image read from the device,
 /// or a re-lifted leaf's entries).
-pub(crate) type SharedImage = Arc<AlignedBuf>;
+pub(crate) type SharedImage = Arc<ImageBuf>;
+
+/// The buffer of a [`SharedImage`]; when the last range of it is dropped it goes back to the
+/// pool it came from, if any (`Store::read_image`), so that a sequential read's images are read
+/// into the memory of the images shed before rather than into new mappings.
+#[derive(Debug)]
+pub(crate) struct ImageBuf {
+    buf: Option<AlignedBuf>,
+    home: Option<Arc<ImagePool>>,
+}
+
+impl ImageBuf {
+    /// `buf`, freed when dropped.
+    pub(crate) fn new(buf: AlignedBuf) -> ImageBuf {
+        ImageBuf {
+            buf: Some(buf),
+            home: None,
+        }
+    }
+
+    /// `buf`, given back to `home` when dropped.
+    pub(crate) fn pooled(buf: AlignedBuf, home: Arc<ImagePool>) -> ImageBuf {
+        ImageBuf {
+            buf: Some(buf),
+            home: Some(home),
+        }
+    }
+}
+
+impl Deref for ImageBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.buf.as_ref().expect("image buffer")
+    }
+}
+
+impl Drop for ImageBuf {
+    fn drop(&mut self) {
+        if let (Some(buf), Some(home)) = (self.buf.take(), &self.home) {
+            home.give(buf);
+        }
+    }
+}
+
+/// Image buffers kept for reuse (at most [`ImagePool::KEPT`], newest kept): a fresh mapping costs
+/// a page fault and a kernel page clear per 4 KiB (or per huge page) before the device can fill
+/// it.
+#[derive(Debug, Default)]
+pub(crate) struct ImagePool {
+    bufs: parking_lot::Mutex<Vec<AlignedBuf>>,
+    reused: std::sync::atomic::AtomicU64,
+}
+
+impl ImagePool {
+    /// Buffers kept: one per read-ahead worker and one for a foreground reader.
+    pub(crate) const KEPT: usize = 3;
+    /// Buffers shorter than this are not kept (the heap serves them without new mappings).
+    pub(crate) const MIN: usize = 1 << 20;
+
+    /// A kept buffer for an image of `len` bytes: at least `len`, and at most a quarter longer,
+    /// so that the sub-blocks read in place use most of it (they keep the whole buffer).
+    pub(crate) fn take(&self, len: usize) -> Option<AlignedBuf> {
+        let mut bufs = self.bufs.lock();
+        let i = bufs
+            .iter()
+            .rposition(|b| b.len() >= len && b.len() <= len + len / 4)?;
+        self.reused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(bufs.swap_remove(i))
+    }
+
+    /// Keeps `buf` for a later [`ImagePool::take`], dropping the oldest kept one if full.
+    pub(crate) fn give(&self, buf: AlignedBuf) {
+        if buf.len() < Self::MIN {
+            return;
+        }
+        let mut bufs = self.bufs.lock();
+        let old = (bufs.len() >= Self::KEPT).then(|| bufs.remove(0));
+        bufs.push(buf);
+        drop(bufs);
+        drop(old);
+    }
+
+    /// Buffers handed out again so far.
+    pub(crate) fn reused(&self) -> u64 {
+        self.reused.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
 
 /// A sub-block's bytes.
 #[derive(Clone, Debug)]
@@ -120,7 +207,7 @@ impl Deref for SubBytes {
 #[derive(Default)]
 pub(crate) struct ImageCharge {
     /// Each image counted (its address and length), and the bytes of it the ranges counted use.
-    seen: Vec<(*const AlignedBuf, usize, usize)>,
+    seen: Vec<(*const ImageBuf, usize, usize)>,
     mem: usize,
 }
 
@@ -180,7 +267,7 @@ mod tests {
     fn a_shared_range_reads_in_place_and_is_copied_once_changed() {
         let mut buf = AlignedBuf::zeroed(8192);
         buf[100..110].copy_from_slice(b"0123456789");
-        let image: SharedImage = Arc::new(buf);
+        let image: SharedImage = Arc::new(ImageBuf::new(buf));
         let mut b = SubBytes::in_image(&image, 100, 10);
         assert_eq!(&*b, b"0123456789");
         assert_eq!(b.own_capacity(), 0);
@@ -199,8 +286,8 @@ mod tests {
     #[test]
     fn images_are_charged_once_each_and_whole() {
         let (a, b): (SharedImage, SharedImage) = (
-            Arc::new(AlignedBuf::zeroed(8192)),
-            Arc::new(AlignedBuf::zeroed(4096)),
+            Arc::new(ImageBuf::new(AlignedBuf::zeroed(8192))),
+            Arc::new(ImageBuf::new(AlignedBuf::zeroed(4096))),
         );
         let parts = [
             SubBytes::in_image(&a, 0, 10),
@@ -219,7 +306,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "outside its image")]
     fn a_range_past_the_image_is_refused() {
-        let image: SharedImage = Arc::new(AlignedBuf::zeroed(4096));
+        let image: SharedImage = Arc::new(ImageBuf::new(AlignedBuf::zeroed(4096)));
         SubBytes::in_image(&image, 4000, 200);
     }
 }

@@ -44,6 +44,9 @@ pub struct Stats {
     /// Partitions decoded into the memory of partitions freed before (instead of newly mapped
     /// memory), in this process: the pool of such buffers is shared by every engine.
     pub partition_buffers_reused: u64,
+    /// Whole node images read into the buffer of an image freed before (given back by the read,
+    /// or by the last sub-block read in place from it) instead of newly mapped memory.
+    pub image_buffers_reused: u64,
     /// Buffers of out-of-line data (`put_blocks`) cut from the pool of huge pages, in this
     /// process (the pool is shared by every engine).
     pub data_buffers_pooled: u64,
@@ -227,6 +230,7 @@ impl Engine {
             prefetch_hits: cc.prefetch_hits.load(Ordering::Relaxed),
             prefetch_shed: cc.prefetch_shed.load(Ordering::Relaxed),
             partition_buffers_reused: crate::bufpool::POOL.reused(),
+            image_buffers_reused: t.store.image_buffers_reused(),
             data_buffers_pooled: crate::writebuf::POOL.pooled(),
             data_buffers_unpooled: crate::writebuf::POOL.unpooled(),
             data_buffer_slabs_mapped: crate::writebuf::POOL.slabs_mapped(),

@@ -9,7 +9,7 @@ use amaranth_device::AlignedBuf;
 
 use super::{Body, BufSlot, Internal, Leaf, Node, PartSlot, RekeyPlan, LONGEST_UNKNOWN};
 use crate::partition::{Partition, PartitionBuilder};
-use crate::subbytes::SharedImage;
+use crate::subbytes::{ImageBuf, SharedImage};
 
 /// `key` without its first `drop.len()` bytes (which must be `drop`) and with `add` in front.
 fn rekey(key: &[u8], drop: &[u8], add: &[u8]) -> Vec<u8> {
@@ -114,7 +114,7 @@ impl Leaf {
                 placed.push(p);
             }
             assert_eq!(at, total, "re-lifted bytes");
-            let image: SharedImage = Arc::new(arena);
+            let image: SharedImage = Arc::new(ImageBuf::new(arena));
             self.parts = placed
                 .into_iter()
                 .map(|p| PartSlot::resident(p.into_partition(&image)))

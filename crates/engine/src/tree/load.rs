@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::msg::Msn;
 use crate::node::NodeHeader;
 use crate::node::{self, Body, BufSlot, Node, NodeId};
-use crate::subbytes::SharedImage;
+use crate::subbytes::{ImageBuf, SharedImage};
 use crate::superblock::Extent;
 use amaranth_device::AlignedBuf;
 
@@ -225,7 +225,11 @@ impl Tree {
                 Some(Whole::Pooled(image)) => node::SubSrc::Slice(&image[o..]),
                 None => {
                     let (off, len) = loc.aligned_range();
-                    own = Arc::new(self.store.read(ext.offset() + off, len, &what)?);
+                    own = Arc::new(ImageBuf::new(self.store.read(
+                        ext.offset() + off,
+                        len,
+                        &what,
+                    )?));
                     node::SubSrc::Shared {
                         image: &own,
                         offset: 0,
@@ -320,7 +324,11 @@ impl Tree {
         })?;
         let what = format!("node {} buffer {i}", cn.id);
         let (off, len) = loc.aligned_range();
-        let stored = Arc::new(self.store.read(ext.offset() + off, len, &what)?);
+        let stored = Arc::new(ImageBuf::new(self.store.read(
+            ext.offset() + off,
+            len,
+            &what,
+        )?));
         let dev_off = ext.offset() + loc.offset as u64;
         let bounds = node::child_bounds_of(&n.pivots, i);
         let src = node::SubSrc::Shared {
