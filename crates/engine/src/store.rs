@@ -402,8 +402,7 @@ impl Store {
         let pooled = (len >= ImagePool::MIN)
             .then(|| self.image_pool.take(len))
             .flatten();
-        let size = len;
-        let mut buf = pooled.unwrap_or_else(|| AlignedBuf::zeroed(size));
+        let mut buf = pooled.unwrap_or_else(|| AlignedBuf::zeroed(len));
         self.dev
             .read_at(offset, &mut buf[..len])
             .map_err(|e| Error::io(format!("reading {what}"), e))?;
