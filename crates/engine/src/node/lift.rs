@@ -89,8 +89,12 @@ impl Leaf {
             .iter()
             .map(|s| s.data().expect("a re-lifted leaf is fully resident"))
             .collect();
-        // Every key gains `add` or loses `drop`.
-        let size = |p: &Partition| p.bytes() + p.len() * add.len() - p.len() * drop.len();
+        // Every key gains `add` or loses `drop` (which every stored key starts with).
+        let size = |p: &Partition| {
+            (p.bytes() + p.len() * add.len())
+                .checked_sub(p.len() * drop.len())
+                .expect("a partition's keys shorter than the prefix they lose")
+        };
         let total: usize = olds.iter().map(|p| size(p)).sum();
         if total >= ONE_BUFFER_MIN {
             // The pieces a cut re-lifts are new memory: one mapping of huge pages faults a few
