@@ -509,12 +509,12 @@ fn checked_stored<'a>(
 
 /// [`decode_sub`] from `src`: an uncompressed sub-block of a shared image is used in place.
 fn decode_sub_src(src: SubSrc<'_>, loc: &SubLoc, what: &str, dev_offset: u64) -> Result<SubBytes> {
-    let SubSrc::Shared { image, offset } = src else {
+    // A slice, or a compressed sub-block: decoded into a buffer of its own.
+    let (SubSrc::Shared { image, offset }, Some(Compression::None)) =
+        (src, Compression::from_code(loc.codec))
+    else {
         return decode_sub(src.bytes(), loc, what, dev_offset).map(SubBytes::from);
     };
-    if Compression::from_code(loc.codec) != Some(Compression::None) {
-        return decode_sub(src.bytes(), loc, what, dev_offset).map(SubBytes::from);
-    }
     let stored = checked_stored(src.bytes(), loc, what, dev_offset)?;
     if loc.raw_len != loc.stored_len {
         return Err(Error::Corrupt(format!(
