@@ -59,6 +59,10 @@ def parse_args(argv):
     ap.add_argument("--hdd-seek-ms", type=float, help="modeled hard disk: seek time per discontiguous request (8)")
     ap.add_argument("--hdd-mb-s", type=float, help="modeled hard disk: transfer rate in MB/s (150)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="set any parameter")
+    ap.add_argument("--idle-poll-us", type=float, metavar="US",
+                    help="machine setting for the whole run, every file system alike: let an idle vCPU poll this "
+                         "long before it halts (the haltpoll cpuidle driver's guest_halt_poll_ns); the previous "
+                         "value is restored at the end. Default: leave the machine as it is")
     ap.add_argument("--no-fio", action="store_true", help="skip the fio device-limit measurement")
     ap.add_argument("--list", action="store_true", help="list benchmarks and parameters, then exit")
     ap.add_argument("--cleanup", action="store_true",
@@ -217,6 +221,17 @@ def main(argv=None) -> int:
 
     cleanup.install()
     CMDLOG.open(out / "commands.log")
+    if args.idle_poll_us is not None:
+        from . import machine as _machine
+
+        try:
+            before_ns = _machine.set_halt_poll(round(args.idle_poll_us * 1000))
+        except (OSError, RuntimeError, ValueError) as e:
+            print(f"--idle-poll-us: {e}", file=sys.stderr)
+            return 2
+        cleanup.register(f"restore guest_halt_poll_ns {before_ns}", lambda: _machine.set_halt_poll(before_ns))
+        PROGRESS.log(f"idle vCPUs poll {args.idle_poll_us:g} us before they halt (was {before_ns / 1000:g} us; "
+                     "restored at the end)")
     invocation = "python3 -m bench " + shlex.join(sys.argv[1:] if argv is None else argv)
     from . import machine
 

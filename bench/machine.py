@@ -42,6 +42,7 @@ def describe(workdir: Path, repo: Path) -> dict[str, str]:
         d["Disk"] = (f"/dev/{base}: {size / 1e9:.0f} GB, rotational={rot}"
                      f"{', model ' + model if model else ''}{', scheduler ' + sched if sched else ''}"
                      f"{' (virtio)' if base.startswith('vd') else ''}")
+    d["CPU idle"] = cpu_idle()
     d["Python"] = platform.python_version()
     for label, cmd in [("fio", ["fio", "--version"]), ("mkfs.ext4", ["mkfs.ext4", "-V"]),
                        ("mkfs.xfs", ["mkfs.xfs", "-V"]), ("mkfs.btrfs", ["mkfs.btrfs", "--version"]),
@@ -55,6 +56,39 @@ def describe(workdir: Path, repo: Path) -> dict[str, str]:
     commit = _first(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"])
     d["Repository commit"] = commit if re.fullmatch(r"[0-9a-f]{4,40}", commit or "") else "(none yet)"
     return d
+
+
+HALT_POLL = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+
+
+def cpu_idle() -> str:
+    """How this machine's idle CPUs wait: the cpuidle driver and governor, and for a guest's `haltpoll`
+    driver how long an idle vCPU polls before it halts. On a VM whose idle vCPUs halt at once
+    (`guest_halt_poll_ns` 0), waking a task on the other, idle, vCPU costs tens of microseconds, and a FUSE
+    round trip that crosses CPUs pays it (docs/BENCHMARKS.md, "An idle vCPU's wake-up")."""
+    base = Path("/sys/devices/system/cpu/cpuidle")
+    driver = read_file(base / "current_driver", "").strip() or "none"
+    governor = read_file(base / "current_governor_ro", "").strip() or read_file(base / "current_governor", "").strip()
+    text = f"cpuidle driver {driver}" + (f", governor {governor}" if governor else "")
+    poll = read_file(HALT_POLL, "").strip()
+    if poll:
+        text += f", guest_halt_poll_ns {poll}"
+    return text
+
+
+def set_halt_poll(ns: int) -> int:
+    """Sets how long an idle vCPU polls before it halts (the `haltpoll` driver's `guest_halt_poll_ns`, a
+    machine-wide setting) and returns the previous value. Raises when the machine has no such setting."""
+    if ns < 0:
+        raise ValueError(f"a negative poll time: {ns} ns")
+    if not HALT_POLL.exists():
+        raise RuntimeError(f"{HALT_POLL} does not exist: this machine's idle CPUs are not driven by haltpoll")
+    before = int(HALT_POLL.read_text().strip())
+    HALT_POLL.write_text(f"{ns}\n")
+    now = int(HALT_POLL.read_text().strip())
+    if now != ns:
+        raise RuntimeError(f"{HALT_POLL} reads {now} after writing {ns}")
+    return before
 
 
 def amaranth_build(binary: Path, repo: Path, commit: str | None) -> str:

@@ -136,3 +136,30 @@ class ImapMove(unittest.TestCase):
         for mid, data in msgs:
             self.assertTrue(1900 <= len(data) <= 2200, len(data))
             self.assertIn(mid.encode(), data)
+
+
+class IdlePoll(unittest.TestCase):
+    """The machine setting of `--idle-poll-us`, against a file standing in for the haltpoll parameter."""
+
+    def test_set_returns_the_previous_value_and_describe_shows_it(self):
+        from bench import machine
+
+        with tempfile.TemporaryDirectory() as d:
+            f = Path(d) / "guest_halt_poll_ns"
+            f.write_text("0\n")
+            saved = machine.HALT_POLL
+            machine.HALT_POLL = f
+            try:
+                self.assertEqual(machine.set_halt_poll(200000), 0)
+                self.assertEqual(f.read_text().strip(), "200000")
+                self.assertIn("guest_halt_poll_ns 200000", machine.cpu_idle())
+                self.assertEqual(machine.set_halt_poll(0), 200000)
+                with self.assertRaises(ValueError):
+                    machine.set_halt_poll(-1)
+                self.assertEqual(f.read_text().strip(), "0", "a refused value changed the setting")
+                f.unlink()
+                with self.assertRaises(RuntimeError):
+                    machine.set_halt_poll(1000)
+                self.assertNotIn("guest_halt_poll_ns", machine.cpu_idle())
+            finally:
+                machine.HALT_POLL = saved

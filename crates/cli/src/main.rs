@@ -32,6 +32,7 @@ mod files;
 mod fsck;
 mod fsck_cmd;
 mod helpers;
+mod idle;
 mod image;
 mod install;
 mod memlimit;

@@ -484,6 +484,9 @@ fn wait_for_child(
             transport_text(transport)
         );
         say!("unmount with: amaranth umount {}", mountpoint.display());
+        if let Some(n) = crate::idle::halt_poll_note() {
+            note!("{n}");
+        }
         return Ok(());
     }
     let mut status = 0;
@@ -709,6 +712,10 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
     spawn_signal_thread(handle.unmounter());
     crate::failstop::panic_later_for_tests();
     ready.ok(handle.transport());
+    let idle_note = crate::idle::halt_poll_note();
+    if let Some(n) = &idle_note {
+        log::info!("amaranth: {n}");
+    }
     if foreground {
         note!(
             "mounted {} on {} (transport {}); unmount with `amaranth umount {}` or Ctrl-C",
@@ -717,6 +724,9 @@ fn serve_inner(plan: Plan, ready: &mut Ready) -> CliResult {
             transport_text(handle.transport().name()),
             mountpoint.display()
         );
+        if let Some(n) = &idle_note {
+            note!("{n}");
+        }
     }
     // Serve until unmounted.
     if let Err(e) = handle.join() {
