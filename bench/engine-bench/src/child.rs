@@ -216,7 +216,13 @@ pub fn run_child(cfg: &Cfg, a: &ChildArgs) -> Res<()> {
         "amaranth" => {
             let c = Compression::from_name(&a.compression)
                 .ok_or_else(|| format!("unknown compression {}", a.compression))?;
-            Box::new(Amaranth::create(&a.mnt, a.space, cache, c)?)
+            Box::new(Amaranth::create(
+                &a.mnt,
+                a.space,
+                cache,
+                c,
+                cfg.partition_kb,
+            )?)
         }
         #[cfg(feature = "rocksdb")]
         "rocksdb" => Box::new(Rocks::create(&a.mnt, cache)?),
@@ -231,7 +237,16 @@ pub fn run_child(cfg: &Cfg, a: &ChildArgs) -> Res<()> {
         let label = ctx.label();
         match phase.as_str() {
             "insert" => ctx.measure("insert", &mut store, None, true, &mut |s| {
-                load(&ctx, "insert", s, MAIN_SET, n, cfg.value_size, cfg.seed, cfg.load_secs)
+                load(
+                    &ctx,
+                    "insert",
+                    s,
+                    MAIN_SET,
+                    n,
+                    cfg.value_size,
+                    cfg.seed,
+                    cfg.load_secs,
+                )
             })?,
             "upsert-load" => ctx.measure("upsert-load", &mut store, None, true, &mut |s| {
                 load(
@@ -304,15 +319,21 @@ pub fn run_child(cfg: &Cfg, a: &ChildArgs) -> Res<()> {
                     ..Meas::default()
                 })
             })?,
-            "scan" => ctx.measure("scan", &mut store, Some(Access::Sequential), false, &mut |s| {
-                let (cnt, bytes) = s.scan(&bound(MAIN_SET, 0), &bound(MAIN_SET, n))?;
-                Ok(Meas {
-                    ops: cnt,
-                    user_bytes: bytes,
-                    note: format!("entries {cnt} (expected {n} before the range delete)"),
-                    ..Meas::default()
-                })
-            })?,
+            "scan" => ctx.measure(
+                "scan",
+                &mut store,
+                Some(Access::Sequential),
+                false,
+                &mut |s| {
+                    let (cnt, bytes) = s.scan(&bound(MAIN_SET, 0), &bound(MAIN_SET, n))?;
+                    Ok(Meas {
+                        ops: cnt,
+                        user_bytes: bytes,
+                        note: format!("entries {cnt} (expected {n} before the range delete)"),
+                        ..Meas::default()
+                    })
+                },
+            )?,
             "rangedel" => {
                 let (lo_i, hi_i) = (n * 45 / 100, n * 55 / 100);
                 let (lo, hi) = (bound(MAIN_SET, lo_i), bound(MAIN_SET, hi_i));
@@ -329,7 +350,9 @@ pub fn run_child(cfg: &Cfg, a: &ChildArgs) -> Res<()> {
                 let (left, _) = store.scan(&lo, &hi)?;
                 let below = store.get(&key(MAIN_SET, lo_i.saturating_sub(1)))?.is_some();
                 let above = store.get(&key(MAIN_SET, hi_i))?.is_some();
-                println!("@@V phase=rangedel left_in_range={left} below_kept={below} above_kept={above}");
+                println!(
+                    "@@V phase=rangedel left_in_range={left} below_kept={below} above_kept={above}"
+                );
                 if left != 0 || !below || !above {
                     return Err(format!(
                         "range delete check failed: {left} keys left in range, neighbours kept {below}/{above}"

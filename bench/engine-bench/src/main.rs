@@ -14,7 +14,14 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-pub const ALL_PHASES: &[&str] = &["insert", "upsert-load", "upsert", "read", "scan", "rangedel"];
+pub const ALL_PHASES: &[&str] = &[
+    "insert",
+    "upsert-load",
+    "upsert",
+    "read",
+    "scan",
+    "rangedel",
+];
 
 #[derive(Clone, Debug)]
 pub struct Cfg {
@@ -30,6 +37,8 @@ pub struct Cfg {
     pub phase_secs: f64,
     pub load_secs: f64,
     pub seed: u64,
+    /// Amaranth's leaf partition size in KiB (0: the format's default).
+    pub partition_kb: u64,
     pub stores: Vec<String>,
     pub phases: Vec<String>,
     pub compression: Vec<String>,
@@ -61,6 +70,7 @@ impl Cfg {
             phase_secs: 120.0,
             load_secs: 600.0,
             seed: 42,
+            partition_kb: 0,
             stores: vec!["amaranth".into(), "rocksdb".into(), "lmdb".into()],
             phases: ALL_PHASES.iter().map(|s| s.to_string()).collect(),
             compression: vec!["none".into(), "lz4".into(), "zstd".into()],
@@ -88,6 +98,7 @@ impl Cfg {
             format!("--phase-secs={}", self.phase_secs),
             format!("--load-secs={}", self.load_secs),
             format!("--seed={}", self.seed),
+            format!("--partition-kb={}", self.partition_kb),
         ]
     }
 }
@@ -101,6 +112,8 @@ const USAGE: &str = "engine-bench: Amaranth's engine vs RocksDB vs LMDB, side by
   --upserts N            4-byte upserts (capped by --phase-secs), default 1000000
   --reads N              random point reads (capped by --phase-secs), default 1000000
   --batch N              operations per batch / write transaction, default 1000
+  --partition-kb N       Amaranth's leaf partition size in KiB (default: the format's, 128);
+                         the key and value limits shrink to fit a smaller one
   --cache-mb N           memory bound of every store, default 256
   --slack-mb N           cgroup limit = cache + slack (process + page cache), default 256
   --phase-secs S         time cap of the upsert and read phases, default 120
@@ -121,7 +134,10 @@ const USAGE: &str = "engine-bench: Amaranth's engine vs RocksDB vs LMDB, side by
 ";
 
 fn list(s: &str) -> Vec<String> {
-    s.split(',').filter(|x| !x.is_empty()).map(|x| x.trim().to_string()).collect()
+    s.split(',')
+        .filter(|x| !x.is_empty())
+        .map(|x| x.trim().to_string())
+        .collect()
 }
 
 fn parse(args: &[String]) -> Result<(Cfg, Option<child::ChildArgs>), String> {
@@ -136,16 +152,26 @@ fn parse(args: &[String]) -> Result<(Cfg, Option<child::ChildArgs>), String> {
             Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
             _ => (a.clone(), None),
         };
-        let flag = |n: &str| matches!(n, "--quick" | "--no-fio" | "--no-cgroup" | "--child" | "--help" | "-h");
+        let flag = |n: &str| {
+            matches!(
+                n,
+                "--quick" | "--no-fio" | "--no-cgroup" | "--child" | "--help" | "-h"
+            )
+        };
         let val = if flag(&name) {
             String::new()
         } else if let Some(v) = inline {
             v
         } else {
             i += 1;
-            args.get(i).cloned().ok_or(format!("{name} needs a value"))?
+            args.get(i)
+                .cloned()
+                .ok_or(format!("{name} needs a value"))?
         };
-        let num = |v: &str| v.parse::<u64>().map_err(|_| format!("{name}: bad number {v}"));
+        let num = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| format!("{name}: bad number {v}"))
+        };
         explicit.push(name.clone());
         match name.as_str() {
             "--help" | "-h" => {
@@ -168,6 +194,7 @@ fn parse(args: &[String]) -> Result<(Cfg, Option<child::ChildArgs>), String> {
                 c.load_secs = val.parse().map_err(|_| format!("bad --load-secs {val}"))?
             }
             "--seed" => c.seed = num(&val)?,
+            "--partition-kb" => c.partition_kb = num(&val)?,
             "--stores" => c.stores = list(&val),
             "--phases" => c.phases = list(&val),
             "--compression" => c.compression = list(&val),
@@ -201,7 +228,8 @@ fn parse(args: &[String]) -> Result<(Cfg, Option<child::ChildArgs>), String> {
             "--mnt" => child.as_mut().ok_or("--mnt is for --child")?.mnt = PathBuf::from(val),
             "--dev" => child.as_mut().ok_or("--dev is for --child")?.dev = val,
             "--cgroup-path" => {
-                child.as_mut().ok_or("--cgroup-path is for --child")?.cgroup = Some(PathBuf::from(val))
+                child.as_mut().ok_or("--cgroup-path is for --child")?.cgroup =
+                    Some(PathBuf::from(val))
             }
             "--space" => child.as_mut().ok_or("--space is for --child")?.space = num(&val)?,
             _ => return Err(format!("unknown argument {a}\n\n{USAGE}")),
@@ -287,7 +315,10 @@ impl RunResult {
 fn parse_kv(line: &str) -> BTreeMap<String, String> {
     line.split_whitespace()
         .skip(1)
-        .filter_map(|t| t.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+        .filter_map(|t| {
+            t.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
         .collect()
 }
 
@@ -351,7 +382,9 @@ fn run_store_inner(cfg: &Cfg, run: &Run, idx: usize, res: &mut RunResult) -> Res
         fs_bytes >> 30,
         cfg.cache_mb + cfg.slack_mb
     );
-    let mut ch = cmd.spawn().map_err(|e| format!("spawning the child: {e}"))?;
+    let mut ch = cmd
+        .spawn()
+        .map_err(|e| format!("spawning the child: {e}"))?;
     let pid = ch.id() as libc::pid_t;
     let out = ch.stdout.take().unwrap();
     let reader = std::thread::spawn(move || {
@@ -414,7 +447,9 @@ fn run_store_inner(cfg: &Cfg, run: &Run, idx: usize, res: &mut RunResult) -> Res
         // The phase that was running: the one after the last reported.
         let done = res.phases.len();
         let next = run.phases.get(done).cloned().unwrap_or_default();
-        return Err(format!("child exited with {status} {oom} during phase {next}"));
+        return Err(format!(
+            "child exited with {status} {oom} during phase {next}"
+        ));
     }
     Ok(())
 }
@@ -515,7 +550,10 @@ fn main() {
     let machine_before = report::Machine::probe(&cfg.dir);
     let started = Instant::now();
     let fio = if cfg.fio {
-        eprintln!("== fio: sequential read bandwidth of the disk under {}", cfg.dir.display());
+        eprintln!(
+            "== fio: sequential read bandwidth of the disk under {}",
+            cfg.dir.display()
+        );
         let f = run_fio(&cfg.dir);
         eprintln!(
             "fio: {:.0} MB/s (1 MiB, QD32), {:.0} MB/s (128 KiB, QD1) {}",
@@ -551,7 +589,9 @@ fn main() {
         }
     }
     // Interleave: main runs first, Amaranth's compression variants last.
-    runs.sort_by_key(|r| (r.store == "amaranth" && Some(&r.codec) != cfg.compression.first()) as u8);
+    runs.sort_by_key(|r| {
+        (r.store == "amaranth" && Some(&r.codec) != cfg.compression.first()) as u8
+    });
     let mut results = Vec::new();
     for (i, r) in runs.iter().enumerate() {
         if STOP.load(Ordering::SeqCst) {
@@ -562,7 +602,15 @@ fn main() {
     }
     let machine_after = report::Machine::probe(&cfg.dir);
     let total = started.elapsed().as_secs_f64();
-    let md = report::render(&cfg, &args, &machine_before, &machine_after, fio.as_ref(), &results, total);
+    let md = report::render(
+        &cfg,
+        &args,
+        &machine_before,
+        &machine_after,
+        fio.as_ref(),
+        &results,
+        total,
+    );
     println!("{md}");
     if !cfg.out.as_os_str().is_empty() {
         if let Some(p) = cfg.out.parent() {

@@ -20,7 +20,10 @@ pub struct Machine {
 }
 
 fn sh(cmd: &str) -> String {
-    crate::sys::run("sh", &["-c", cmd]).unwrap_or_default().trim().to_string()
+    crate::sys::run("sh", &["-c", cmd])
+        .unwrap_or_default()
+        .trim()
+        .to_string()
 }
 
 /// The commit of the engine this binary was built from, and whether the work tree differed
@@ -56,7 +59,9 @@ impl Machine {
             .unwrap_or(0.0);
         let src = sh(&format!("df --output=source {} | tail -1", dir.display()));
         let dev = src.trim_start_matches("/dev/").to_string();
-        let size = sh(&format!("lsblk -dno SIZE,ROTA,MODEL /dev/{dev} 2>/dev/null"));
+        let size = sh(&format!(
+            "lsblk -dno SIZE,ROTA,MODEL /dev/{dev} 2>/dev/null"
+        ));
         Machine {
             date: sh("date -u '+%Y-%m-%d %H:%M UTC'"),
             cpu,
@@ -104,7 +109,11 @@ pub fn ops_per_sec(m: &BTreeMap<String, String>, settled: bool) -> f64 {
     }
 }
 
-fn main_result<'a>(results: &'a [(Run, RunResult)], store: &str, first_codec: &str) -> Option<&'a RunResult> {
+fn main_result<'a>(
+    results: &'a [(Run, RunResult)],
+    store: &str,
+    first_codec: &str,
+) -> Option<&'a RunResult> {
     results
         .iter()
         .find(|(r, _)| r.store == store && (store != "amaranth" || r.codec == first_codec))
@@ -112,7 +121,9 @@ fn main_result<'a>(results: &'a [(Run, RunResult)], store: &str, first_codec: &s
 }
 
 fn shell_quote(a: &str) -> String {
-    if a.chars().all(|c| c.is_ascii_alphanumeric() || "-_=,./:".contains(c)) {
+    if a.chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_=,./:".contains(c))
+    {
         a.to_string()
     } else {
         format!("'{}'", a.replace('\'', "'\\''"))
@@ -135,7 +146,10 @@ pub fn render(
     } else {
         format!(
             "make engine-bench BENCH_ARGS=\"{}\"",
-            args.iter().map(|a| shell_quote(a)).collect::<Vec<_>>().join(" ")
+            args.iter()
+                .map(|a| shell_quote(a))
+                .collect::<Vec<_>>()
+                .join(" ")
         )
     };
     let _ = writeln!(w, "# Engine benchmark: Amaranth vs RocksDB vs LMDB\n");
@@ -145,14 +159,27 @@ pub fn render(
     }
     let _ = writeln!(w, "## Setup\n");
     let _ = writeln!(w, "| | |\n|---|---|");
-    let _ = writeln!(w, "| date | {} (run took {:.0} min) |", m0.date, total_secs / 60.0);
+    let _ = writeln!(
+        w,
+        "| date | {} (run took {:.0} min) |",
+        m0.date,
+        total_secs / 60.0
+    );
     let _ = writeln!(w, "| CPU | {} × {} |", m0.cores, m0.cpu);
     let _ = writeln!(w, "| memory | {:.1} GiB |", m0.mem_gib);
     let _ = writeln!(w, "| kernel | {} |", m0.kernel);
     let _ = writeln!(w, "| engine source | {} |", m0.engine);
     let _ = writeln!(w, "| disk | {} |", m0.disk);
-    let _ = writeln!(w, "| load average at start / end | {} / {} |", m0.load, m1.load);
-    let _ = writeln!(w, "| busiest processes at start / end | {} / {} |", m0.busy, m1.busy);
+    let _ = writeln!(
+        w,
+        "| load average at start / end | {} / {} |",
+        m0.load, m1.load
+    );
+    let _ = writeln!(
+        w,
+        "| busiest processes at start / end | {} / {} |",
+        m0.busy, m1.busy
+    );
     let _ = writeln!(
         w,
         "| data | main set {} keys × ({} B key + {} B value) = {:.2} GiB; upsert set {} keys × {} B values = {:.2} GiB; values half random, half repeated (compressible ~2:1) |",
@@ -190,7 +217,10 @@ pub fn render(
     let _ = writeln!(w, "## Results\n");
     let _ = writeln!(w, "Throughput counts the operations' time; *incl. settle* adds the time to make the phase durable and finish its background work (Amaranth: checkpoint; RocksDB: memtable flush + wait for compactions; LMDB: fsync). Write amplification = bytes written to the store's loop device during the phase and its settling ÷ user bytes (key + value; for upserts key + 4 bytes). Where a load phase hit its time cap, the rest of its keys were inserted in key order after the timed part (see the notes): its ops/s counts only the timed random-order part, its write amplification the whole phase. Peak memory: VmHWM of the store's process during the phase (reset at each phase start), and the cgroup's peak (process + page cache).\n");
     let _ = writeln!(w, "| store | phase | ops | ops/s | ops/s incl. settle | MB/s (user data) | settle s | device written MiB | write amp. | device read MiB | VmHWM MiB | cgroup peak MiB | space used MiB | notes |");
-    let _ = writeln!(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|");
+    let _ = writeln!(
+        w,
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"
+    );
     for (run, r) in results {
         for (p, m) in &r.phases {
             let secs = f(m, "secs");
@@ -225,13 +255,22 @@ pub fn render(
             );
         }
         if let Some(e) = &r.error {
-            let _ = writeln!(w, "| {} | **failed** | | | | | | | | | | | | {} |", run.label(), e.replace('|', "/"));
+            let _ = writeln!(
+                w,
+                "| {} | **failed** | | | | | | | | | | | | {} |",
+                run.label(),
+                e.replace('|', "/")
+            );
         }
     }
     let _ = writeln!(w);
 
     // Targets.
-    let first = cfg.compression.first().cloned().unwrap_or_else(|| "none".into());
+    let first = cfg
+        .compression
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "none".into());
     let am = main_result(results, "amaranth", &first);
     let rk = main_result(results, "rocksdb", &first);
     let lm = main_result(results, "lmdb", &first);
@@ -240,7 +279,10 @@ pub fn render(
     let get = |r: Option<&RunResult>, p: &str, settled: bool| {
         r.and_then(|r| r.phase(p)).map(|m| ops_per_sec(m, settled))
     };
-    for (p, what) in [("insert", "random inserts"), ("upsert", "random 4-byte upserts")] {
+    for (p, what) in [
+        ("insert", "random inserts"),
+        ("upsert", "random 4-byte upserts"),
+    ] {
         for settled in [false, true] {
             let sfx = if settled { " (incl. settle)" } else { "" };
             if let (Some(a), Some(b)) = (get(am, p, settled), get(rk, p, settled)) {
@@ -290,7 +332,10 @@ pub fn render(
     let _ = writeln!(w);
 
     // Compression.
-    let comp: Vec<&(Run, RunResult)> = results.iter().filter(|(r, _)| r.store == "amaranth").collect();
+    let comp: Vec<&(Run, RunResult)> = results
+        .iter()
+        .filter(|(r, _)| r.store == "amaranth")
+        .collect();
     if comp.len() > 1 {
         let _ = writeln!(w, "## Amaranth node compression\n");
         let _ = writeln!(w, "| compression | insert ops/s | insert ops/s incl. settle | insert write amp. | space used MiB | scan MB/s | scan device read MiB | scan CPU-bound? |");
@@ -304,14 +349,22 @@ pub fn render(
                 r.codec,
                 ins.map(|m| rate(ops_per_sec(m, false))).unwrap_or_default(),
                 ins.map(|m| rate(ops_per_sec(m, true))).unwrap_or_default(),
-                ins.map(|m| format!("{:.1}", f(m, "dev_written") / f(m, "wa_user_bytes").max(f(m, "user_bytes")).max(1.0))).unwrap_or_default(),
+                ins.map(|m| format!(
+                    "{:.1}",
+                    f(m, "dev_written") / f(m, "wa_user_bytes").max(f(m, "user_bytes")).max(1.0)
+                ))
+                .unwrap_or_default(),
                 ins.map(|m| mib(f(m, "used"))).unwrap_or_default(),
-                sc.map(|m| format!("{:.0}", f(m, "user_bytes") / f(m, "secs").max(1e-9) / 1e6)).unwrap_or_default(),
+                sc.map(|m| format!("{:.0}", f(m, "user_bytes") / f(m, "secs").max(1e-9) / 1e6))
+                    .unwrap_or_default(),
                 sc.map(|m| mib(f(m, "dev_read"))).unwrap_or_default(),
                 sc.map(|m| {
                     let dev = f(m, "dev_read") / f(m, "secs").max(1e-9);
                     if let Some(fio) = fio {
-                        format!("device at {:.0}% of fio", 100.0 * dev / fio.qd32_1m.max(1.0))
+                        format!(
+                            "device at {:.0}% of fio",
+                            100.0 * dev / fio.qd32_1m.max(1.0)
+                        )
                     } else {
                         String::new()
                     }
@@ -343,25 +396,50 @@ pub fn render(
         for n in &names {
             let _ = write!(w, "| {n} |");
             for (_, c) in &r.counters {
-                let v = c.iter().find(|(k, _)| k == n).map(|(_, v)| v.as_str()).unwrap_or("");
+                let v = c
+                    .iter()
+                    .find(|(k, _)| k == n)
+                    .map(|(_, v)| v.as_str())
+                    .unwrap_or("");
                 // "value|delta": show the delta for activity counters, the value for sizes.
                 let (val, delta) = v.split_once('|').unwrap_or((v, ""));
                 let level = matches!(
                     n.as_str(),
-                    "height" | "nodes" | "cache_bytes" | "cache_peak_bytes" | "used_bytes" | "depth"
-                        | "branch_pages" | "leaf_pages" | "overflow_pages" | "entries" | "last_page"
+                    "height"
+                        | "nodes"
+                        | "cache_bytes"
+                        | "cache_peak_bytes"
+                        | "used_bytes"
+                        | "depth"
+                        | "branch_pages"
+                        | "leaf_pages"
+                        | "overflow_pages"
+                        | "entries"
+                        | "last_page"
                         | "map_size"
                 ) || !run.store.eq("amaranth") && !n.starts_with("x");
                 let shown = if level { val } else { delta };
                 let num: f64 = shown.parse().unwrap_or(0.0);
-                let _ = write!(w, " {} |", if num.fract() == 0.0 { format!("{num:.0}") } else { format!("{num:.2}") });
+                let _ = write!(
+                    w,
+                    " {} |",
+                    if num.fract() == 0.0 {
+                        format!("{num:.0}")
+                    } else {
+                        format!("{num:.2}")
+                    }
+                );
             }
             let _ = writeln!(w);
         }
         if !r.checks.is_empty() {
             let _ = writeln!(w, "\nChecks: {}", r.checks.join("; "));
         }
-        let _ = writeln!(w, "\nWall time of this store's process: {:.0} s.\n", r.wall_secs);
+        let _ = writeln!(
+            w,
+            "\nWall time of this store's process: {:.0} s.\n",
+            r.wall_secs
+        );
     }
     s
 }

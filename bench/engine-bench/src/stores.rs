@@ -61,6 +61,7 @@ impl Amaranth {
         image_bytes: u64,
         cache: usize,
         compression: Compression,
+        partition_kb: u64,
     ) -> Res<Amaranth> {
         let path = dir.join("amaranth.img");
         let dev = FileDevice::create_image(&path, image_bytes).map_err(err("create image"))?;
@@ -71,10 +72,17 @@ impl Amaranth {
             cache_size: cache,
             ..Options::default()
         };
-        let format = Format {
+        let mut format = Format {
             compression,
             ..Format::default()
         };
+        if partition_kb > 0 {
+            // A smaller partition must still hold the largest key and value with room to spare.
+            let p = (partition_kb << 10) as usize;
+            format.partition_size = p;
+            format.max_key_len = format.max_key_len.min(p / 8);
+            format.max_value_len = format.max_value_len.min(p / 2);
+        }
         let engine =
             Engine::create(Arc::new(dev), format, opts.clone()).map_err(err("Engine::create"))?;
         Ok(Amaranth {
@@ -381,7 +389,12 @@ impl Store for Rocks {
             "rocksdb.num-files-at-level6",
         ]
         .iter()
-        .map(|n| (n.trim_start_matches("rocksdb.").to_string(), self.prop(n) as f64))
+        .map(|n| {
+            (
+                n.trim_start_matches("rocksdb.").to_string(),
+                self.prop(n) as f64,
+            )
+        })
         .collect()
     }
 }

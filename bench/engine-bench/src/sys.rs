@@ -93,7 +93,10 @@ impl Drop for LoopFs {
 /// Sectors read and written by a block device (from /sys/block/NAME/stat), in bytes.
 pub fn block_bytes(name: &str) -> (u64, u64) {
     let s = fs::read_to_string(format!("/sys/block/{name}/stat")).unwrap_or_default();
-    let f: Vec<u64> = s.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    let f: Vec<u64> = s
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
     if f.len() < 7 {
         return (0, 0);
     }
@@ -122,7 +125,9 @@ impl MemCgroup {
     pub fn create(name: &str, limit: u64) -> Result<MemCgroup, String> {
         let root = Path::new("/sys/fs/cgroup/memory");
         if !root.join("cgroup.procs").exists() {
-            return Err("the cgroup v1 memory controller is not mounted at /sys/fs/cgroup/memory".into());
+            return Err(
+                "the cgroup v1 memory controller is not mounted at /sys/fs/cgroup/memory".into(),
+            );
         }
         let path = root
             .join(own_cgroup("memory").trim_start_matches('/'))
@@ -212,7 +217,9 @@ pub fn evict_page_cache(dir: &Path) {
                 Ok(t) if t.is_file() => {
                     if let Ok(f) = fs::File::open(&p) {
                         // SAFETY: plain syscall on a valid fd.
-                        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+                        unsafe {
+                            libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED)
+                        };
                     }
                 }
                 _ => {}
