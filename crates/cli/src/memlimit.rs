@@ -10,7 +10,7 @@ use crate::util::{self, human};
 /// Memory the daemon uses beyond its cache size: the part of the inode table not charged to the
 /// cache (`amaranth_fs::TABLE_UNCHARGED`, about 23,000 inodes the kernel knows), request buffers,
 /// the log buffer, node images being written, the engine's pool of freed partition buffers (at
-/// most 16 MiB), thread stacks, the program itself and what the allocator keeps. Measured with `--cache-size 256M`, the io_uring transport and
+/// most 16 MiB) and its store's pool of sub-block read buffers (at most 16 MiB), thread stacks, the program itself and what the allocator keeps. Measured with `--cache-size 256M`, the io_uring transport and
 /// [`bound_allocator`] in effect: 25-30 MiB above the cache at the peak of a 120,000-file create
 /// and read-back, 59-62 MiB during four concurrent 768 MiB writes with 64M or 256M caches
 /// (2026-11-25; without it glibc kept 92-136 MiB above the cache for the files, freed 128 KiB

@@ -108,8 +108,10 @@ pub struct CacheCounters {
     pub hits: AtomicU64,
     /// Node loads from disk.
     pub misses: AtomicU64,
-    /// Partition loads from disk.
+    /// Sub-block loads from disk (leaf partitions and internal-node buffers).
     pub partition_loads: AtomicU64,
+    /// Of those, internal-node buffers.
+    pub buffer_loads: AtomicU64,
     /// Nodes evicted.
     pub evictions: AtomicU64,
     /// Dirty nodes written back by eviction.

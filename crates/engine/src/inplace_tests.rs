@@ -295,3 +295,63 @@ fn a_node_that_uses_little_of_its_image_copies_it_out() {
         }
     }
 }
+
+/// Cold point reads through a cache much smaller than the data: each read sheds about one
+/// partition for room, and reads the next one into the shed one's buffer (the store's sub-block
+/// pool), not into a new mapping; every value is right (the bytes of a reused buffer past its
+/// partition belong to no entry) and the cache stays within its bound.
+#[test]
+fn cold_point_reads_reuse_the_buffers_of_shed_partitions() {
+    let dev = Arc::new(MemDevice::new(512 << 20));
+    let opts = |cache| Options {
+        cache_size: cache,
+        background_threads: false,
+        ..Options::default()
+    };
+    let big = |i: u32| {
+        let mut v = vec![(i % 253) as u8; 1000 + (i as usize % 7) * 100];
+        v[..4].copy_from_slice(&i.to_le_bytes());
+        v
+    };
+    let keys = 48_000u32; // ~62 MB of values: several hundred 128 KiB partitions
+                          // 1 MiB nodes (the default's 128 KiB partitions), so that an 8 MiB cache is allowed.
+    let format = Format {
+        node_size: 1 << 20,
+        ..Format::default()
+    };
+    let e = Engine::create(dev.clone(), format, opts(64 << 20)).unwrap();
+    for chunk in (0..keys).collect::<Vec<_>>().chunks(500) {
+        let mut b = crate::Batch::new();
+        for &i in chunk {
+            b.put(format!("p/{i:08}").into_bytes(), big(i));
+        }
+        e.write(&b).unwrap();
+    }
+    e.close().unwrap();
+
+    let e = Engine::open(dev, opts(8 << 20)).unwrap();
+    let before = e.stats();
+    let mut x = 0x9e37_79b9u32;
+    for _ in 0..3000 {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        let i = x % keys;
+        let got = e.get(format!("p/{i:08}").as_bytes()).unwrap();
+        assert_eq!(got.as_deref(), Some(big(i).as_slice()), "key {i}");
+    }
+    let st = e.stats();
+    let loads = st.partition_loads - before.partition_loads;
+    let reused = st.subblock_buffers_reused - before.subblock_buffers_reused;
+    println!(
+        "partition loads {loads}, sub-block buffers reused {reused}, bytes read {}",
+        st.node_bytes_read - before.node_bytes_read
+    );
+    assert!(loads > 1000, "the reads were cold: {loads} loads");
+    assert!(
+        reused * 4 >= loads * 3,
+        "{reused} of {loads} partition reads used a shed partition's buffer"
+    );
+    assert!(st.cache_peak_bytes <= st.cache_budget);
+    e.close().unwrap();
+}

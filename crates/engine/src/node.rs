@@ -23,6 +23,7 @@ mod leaf_apply;
 mod lift;
 mod rekey;
 mod slot;
+mod summary;
 
 pub use layout::{
     build_node, decode_buffer, decode_partition, header_span, parse_header, serialize, NodeHeader,

@@ -343,6 +343,10 @@ pub struct Store {
     /// Buffers of whole-image reads kept for the next ones (`subbytes.rs` [`ImagePool`]):
     /// given back by an image read when dropped, or by the last sub-block read in place from it.
     image_pool: Arc<ImagePool>,
+    /// Buffers of single sub-block reads kept for the next ones ([`ImagePool::subblocks`]): given
+    /// back by the last sub-block read in place from one when it is dropped (shed for room,
+    /// changed, or decoded into memory of its own).
+    sub_pool: Arc<ImagePool>,
 }
 
 /// The bytes of a whole-image read, in a buffer that goes back to the store's pool when dropped.
@@ -388,7 +392,8 @@ impl Store {
             writer: Arc::new(DataWriter::default()),
             counters: StoreCounters::default(),
             write_failure: Mutex::new(None),
-            image_pool: Arc::new(ImagePool::default()),
+            image_pool: Arc::new(ImagePool::images()),
+            sub_pool: Arc::new(ImagePool::subblocks()),
         }
     }
 
@@ -399,17 +404,9 @@ impl Store {
         // A pooled buffer is at most a quarter longer than the image, and a new one is sized to
         // it: the sub-blocks read in place keep the whole buffer (`subbytes.rs`), and a node
         // keeps them so only while they use most of it.
-        let pooled = (len >= ImagePool::MIN)
-            .then(|| self.image_pool.take(len))
-            .flatten();
+        let pooled = self.image_pool.take(len);
         let mut buf = pooled.unwrap_or_else(|| AlignedBuf::zeroed(len));
-        self.dev
-            .read_at(offset, &mut buf[..len])
-            .map_err(|e| Error::io(format!("reading {what}"), e))?;
-        self.counters.node_reads.fetch_add(1, Ordering::Relaxed);
-        self.counters
-            .node_bytes_read
-            .fetch_add(len as u64, Ordering::Relaxed);
+        self.read_into(offset, &mut buf[..len], what)?;
         Ok(Image {
             buf: Some(buf),
             len,
@@ -422,17 +419,47 @@ impl Store {
         self.image_pool.reused()
     }
 
+    /// [`Store::read`] of a single sub-block's blocks (`len` rounded up to blocks) into a
+    /// buffer its sub-block keeps in place, taken from the store's sub-block pool when one fits
+    /// and given back to it when the last range of it is dropped. A new buffer is rounded up to
+    /// 8 KiB so that reads of nearby sizes can reuse it; the bytes past `len` belong to no
+    /// sub-block.
+    pub(crate) fn read_subblock(&self, offset: u64, len: usize, what: &str) -> Result<SharedImage> {
+        let len = amaranth_device::round_up(len);
+        if !self.sub_pool.keeps(len) {
+            return Ok(Arc::new(ImageBuf::new(self.read(offset, len, what)?)));
+        }
+        let mut buf = self
+            .sub_pool
+            .take(len)
+            .unwrap_or_else(|| AlignedBuf::zeroed(len.next_multiple_of(2 * BLOCK_SIZE)));
+        assert!(buf.len() >= len);
+        self.read_into(offset, &mut buf[..len], what)?;
+        Ok(Arc::new(ImageBuf::pooled(buf, self.sub_pool.clone())))
+    }
+
+    /// Sub-block read buffers handed out again by the pool.
+    pub(crate) fn subblock_buffers_reused(&self) -> u64 {
+        self.sub_pool.reused()
+    }
+
     /// Reads `len` bytes (rounded up to blocks) at `offset`.
     pub fn read(&self, offset: u64, len: usize, what: &str) -> Result<AlignedBuf> {
         let mut buf = AlignedBuf::zeroed(len);
+        self.read_into(offset, &mut buf, what)?;
+        Ok(buf)
+    }
+
+    /// Fills `buf` from the device at `offset`, counted as a node read.
+    fn read_into(&self, offset: u64, buf: &mut [u8], what: &str) -> Result<()> {
         self.dev
-            .read_at(offset, &mut buf)
+            .read_at(offset, buf)
             .map_err(|e| Error::io(format!("reading {what}"), e))?;
         self.counters.node_reads.fetch_add(1, Ordering::Relaxed);
         self.counters
             .node_bytes_read
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        Ok(buf)
+        Ok(())
     }
 
     /// Allocates an extent for `buf` and writes it there. The extent is not yet referenced by any

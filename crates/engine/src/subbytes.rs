@@ -68,41 +68,103 @@ impl Drop for ImageBuf {
     }
 }
 
-/// Image buffers kept for reuse (at most [`ImagePool::KEPT`], newest kept): a fresh mapping costs
-/// a page fault and a kernel page clear per 4 KiB (or per huge page) before the device can fill
-/// it.
-#[derive(Debug, Default)]
+/// Buffers kept for reuse (at most `kept` of them and `max_bytes` in all, newest kept): a fresh mapping costs a page fault and a
+/// kernel page clear per 4 KiB (or per huge page) before the device can fill it. The store keeps
+/// two: one for whole node images ([`ImagePool::images`]) and one for the reads of single
+/// sub-blocks ([`ImagePool::subblocks`]), each given back its buffers when the last range of them
+/// is dropped.
+#[derive(Debug)]
 pub(crate) struct ImagePool {
     bufs: parking_lot::Mutex<Vec<AlignedBuf>>,
     reused: std::sync::atomic::AtomicU64,
+    /// Buffers shorter than this are not kept (the heap serves them without new mappings).
+    min: usize,
+    /// How many buffers are kept at most.
+    kept: usize,
+    /// How many bytes (buffer lengths) are kept at most.
+    max_bytes: usize,
+    /// Bytes kept now.
+    bytes: std::sync::atomic::AtomicUsize,
 }
 
 impl ImagePool {
-    /// Buffers kept: one per read-ahead worker and one for a foreground reader.
-    pub(crate) const KEPT: usize = 3;
-    /// Buffers shorter than this are not kept (the heap serves them without new mappings).
-    pub(crate) const MIN: usize = 1 << 20;
+    /// The pool of whole node images: one buffer per read-ahead worker and one for a foreground
+    /// reader, of 1 MiB or more.
+    pub(crate) fn images() -> ImagePool {
+        ImagePool::new(1 << 20, 3, usize::MAX)
+    }
 
-    /// A kept buffer for an image of `len` bytes: at least `len`, and at most a quarter longer,
-    /// so that the sub-blocks read in place use most of it (they keep the whole buffer).
+    /// The pool of single sub-block reads (a cold point read's partition, a buffer read for a
+    /// point query): buffers of 64 KiB or more (the size from which an aligned buffer is a
+    /// mapping of its own), up to [`crate::bufpool::POOL_BYTES`] in all, the most a cache's
+    /// shedding step frees at once (`Tree::make_room`), so that a run of cold point reads through
+    /// a full cache reads each partition into the memory of one shed before. Without it every
+    /// such read mapped, faulted and unmapped its buffer afresh (half of the reader's CPU,
+    /// docs/benchmarks/engine.md).
+    pub(crate) fn subblocks() -> ImagePool {
+        ImagePool::new(64 << 10, 1024, crate::bufpool::POOL_BYTES)
+    }
+
+    fn new(min: usize, kept: usize, max_bytes: usize) -> ImagePool {
+        assert!(min >= amaranth_device::BLOCK_SIZE && kept > 0 && max_bytes >= min);
+        ImagePool {
+            bufs: parking_lot::Mutex::new(Vec::new()),
+            reused: std::sync::atomic::AtomicU64::new(0),
+            min,
+            kept,
+            max_bytes,
+            bytes: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// Bytes kept now (outside every cache's bound; at most `max_bytes`).
+    #[cfg(test)]
+    pub(crate) fn kept_bytes(&self) -> usize {
+        self.bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether a buffer of `len` bytes is one this pool keeps.
+    pub(crate) fn keeps(&self, len: usize) -> bool {
+        len >= self.min
+    }
+
+    /// A kept buffer for `len` bytes: at least `len`, and at most a quarter longer, so that the
+    /// sub-blocks read in place use most of it (they keep the whole buffer).
     pub(crate) fn take(&self, len: usize) -> Option<AlignedBuf> {
+        if !self.keeps(len) {
+            return None;
+        }
         let mut bufs = self.bufs.lock();
         let i = bufs
             .iter()
             .rposition(|b| b.len() >= len && b.len() <= len + len / 4)?;
         self.reused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Some(bufs.swap_remove(i))
+        let buf = bufs.swap_remove(i);
+        self.bytes
+            .fetch_sub(buf.len(), std::sync::atomic::Ordering::Relaxed);
+        Some(buf)
     }
 
-    /// Keeps `buf` for a later [`ImagePool::take`], dropping the oldest kept one if full.
+    /// Keeps `buf` for a later [`ImagePool::take`], dropping the oldest kept ones to stay within
+    /// the pool's limits.
     pub(crate) fn give(&self, buf: AlignedBuf) {
-        if buf.len() < Self::MIN {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.keeps(buf.len()) || buf.len() > self.max_bytes {
             return;
         }
         let mut bufs = self.bufs.lock();
-        let old = (bufs.len() >= Self::KEPT).then(|| bufs.remove(0));
+        let mut bytes = self.bytes.load(Relaxed) + buf.len();
+        let mut drop_from = 0;
+        while bufs.len() - drop_from >= self.kept || bytes > self.max_bytes {
+            bytes -= bufs[drop_from].len();
+            drop_from += 1;
+        }
+        let old: Vec<AlignedBuf> = bufs.drain(..drop_from).collect();
         bufs.push(buf);
+        self.bytes.store(bytes, Relaxed);
+        assert!(bufs.len() <= self.kept && bytes <= self.max_bytes);
+        debug_assert_eq!(bytes, bufs.iter().map(|b| b.len()).sum::<usize>());
         drop(bufs);
         drop(old);
     }
@@ -301,6 +363,47 @@ mod tests {
         let mut own = ImageCharge::default();
         own.add(&parts[2]);
         assert_eq!(own.mem(), 0);
+    }
+
+    #[test]
+    fn a_pool_keeps_its_newest_buffers_and_hands_out_only_snug_ones() {
+        let pool = Arc::new(ImagePool::new(64 << 10, 2, usize::MAX));
+        pool.give(AlignedBuf::zeroed(32 << 10));
+        assert!(
+            pool.take(32 << 10).is_none(),
+            "shorter than the pool's minimum"
+        );
+        for len in [64 << 10, 128 << 10, 136 << 10] {
+            let image = Arc::new(ImageBuf::pooled(AlignedBuf::zeroed(len), pool.clone()));
+            drop(image);
+        }
+        // Two kept (128 and 136 KiB), the oldest (64 KiB) dropped.
+        assert!(pool.take(64 << 10).is_none(), "not snug, and dropped");
+        assert!(pool.take(140 << 10).is_none(), "too short");
+        assert_eq!(
+            pool.take(120 << 10).unwrap().len(),
+            136 << 10,
+            "newest first"
+        );
+        assert_eq!(pool.take(128 << 10).unwrap().len(), 128 << 10);
+        assert!(pool.take(128 << 10).is_none(), "empty");
+        assert_eq!(pool.reused(), 2);
+        assert_eq!(pool.kept_bytes(), 0);
+
+        // A byte limit: 300 KiB keeps two of 128 KiB; the third pushes the oldest out.
+        let pool = Arc::new(ImagePool::new(64 << 10, 100, 300 << 10));
+        for _ in 0..3 {
+            pool.give(AlignedBuf::zeroed(128 << 10));
+        }
+        assert_eq!(pool.kept_bytes(), 256 << 10);
+        pool.give(AlignedBuf::zeroed(400 << 10));
+        assert_eq!(
+            pool.kept_bytes(),
+            256 << 10,
+            "larger than the whole limit: not kept"
+        );
+        assert!(pool.take(128 << 10).is_some() && pool.take(128 << 10).is_some());
+        assert!(pool.take(128 << 10).is_none());
     }
 
     #[test]

@@ -510,6 +510,16 @@ impl EncodedBuffer {
         })
     }
 
+    /// Every point key, in order.
+    pub(crate) fn point_keys(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        self.points.iter().map(|&off| self.key_at(off))
+    }
+
+    /// Every range delete (MSN, lo, hi), in `lo` order.
+    pub(crate) fn range_deletes(&self) -> impl Iterator<Item = (Msn, &[u8], &[u8])> + '_ {
+        (0..self.ranges.len()).map(|i| self.range_at(i))
+    }
+
     /// The MSN of the range delete covering `key` and the folded point messages of `key`.
     pub fn lookup(&self, key: &[u8]) -> Result<(Option<Msn>, Option<KeyMsgs>)> {
         let range = self.range_covering(key).map(|(msn, _)| msn);

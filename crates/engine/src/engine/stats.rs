@@ -33,8 +33,11 @@ pub struct Stats {
     pub cache_hits: u64,
     /// Node loads from disk.
     pub cache_misses: u64,
-    /// Partition loads from disk.
+    /// Sub-block loads from disk: leaf partitions and internal-node buffers read on their own
+    /// or with their node's image.
     pub partition_loads: u64,
+    /// Of those, internal-node buffers.
+    pub buffer_loads: u64,
     /// Leaves read ahead for sequential scans.
     pub prefetch_loads: u64,
     /// Leaves read ahead that a scan then used.
@@ -47,6 +50,9 @@ pub struct Stats {
     /// Whole node images read into the buffer of an image freed before (given back by the read,
     /// or by the last sub-block read in place from it) instead of newly mapped memory.
     pub image_buffers_reused: u64,
+    /// Single sub-blocks (a cold point read's partition, a buffer read for a point query) read
+    /// into the buffer of one shed before instead of newly mapped memory.
+    pub subblock_buffers_reused: u64,
     /// Buffers of out-of-line data (`put_blocks`) cut from the pool of huge pages, in this
     /// process (the pool is shared by every engine).
     pub data_buffers_pooled: u64,
@@ -226,11 +232,13 @@ impl Engine {
             cache_hits: cc.hits.load(Ordering::Relaxed),
             cache_misses: cc.misses.load(Ordering::Relaxed),
             partition_loads: cc.partition_loads.load(Ordering::Relaxed),
+            buffer_loads: cc.buffer_loads.load(Ordering::Relaxed),
             prefetch_loads: cc.prefetch_loads.load(Ordering::Relaxed),
             prefetch_hits: cc.prefetch_hits.load(Ordering::Relaxed),
             prefetch_shed: cc.prefetch_shed.load(Ordering::Relaxed),
             partition_buffers_reused: crate::bufpool::POOL.reused(),
             image_buffers_reused: t.store.image_buffers_reused(),
+            subblock_buffers_reused: t.store.subblock_buffers_reused(),
             data_buffers_pooled: crate::writebuf::POOL.pooled(),
             data_buffers_unpooled: crate::writebuf::POOL.unpooled(),
             data_buffer_slabs_mapped: crate::writebuf::POOL.slabs_mapped(),

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::summary::ShedSummary;
 use super::{longest_field, RekeyPlan, SubLoc, BUFFER_HEADER, LONGEST_UNKNOWN};
 use crate::buffer::{Buffer, EncodedBuffer, Taken};
 use crate::error::Result;
@@ -93,6 +94,34 @@ impl Resident {
         }
     }
 
+    /// Number of point keys.
+    fn point_count(&self) -> usize {
+        match self {
+            Resident::Built(b) => b.points_in(&[], None).count(),
+            Resident::Encoded(r) => r.counts().0,
+        }
+    }
+
+    /// What a point query needs to know of these messages once they are shed
+    /// (`node/summary.rs`); `None` when they have too many range deletes to keep.
+    fn summary(&self) -> Option<ShedSummary> {
+        match self {
+            Resident::Built(b) => {
+                let ranges = b.ranges_in(&[], None);
+                ShedSummary::build(
+                    self.point_count(),
+                    b.points_in(&[], None).map(|(k, _)| k.as_slice()),
+                    ranges
+                        .iter()
+                        .map(|r| (r.msn, r.lo.as_slice(), r.hi.as_slice())),
+                )
+            }
+            Resident::Encoded(r) => {
+                ShedSummary::build(self.point_count(), r.point_keys(), r.range_deletes())
+            }
+        }
+    }
+
     /// The same messages with every key rewritten by `plan` (a new copy).
     fn rekeyed(&self, plan: &RekeyPlan) -> Resident {
         match self {
@@ -106,7 +135,8 @@ impl Resident {
 ///
 /// Invariants: `data` and `raw` are never both set (a buffer is held built or encoded, not
 /// twice); a pending re-key implies the messages are in memory (one form or the other) and have
-/// no place in an image.
+/// no place in an image; a summary implies the messages are not in memory and have a place in
+/// an image (the summary describes that image's messages).
 #[derive(Debug, Default)]
 struct BufState {
     /// The messages, built (with `pending`, in their form before that rewrite).
@@ -124,6 +154,9 @@ struct BufState {
     pending: Option<RekeyPlan>,
     /// Deliveries spliced into the encoding since it was read ([`BufSlot::deliver`]).
     splices: u8,
+    /// While the messages are shed: what a point query needs to know of them
+    /// (`node/summary.rs`).
+    summary: Option<Arc<ShedSummary>>,
 }
 
 impl BufState {
@@ -136,6 +169,12 @@ impl BufState {
             assert!(
                 self.loc.is_none() && (self.data.is_some() || self.raw.is_some()),
                 "a buffer with a pending re-key is in memory only"
+            );
+        }
+        if self.summary.is_some() {
+            assert!(
+                self.loc.is_some() && self.data.is_none() && self.raw.is_none(),
+                "a buffer with a summary is shed and has a place in an image"
             );
         }
     }
@@ -294,6 +333,7 @@ impl BufSlot {
                 pending: st.pending.clone(),
                 loc: None,
                 splices: st.splices,
+                summary: None,
             }),
             longest: self.longest,
         }
@@ -336,6 +376,7 @@ impl BufSlot {
                 pending,
                 loc: None,
                 splices: st.splices,
+                summary: None,
             }),
             longest,
         }
@@ -627,18 +668,25 @@ impl BufSlot {
     /// Memory held, without the node image its encoding may lie in ([`BufSlot::charge_image`]).
     pub fn mem(&self) -> usize {
         let st = self.state.lock();
-        st.data.as_ref().map_or(0, |b| b.mem()) + st.raw.as_ref().map_or(0, |r| r.mem()) + 96
+        st.data.as_ref().map_or(0, |b| b.mem())
+            + st.raw.as_ref().map_or(0, |r| r.mem())
+            + st.summary.as_ref().map_or(0, |s| s.mem())
+            + 96
     }
 
     /// What the buffer holds for `key` (range-delete MSN, folded point messages), from the built
-    /// buffer or its encoding; `None` when neither is in memory.
+    /// buffer or its encoding, or from the summary of the shed buffer when that says it holds no
+    /// point message for `key`; `None` when the buffer must be read to know.
     pub fn lookup(&self, key: &[u8]) -> Result<Option<(Option<Msn>, Option<KeyMsgs>)>> {
         let mut st = self.state.lock();
         st.settle(self.bytes);
         let held = st.resident();
+        let summary = st.summary.clone();
         drop(st);
         match held {
-            None => Ok(None),
+            None => Ok(summary
+                .filter(|s| !s.may_hold(key))
+                .map(|s| (s.range_covering(key), None))),
             Some(Resident::Built(b)) => Ok(Some((
                 b.range_covering(key).map(|r| r.msn),
                 b.point(key).cloned(),
@@ -666,7 +714,14 @@ impl BufSlot {
         );
         let mut st = self.state.lock();
         if st.resident().is_none() {
+            if let Some(s) = st.summary.take() {
+                assert!(
+                    s.describes(enc.point_keys(), enc.range_deletes()),
+                    "a shed buffer's summary describes the messages read back"
+                );
+            }
             st.raw = Some(Arc::new(enc));
+            st.check();
         }
     }
 
@@ -678,8 +733,11 @@ impl BufSlot {
                 st.pending.is_none(),
                 "a buffer with a pending re-key has a place in an image"
             );
+            let held = st.resident().expect("resident");
+            st.summary = held.summary().map(Arc::new);
             st.data = None;
             st.raw = None;
+            st.check();
             return true;
         }
         false
@@ -867,6 +925,57 @@ mod tests {
             built.mem() + 96,
             "only the map is held: {mem_encoded}"
         );
+    }
+
+    /// A shed buffer answers a point query from its summary when that says it holds no point
+    /// message for the key, with the same answer the buffer would give; otherwise the query must
+    /// read it (`None`). Read back, the summary goes. Random buffers, held built and encoded.
+    #[test]
+    fn a_shed_buffer_answers_from_its_summary_exactly_when_it_holds_no_point_for_the_key() {
+        use rand::Rng;
+        let mut rng = seeded_rng();
+        let (mut answered, mut asked) = (0, 0);
+        for round in 0..200 {
+            let mut msn = 0;
+            let n = rng.gen_range(0..150);
+            let b = random_messages(&mut rng, &mut msn, n, 300);
+            let built = image_slot(&b);
+            let _ = built.data(); // held built, with its place in the image
+            for slot in [image_slot(&b), built] {
+                assert!(slot.drop_if_written());
+                for i in 0..310 {
+                    let k = key(i);
+                    asked += 1;
+                    let want = (b.range_covering(&k).map(|r| r.msn), b.point(&k).cloned());
+                    match slot.lookup(&k).unwrap() {
+                        Some(got) => {
+                            answered += 1;
+                            assert!(want.1.is_none(), "round {round}: a key it holds answered");
+                            assert_eq!(got.0, want.0, "round {round}: range delete of {i}");
+                            assert!(got.1.is_none());
+                        }
+                        None => assert!(slot.missing_at().is_some()),
+                    }
+                }
+                slot.keep_encoding(encoded(&b));
+                assert!(slot.is_resident());
+                assert_eq!(slot.mem(), encoded(&b).mem() + 96, "the summary is gone");
+            }
+        }
+        assert!(
+            answered * 2 > asked,
+            "{answered} of {asked} answered from summaries"
+        );
+    }
+
+    /// A summary that does not describe what is read back is caught.
+    #[test]
+    #[should_panic(expected = "summary describes the messages read back")]
+    fn a_summary_of_other_messages_is_caught_when_the_buffer_is_read_back() {
+        let slot = image_slot(&buffer(&[b"k1"], &[]));
+        assert!(slot.drop_if_written());
+        // The same size, another key (the filter of one key sets 7 of its 64 bits).
+        slot.keep_encoding(encoded(&buffer(&[b"k9"], &[])));
     }
 
     /// Deliveries spliced into an encoded buffer leave exactly the encoding, and drop exactly the

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::msg::Msn;
 use crate::node::NodeHeader;
 use crate::node::{self, Body, BufSlot, Node, NodeId};
-use crate::subbytes::{ImageBuf, SharedImage};
+use crate::subbytes::SharedImage;
 use crate::superblock::Extent;
 use amaranth_device::AlignedBuf;
 
@@ -225,11 +225,7 @@ impl Tree {
                 Some(Whole::Pooled(image)) => node::SubSrc::Slice(&image[o..]),
                 None => {
                     let (off, len) = loc.aligned_range();
-                    own = Arc::new(ImageBuf::new(self.store.read(
-                        ext.offset() + off,
-                        len,
-                        &what,
-                    )?));
+                    own = self.store.read_subblock(ext.offset() + off, len, &what)?;
                     node::SubSrc::Shared {
                         image: &own,
                         offset: 0,
@@ -243,6 +239,7 @@ impl Tree {
                     let enc =
                         self.encoded_buffer(src, &loc, slot, &what, dev_off, g.max_msn, bounds)?;
                     slot.keep_encoding(enc);
+                    self.count_buffer_load();
                 }
                 Body::Leaf(l) => {
                     let slot = &l.parts[i];
@@ -262,6 +259,13 @@ impl Tree {
         }
         self.cache.remeasure(cn, &g);
         Ok(true)
+    }
+
+    fn count_buffer_load(&self) {
+        self.cache
+            .counters
+            .buffer_loads
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     pub(super) fn count_subblock_load(&self) {
@@ -324,11 +328,7 @@ impl Tree {
         })?;
         let what = format!("node {} buffer {i}", cn.id);
         let (off, len) = loc.aligned_range();
-        let stored = Arc::new(ImageBuf::new(self.store.read(
-            ext.offset() + off,
-            len,
-            &what,
-        )?));
+        let stored = self.store.read_subblock(ext.offset() + off, len, &what)?;
         let dev_off = ext.offset() + loc.offset as u64;
         let bounds = node::child_bounds_of(&n.pivots, i);
         let src = node::SubSrc::Shared {
@@ -338,6 +338,7 @@ impl Tree {
         let enc = self.encoded_buffer(src, &loc, slot, &what, dev_off, g.max_msn, bounds)?;
         slot.keep_encoding(enc);
         self.count_subblock_load();
+        self.count_buffer_load();
         self.cache.remeasure(cn, &g);
         Ok(())
     }
