@@ -112,6 +112,8 @@ pub struct CacheCounters {
     pub partition_loads: AtomicU64,
     /// Of those, internal-node buffers.
     pub buffer_loads: AtomicU64,
+    /// Point queries answered from one run of a shed partition (`node/runs.rs`).
+    pub run_reads: AtomicU64,
     /// Nodes evicted.
     pub evictions: AtomicU64,
     /// Dirty nodes written back by eviction.

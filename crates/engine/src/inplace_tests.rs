@@ -347,7 +347,9 @@ fn cold_point_reads_reuse_the_buffers_of_shed_partitions() {
         "partition loads {loads}, sub-block buffers reused {reused}, bytes read {}",
         st.node_bytes_read - before.node_bytes_read
     );
-    assert!(loads > 1000, "the reads were cold: {loads} loads");
+    // Most queries into a partition shed before read one run of it (`node/runs.rs`); the
+    // first one into each loads it whole.
+    assert!(loads > 500, "the reads were cold: {loads} loads");
     assert!(
         reused * 4 >= loads * 3,
         "{reused} of {loads} partition reads used a shed partition's buffer"

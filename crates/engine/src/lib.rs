@@ -81,6 +81,8 @@ mod read;
 mod readahead_tests;
 mod rebuild;
 mod refcheck;
+#[cfg(test)]
+mod run_read_tests;
 mod salvage;
 mod snapshot;
 mod space;

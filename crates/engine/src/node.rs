@@ -22,6 +22,7 @@ mod layout;
 mod leaf_apply;
 mod lift;
 mod rekey;
+mod runs;
 mod slot;
 mod summary;
 
@@ -33,6 +34,9 @@ pub(crate) use layout::{
     build_node_in, decode_partition_in, index_buffer_in, serialize_layout, SubSrc,
 };
 pub(crate) use rekey::RekeyPlan;
+pub(crate) use runs::ShedRuns;
+#[cfg(test)]
+pub(crate) use runs::RUN_BYTES;
 pub use slot::BufSlot;
 pub(crate) use slot::Resident;
 
@@ -49,6 +53,9 @@ pub struct PartState {
     pub data: Option<Arc<Partition>>,
     /// Where the partition lies in the node's current image (`None`: only in memory).
     pub loc: Option<SubLoc>,
+    /// While the partition is shed: its runs, for point queries (`node/runs.rs`). Only with
+    /// `data` unset and `loc` set to the place the runs describe.
+    pub(crate) runs: Option<Arc<ShedRuns>>,
 }
 
 /// One partition of a leaf.
@@ -71,6 +78,7 @@ impl PartSlot {
             state: Mutex::new(PartState {
                 data: Some(Arc::new(p)),
                 loc: None,
+                runs: None,
             }),
         }
     }
@@ -184,11 +192,12 @@ impl Leaf {
         let mut images = crate::subbytes::ImageCharge::default();
         let mut parts = 0;
         for p in &self.parts {
-            if let Some(d) = &p.state.lock().data {
+            let st = p.state.lock();
+            if let Some(d) = &st.data {
                 parts += d.mem();
                 images.add(d.part_bytes());
             }
-            parts += 96;
+            parts += 96 + st.runs.as_ref().map_or(0, |r| r.mem());
         }
         parts + images.mem() + pivot_bytes(&self.pivots) + self.pivots.len() * 24 + 128
     }
@@ -371,6 +380,7 @@ impl Node {
                         state: Mutex::new(PartState {
                             data: p.data(),
                             loc: None,
+                            runs: None,
                         }),
                         bytes: p.bytes,
                         entries: p.entries,

@@ -90,6 +90,33 @@ impl Partition {
         &self.data[o + ENTRY_HEADER..o + ENTRY_HEADER + kl]
     }
 
+    /// Byte offset of entry `i` in [`Partition::raw`].
+    pub(crate) fn entry_offset(&self, i: usize) -> usize {
+        self.offs[i] as usize
+    }
+
+    /// The value of `key` in `run`, a run of whole entries cut out of a partition's encoding
+    /// (`node/runs.rs`), checking every entry it passes as decoding does (lengths within the
+    /// limits and the run, keys in order). `Ok(None)` when the run does not hold `key`.
+    pub(crate) fn find_in_run<'a>(
+        run: &'a [u8],
+        key: &[u8],
+        max_key: usize,
+        max_value: usize,
+    ) -> Result<Option<Stored<'a>>> {
+        let mut d = Dec::new(run, "leaf partition run");
+        let mut prev: Option<&[u8]> = None;
+        while d.remaining() > 0 {
+            let (k, v) = next_entry(&mut d, &mut prev, max_key, max_value)?;
+            match k.cmp(key) {
+                std::cmp::Ordering::Less => {}
+                std::cmp::Ordering::Equal => return Ok(Some(v)),
+                std::cmp::Ordering::Greater => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+
     /// Value of entry `i`.
     pub fn value(&self, i: usize) -> Stored<'_> {
         let o = self.offs[i] as usize;
@@ -259,25 +286,11 @@ impl Partition {
             let mut prev: Option<&[u8]> = None;
             while d.remaining() > 0 {
                 offs.push(d.pos() as u32);
-                let kl = d.u16()? as usize;
-                let raw_vl = d.u32()?;
-                let is_ref = raw_vl & REF_FLAG != 0;
-                let vl = (raw_vl & !REF_FLAG) as usize;
-                let max = if is_ref { REF_MAX } else { max_value };
-                if kl > max_key || vl > max || (is_ref && vl < REF_BYTES) {
-                    return Err(d.corrupt(format!("entry lengths {kl}/{vl} out of bounds")));
-                }
-                let k = d.raw(kl)?;
-                let v = d.raw(vl)?;
-                if is_ref {
-                    DataRef::decode(v, max_value)?;
+                let (_, v) = next_entry(&mut d, &mut prev, max_key, max_value)?;
+                if v.is_ref() {
                     refs += 1;
-                    ref_max = ref_max.max(vl);
+                    ref_max = ref_max.max(v.raw().len());
                 }
-                if prev.is_some_and(|p| p >= k) {
-                    return Err(d.corrupt("keys out of order"));
-                }
-                prev = Some(k);
             }
         }
         Ok(Partition {
@@ -287,6 +300,36 @@ impl Partition {
             ref_max,
         })
     }
+}
+
+/// The next entry of a partition's encoding at `d`: its key and value, checked as decoding
+/// checks every entry (lengths within the limits and the bytes, a reference well formed, the key
+/// above `prev`, which becomes this key).
+fn next_entry<'a>(
+    d: &mut Dec<'a>,
+    prev: &mut Option<&'a [u8]>,
+    max_key: usize,
+    max_value: usize,
+) -> Result<(&'a [u8], Stored<'a>)> {
+    let kl = d.u16()? as usize;
+    let raw_vl = d.u32()?;
+    let is_ref = raw_vl & REF_FLAG != 0;
+    let vl = (raw_vl & !REF_FLAG) as usize;
+    let max = if is_ref { REF_MAX } else { max_value };
+    if kl > max_key || vl > max || (is_ref && vl < REF_BYTES) {
+        return Err(d.corrupt(format!("entry lengths {kl}/{vl} out of bounds")));
+    }
+    let k = d.raw(kl)?;
+    let v = d.raw(vl)?;
+    if prev.is_some_and(|p| p >= k) {
+        return Err(d.corrupt("keys out of order"));
+    }
+    *prev = Some(k);
+    if is_ref {
+        DataRef::decode(v, max_value)?;
+        return Ok((k, Stored::Ref(v)));
+    }
+    Ok((k, Stored::Bytes(v)))
 }
 
 impl Drop for Partition {

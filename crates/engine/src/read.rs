@@ -65,14 +65,19 @@ impl Tree {
                     }
                     Body::Leaf(l) => {
                         let p = child_index(&l.pivots, stored);
-                        let Some(part) = l.parts[p].data() else {
-                            drop(g);
-                            self.load_partitions(&cn, Some(p))?;
-                            pins.push(cn);
-                            break;
+                        let mut v = match l.parts[p].data() {
+                            Some(part) => part.get(stored).map(|x| x.to_val()),
+                            None => match self.get_from_run(&cn, &l.parts[p], p, stored)? {
+                                Some(v) => v,
+                                None => {
+                                    drop(g);
+                                    self.load_partitions(&cn, Some(p))?;
+                                    pins.push(cn);
+                                    break;
+                                }
+                            },
                         };
                         let leaf_msn = g.max_msn;
-                        let mut v = part.get(stored).map(|x| x.to_val());
                         for (range, point) in layers.iter().rev() {
                             if let Some(m) = range {
                                 assert!(*m > leaf_msn, "ancestor message already applied below");
@@ -102,6 +107,67 @@ impl Tree {
         Err(Error::Corrupt(
             "a lookup could not keep its path in memory (cache too small?)".into(),
         ))
+    }
+
+    /// The value of `key` in shed partition `p` of leaf `cn` (whose read latch the caller holds),
+    /// read from the one run of it that may hold the key (`node/runs.rs`): `Some` with the
+    /// answer, or `None` when the partition must be loaded (it kept no runs, or has been read
+    /// this way often enough to be worth loading). The run's bytes must match the checksum taken
+    /// when it was shed.
+    fn get_from_run(
+        &self,
+        cn: &CachedNode,
+        slot: &crate::node::PartSlot,
+        p: usize,
+        key: &[u8],
+    ) -> Result<Option<Option<Val>>> {
+        let (runs, loc) = {
+            let st = slot.state.lock();
+            match (&st.data, &st.runs, st.loc) {
+                (None, Some(runs), Some(loc)) => (runs.clone(), loc),
+                _ => return Ok(None),
+            }
+        };
+        assert_eq!(
+            runs.loc(),
+            loc,
+            "a shed partition's runs describe its place"
+        );
+        let at = match runs.run_for(key) {
+            Err(()) => return Ok(None),
+            Ok(None) => return Ok(Some(None)),
+            Ok(Some(at)) => at,
+        };
+        let ext = self.store.location(cn.id).ok_or_else(|| {
+            Error::Corrupt(format!(
+                "node {} has a shed partition but no location",
+                cn.id
+            ))
+        })?;
+        let start = ext.offset() + loc.offset as u64 + at.off as u64;
+        let block = amaranth_device::BLOCK_SIZE as u64;
+        let from = start / block * block;
+        let len = (start + at.len as u64 - from) as usize;
+        let what = format!("node {} partition {p} run at {}", cn.id, at.off);
+        let buf = self.store.read(from, len, &what)?;
+        let skip = (start - from) as usize;
+        let bytes = &buf[skip..skip + at.len as usize];
+        if crc32c::crc32c(bytes) != at.crc {
+            return Err(Error::Corrupt(format!(
+                "{what}: checksum mismatch (device offset {start})"
+            )));
+        }
+        self.cache
+            .counters
+            .run_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let found = Partition::find_in_run(
+            bytes,
+            key,
+            self.format.max_key_len,
+            self.format.max_value_len,
+        )?;
+        Ok(Some(found.map(|s| s.to_val())))
     }
 
     /// One step down a coupled descent: the read latch of child `next`, taken while `parent`'s

@@ -191,7 +191,9 @@ impl Tree {
             Body::Leaf(l) => {
                 for slot in &l.parts {
                     let mut st = slot.state.lock();
-                    if st.data.is_some() && st.loc.is_some() {
+                    if let (Some(data), Some(loc)) = (&st.data, st.loc) {
+                        // What a point query needs to read only a run of it later.
+                        st.runs = crate::node::ShedRuns::build(data, loc).map(Arc::new);
                         st.data = None;
                         dropped = true;
                     }

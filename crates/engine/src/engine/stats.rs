@@ -38,6 +38,9 @@ pub struct Stats {
     pub partition_loads: u64,
     /// Of those, internal-node buffers.
     pub buffer_loads: u64,
+    /// Point queries answered by reading one run (about 4 KiB) of a shed partition instead of
+    /// the whole partition.
+    pub run_reads: u64,
     /// Leaves read ahead for sequential scans.
     pub prefetch_loads: u64,
     /// Leaves read ahead that a scan then used.
@@ -233,6 +236,7 @@ impl Engine {
             cache_misses: cc.misses.load(Ordering::Relaxed),
             partition_loads: cc.partition_loads.load(Ordering::Relaxed),
             buffer_loads: cc.buffer_loads.load(Ordering::Relaxed),
+            run_reads: cc.run_reads.load(Ordering::Relaxed),
             prefetch_loads: cc.prefetch_loads.load(Ordering::Relaxed),
             prefetch_hits: cc.prefetch_hits.load(Ordering::Relaxed),
             prefetch_shed: cc.prefetch_shed.load(Ordering::Relaxed),

@@ -634,6 +634,7 @@ fn leaf_of(
             state: Mutex::new(PartState {
                 data: part(i, loc)?.map(Arc::new),
                 loc: Some(*loc),
+                runs: None,
             }),
             bytes: loc.raw_len as usize,
             entries: loc.count as usize,

@@ -252,6 +252,7 @@ impl Tree {
                     let mut st = slot.state.lock();
                     if st.data.is_none() {
                         st.data = Some(Arc::new(p));
+                        st.runs = None;
                     }
                 }
             }
