@@ -56,6 +56,10 @@ pub struct PartState {
     /// While the partition is shed: its runs, for point queries (`node/runs.rs`). Only with
     /// `data` unset and `loc` set to the place the runs describe.
     pub(crate) runs: Option<Arc<ShedRuns>>,
+    /// Whether the entries in memory were read on their own, for a point query (not with their
+    /// whole node: a scan, read-ahead or a flush). Only such a partition keeps runs when shed:
+    /// one read with its whole leaf is being read in order, and runs would only hold memory.
+    pub(crate) point_loaded: bool,
 }
 
 /// One partition of a leaf.
@@ -79,6 +83,7 @@ impl PartSlot {
                 data: Some(Arc::new(p)),
                 loc: None,
                 runs: None,
+                point_loaded: false,
             }),
         }
     }
@@ -381,6 +386,7 @@ impl Node {
                             data: p.data(),
                             loc: None,
                             runs: None,
+                            point_loaded: false,
                         }),
                         bytes: p.bytes,
                         entries: p.entries,

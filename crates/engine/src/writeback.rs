@@ -192,8 +192,14 @@ impl Tree {
                 for slot in &l.parts {
                     let mut st = slot.state.lock();
                     if let (Some(data), Some(loc)) = (&st.data, st.loc) {
-                        // What a point query needs to read only a run of it later.
-                        st.runs = crate::node::ShedRuns::build(data, loc).map(Arc::new);
+                        // What a point query needs to read only a run of it later, if a
+                        // point query read it (`PartState::point_loaded`).
+                        st.runs = if st.point_loaded {
+                            crate::node::ShedRuns::build(data, loc).map(Arc::new)
+                        } else {
+                            None
+                        };
+                        st.point_loaded = false;
                         st.data = None;
                         dropped = true;
                     }

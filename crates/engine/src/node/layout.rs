@@ -68,6 +68,11 @@ impl SubLoc {
     pub fn aligned_range(&self) -> (u64, usize) {
         (self.offset as u64, round_up(self.stored_len as usize))
     }
+
+    /// Whether the sub-block is stored uncompressed (its stored bytes are its in-memory form).
+    pub(crate) fn stored_raw(&self) -> bool {
+        Compression::from_code(self.codec) == Some(Compression::None)
+    }
 }
 
 /// A node serialized for writing.
@@ -635,6 +640,7 @@ fn leaf_of(
                 data: part(i, loc)?.map(Arc::new),
                 loc: Some(*loc),
                 runs: None,
+                point_loaded: false,
             }),
             bytes: loc.raw_len as usize,
             entries: loc.count as usize,

@@ -59,10 +59,7 @@ impl ShedRuns {
     /// The runs of partition `p`, stored uncompressed at `loc`; `None` when it is stored
     /// compressed or is empty.
     pub(crate) fn build(p: &Partition, loc: SubLoc) -> Option<ShedRuns> {
-        if crate::config::Compression::from_code(loc.codec)
-            != Some(crate::config::Compression::None)
-            || p.is_empty()
-        {
+        if !loc.stored_raw() || p.is_empty() {
             return None;
         }
         let raw = p.raw();

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use super::{Need, Tree};
 use crate::buffer::EncodedBuffer;
 use crate::cache::CachedNode;
-use crate::config::Compression;
 use crate::error::{Error, Result};
 use crate::msg::Msn;
 use crate::node::NodeHeader;
@@ -77,7 +76,7 @@ impl Tree {
             node::header_span(&image, &what, ext.offset())?;
             let h = node::parse_header(&image, &self.format, &what, ext.offset())?;
             check_header(&h, id, Some(ext), &what)?;
-            let node = if h.sublocs.iter().any(stored_raw) {
+            let node = if h.sublocs.iter().any(node::SubLoc::stored_raw) {
                 let image = image.into_shared();
                 node::build_node_in(&h, &image, &self.format, ext.offset())?
             } else {
@@ -206,7 +205,7 @@ impl Tree {
         // Uncompressed sub-blocks are used where they lie in what was read (`subbytes.rs`): the
         // image, or each one's own read; an image of compressed ones goes back to the pool.
         let whole = match whole {
-            Some(image) if locs.iter().any(|(_, loc)| stored_raw(loc)) => {
+            Some(image) if locs.iter().any(|(_, loc)| loc.stored_raw()) => {
                 Some(Whole::Shared(image.into_shared()))
             }
             Some(image) => Some(Whole::Pooled(image)),
@@ -253,6 +252,7 @@ impl Tree {
                     if st.data.is_none() {
                         st.data = Some(Arc::new(p));
                         st.runs = None;
+                        st.point_loaded = whole.is_none();
                     }
                 }
             }
@@ -390,9 +390,4 @@ pub(crate) fn check_header(
 enum Whole<'a> {
     Shared(SharedImage),
     Pooled(crate::store::Image<'a>),
-}
-
-/// Whether a sub-block is stored uncompressed (its bytes are then its in-memory form).
-fn stored_raw(loc: &node::SubLoc) -> bool {
-    Compression::from_code(loc.codec) == Some(Compression::None)
 }
