@@ -169,6 +169,7 @@ impl Store for Amaranth {
             ("partition_loads", s.partition_loads as f64),
             ("buffer_loads", s.buffer_loads as f64),
             ("run_reads", s.run_reads as f64),
+            ("buffer_run_reads", s.buffer_run_reads as f64),
             ("subblock_buffers_reused", s.subblock_buffers_reused as f64),
             ("evictions", s.evictions as f64),
             ("writebacks", s.writebacks as f64),

@@ -27,6 +27,10 @@ pub fn engine_json(s: &Stats) -> Value {
         "cache_hits": s.cache_hits,
         "cache_misses": s.cache_misses,
         "partition_loads": s.partition_loads,
+        "buffer_loads": s.buffer_loads,
+        "run_reads": s.run_reads,
+        "buffer_run_reads": s.buffer_run_reads,
+        "subblock_buffers_reused": s.subblock_buffers_reused,
         "prefetch_loads": s.prefetch_loads,
         "prefetch_hits": s.prefetch_hits,
         "prefetch_shed": s.prefetch_shed,
@@ -292,6 +296,14 @@ fn print_live(v: &Value) {
         g("dirty_nodes"),
         g("cache_hits"),
         g("cache_misses")
+    );
+    say!(
+        "point reads:     {} sub-blocks loaded ({} of them buffers), {} runs of shed partitions \
+         and {} of shed buffers read instead",
+        g("partition_loads"),
+        g("buffer_loads"),
+        g("run_reads"),
+        g("buffer_run_reads")
     );
     say!(
         "memory:          {} resident, device buffers {} (peak {})",

@@ -114,6 +114,8 @@ pub struct CacheCounters {
     pub buffer_loads: AtomicU64,
     /// Point queries answered from one run of a shed partition (`node/runs.rs`).
     pub run_reads: AtomicU64,
+    /// Point queries that read one run of a shed child buffer (`node/runs.rs`).
+    pub buffer_run_reads: AtomicU64,
     /// Nodes evicted.
     pub evictions: AtomicU64,
     /// Dirty nodes written back by eviction.

@@ -34,11 +34,11 @@ pub(crate) use layout::{
     build_node_in, decode_partition_in, index_buffer_in, serialize_layout, SubSrc,
 };
 pub(crate) use rekey::RekeyPlan;
-pub(crate) use runs::ShedRuns;
 #[cfg(test)]
 pub(crate) use runs::RUN_BYTES;
+pub(crate) use runs::{RunAt, ShedRuns};
 pub use slot::BufSlot;
-pub(crate) use slot::Resident;
+pub(crate) use slot::{BufAnswer, Resident};
 
 /// Identifies a node; the block translation table maps it to its current extent.
 pub type NodeId = u64;

@@ -6,14 +6,15 @@
 
 use std::borrow::Cow;
 use std::cell::Cell;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, EncodedBuffer};
 use crate::cache::{CachedNode, ReadGuard};
 use crate::dataref::{Stored, Val};
 use crate::error::{Error, Result};
 use crate::msg::{KeyMsgs, Msn, RangeDel};
-use crate::node::{child_index, Body, NodeId, Resident};
+use crate::node::{child_index, Body, BufAnswer, NodeId, Resident, RunAt, SubLoc};
 use crate::partition::Partition;
 use crate::tree::{Bounds, Tree, LIFT_KEYS};
 
@@ -50,11 +51,29 @@ impl Tree {
                 let next = match &g.body {
                     Body::Internal(n) => {
                         let c = child_index(&n.pivots, stored);
-                        let Some(layer) = n.buffers[c].lookup(stored)? else {
-                            drop(g);
-                            self.load_buffer_encoding(&cn, c)?;
-                            pins.push(cn);
-                            break;
+                        let layer = match n.buffers[c].lookup(stored)? {
+                            BufAnswer::Held(range, point) => (range, point),
+                            BufAnswer::Run { range, loc, at } => {
+                                let what =
+                                    || format!("node {} buffer {c} run at {}", cn.id, at.off);
+                                let point = self.read_run(cn.id, loc, at, what, |run| {
+                                    EncodedBuffer::find_in_run(
+                                        run,
+                                        stored,
+                                        self.format.max_key_len,
+                                        self.format.max_value_len,
+                                        g.max_msn,
+                                    )
+                                })?;
+                                self.cache.counters.buffer_run_reads.fetch_add(1, Relaxed);
+                                (range, point)
+                            }
+                            BufAnswer::Load => {
+                                drop(g);
+                                self.load_buffer_encoding(&cn, c)?;
+                                pins.push(cn);
+                                break;
+                            }
                         };
                         layers.push(layer);
                         if LIFT_KEYS {
@@ -138,36 +157,49 @@ impl Tree {
             Ok(None) => return Ok(Some(None)),
             Ok(Some(at)) => at,
         };
-        let ext = self.store.location(cn.id).ok_or_else(|| {
-            Error::Corrupt(format!(
-                "node {} has a shed partition but no location",
-                cn.id
-            ))
+        let what = || format!("node {} partition {p} run at {}", cn.id, at.off);
+        let found = self.read_run(cn.id, loc, at, what, |run| {
+            Ok(Partition::find_in_run(
+                run,
+                key,
+                self.format.max_key_len,
+                self.format.max_value_len,
+            )?
+            .map(|s| s.to_val()))
         })?;
+        self.cache.counters.run_reads.fetch_add(1, Relaxed);
+        Ok(Some(found))
+    }
+
+    /// Reads run `at` of the sub-block at `loc` in node `id`'s image (`node/runs.rs`), checks it
+    /// against the checksum taken when the sub-block was shed (a mismatch is corruption), and
+    /// hands it to `search`.
+    fn read_run<T>(
+        &self,
+        id: NodeId,
+        loc: SubLoc,
+        at: RunAt,
+        what: impl Fn() -> String,
+        search: impl FnOnce(&[u8]) -> Result<T>,
+    ) -> Result<T> {
+        let ext = self
+            .store
+            .location(id)
+            .ok_or_else(|| Error::Corrupt(format!("{}: the node has no location", what())))?;
         let start = ext.offset() + loc.offset as u64 + at.off as u64;
         let block = amaranth_device::BLOCK_SIZE as u64;
         let from = start / block * block;
         let len = (start + at.len as u64 - from) as usize;
-        let what = format!("node {} partition {p} run at {}", cn.id, at.off);
-        let buf = self.store.read(from, len, &what)?;
+        let buf = self.store.read(from, len, &what())?;
         let skip = (start - from) as usize;
         let bytes = &buf[skip..skip + at.len as usize];
         if crc32c::crc32c(bytes) != at.crc {
             return Err(Error::Corrupt(format!(
-                "{what}: checksum mismatch (device offset {start})"
+                "{}: checksum mismatch (device offset {start})",
+                what()
             )));
         }
-        self.cache
-            .counters
-            .run_reads
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let found = Partition::find_in_run(
-            bytes,
-            key,
-            self.format.max_key_len,
-            self.format.max_value_len,
-        )?;
-        Ok(Some(found.map(|s| s.to_val())))
+        search(bytes)
     }
 
     /// One step down a coupled descent: the read latch of child `next`, taken while `parent`'s

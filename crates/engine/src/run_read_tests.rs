@@ -1,6 +1,7 @@
 //! Point queries into shed partitions read one run of them (`node/runs.rs`): the answers are the
 //! partition's, the bytes read are a few KiB per query, a partition read often is loaded whole,
-//! and a run whose bytes changed on the device is refused.
+//! and a run whose bytes changed on the device is refused. The same for shed child buffers of
+//! internal nodes, whose messages for the key lie in one run.
 
 use std::sync::Arc;
 
@@ -144,28 +145,166 @@ fn a_run_changed_on_the_device_is_refused() {
         }
     }
     let (at, _first) = damaged.expect("a shed partition with runs");
+    flip(&dev, at);
+    // Queries in key order: the first ones into the partition read the damaged run and are
+    // refused by its checksum, later ones load the partition whole and are refused by the
+    // partition's; never a wrong answer.
+    let (refused, by_run) = refusals(&e, 2 * n, "partition", |i| {
+        i.is_multiple_of(2).then(|| value(i))
+    });
+    assert!(
+        by_run > 0,
+        "the damaged run was never read ({refused} refused)"
+    );
+}
+
+/// Changes the byte at `at` on the device.
+fn flip(dev: &MemDevice, at: u64) {
     let block = at / 4096 * 4096;
     let mut buf = amaranth_device::AlignedBuf::zeroed(4096);
     dev.read_at(block, &mut buf).unwrap();
     buf[(at - block) as usize] ^= 0x5a;
     dev.write_at(block, &buf).unwrap();
-    // Queries in key order: the first ones into the partition read the damaged run and are
-    // refused by its checksum, later ones load the partition whole and are refused by the
-    // partition's; never a wrong answer.
+}
+
+/// Asks keys `0..n` in order after damage: each answer is `want`'s or a checksum error, never
+/// another value. Returns how many were refused, and how many of those by the checksum of a run
+/// of a `what` ("partition" or "buffer").
+fn refusals(
+    e: &Engine,
+    n: u32,
+    what: &str,
+    want: impl Fn(u32) -> Option<Vec<u8>>,
+) -> (usize, usize) {
     let (mut refused, mut by_run) = (0, 0);
     for i in 0..n {
-        match e.get(&key(2 * i)) {
-            Ok(v) => assert_eq!(v, Some(value(2 * i)), "key {}", 2 * i),
-            // Refused by the run's checksum, or by the partition's own when it is loaded whole.
+        match e.get(&key(i)) {
+            Ok(v) => assert_eq!(v, want(i), "key {i}"),
+            // Refused by a run's checksum, or by the sub-block's own when it is loaded whole.
             Err(err) => {
-                assert!(err.to_string().contains("checksum"), "{err}");
+                let err = err.to_string();
+                assert!(err.contains("checksum"), "{err}");
                 refused += 1;
-                by_run += usize::from(err.to_string().contains("run at"));
+                by_run += usize::from(err.contains(what) && err.contains("run at"));
             }
         }
     }
+    (refused, by_run)
+}
+
+/// Even keys 0..2n written (`image`), then in a second session every fourth overwritten, every
+/// sixth deleted and every tenth patched, so that internal nodes' buffers hold messages for a
+/// good share of the keys when it closes. The model's answer for key `i`.
+fn updated(i: u32) -> Option<Vec<u8>> {
+    if !i.is_multiple_of(2) || i.is_multiple_of(6) {
+        return None;
+    }
+    let mut v = if i.is_multiple_of(4) {
+        value(i + 1)
+    } else {
+        value(i)
+    };
+    if i.is_multiple_of(10) {
+        v[5..8].copy_from_slice(b"abc");
+    }
+    Some(v)
+}
+
+fn updated_image(n: u32) -> Arc<MemDevice> {
+    let dev = image(n);
+    let e = Engine::open(dev.clone(), options(64 << 20)).unwrap();
+    for chunk in (0..2 * n).step_by(2).collect::<Vec<_>>().chunks(500) {
+        let mut b = Batch::new();
+        for &i in chunk {
+            if i.is_multiple_of(4) {
+                b.put(key(i), value(i + 1));
+            }
+            if i.is_multiple_of(10) {
+                b.upsert(
+                    key(i),
+                    crate::Patch::Write {
+                        offset: 5,
+                        data: b"abc".to_vec(),
+                    },
+                );
+            }
+            if i.is_multiple_of(6) {
+                b.delete(key(i));
+            }
+        }
+        e.write(&b).unwrap();
+    }
+    e.close().unwrap();
+    dev
+}
+
+#[test]
+fn point_queries_into_shed_child_buffers_read_one_run_and_answer_as_the_buffer() {
+    let n = 60_000u32;
+    let dev = updated_image(n);
+    let e = Engine::open(dev, options(8 << 20)).unwrap();
+    let before = e.stats();
+    let mut x = 0x1234_5679u32;
+    let queries = 30_000;
+    for _ in 0..queries {
+        let i = xorshift(&mut x) % (2 * n);
+        assert_eq!(e.get(&key(i)).unwrap(), updated(i), "key {i}");
+    }
+    let st = e.stats();
+    let runs = st.buffer_run_reads - before.buffer_run_reads;
+    let loads = st.buffer_loads - before.buffer_loads;
+    println!(
+        "buffer run reads {runs}, buffer loads {loads}, partition run reads {}, bytes read per \
+         query {}",
+        st.run_reads - before.run_reads,
+        (st.node_bytes_read - before.node_bytes_read) / queries
+    );
+    assert!(runs > 1_000, "{runs} queries read a run of a buffer");
+    assert!(
+        runs > 5 * loads,
+        "{runs} buffer runs read, {loads} buffers loaded"
+    );
+    assert!(st.cache_peak_bytes <= st.cache_budget);
+    e.close().unwrap();
+}
+
+#[test]
+fn a_buffer_run_changed_on_the_device_is_refused() {
+    let n = 60_000u32;
+    let dev = updated_image(n);
+    let e = Engine::open(dev.clone(), options(8 << 20)).unwrap();
+    for i in 0..2 * n {
+        assert_eq!(e.get(&key(i)).unwrap(), updated(i), "key {i}");
+    }
+    // Damage a byte inside every run of every shed buffer that kept runs (a shed buffer's
+    // place in the image, past its header).
+    let tree = e.tree();
+    let mut spots = Vec::new();
+    for cn in tree.cache.all() {
+        let g = cn.read();
+        let crate::node::Body::Internal(n) = &g.body else {
+            continue;
+        };
+        for slot in &n.buffers {
+            if slot.has_runs() {
+                let loc = slot.missing_at().expect("shed");
+                let ext = tree.store.location(cn.id).unwrap();
+                let mut off = 4096u64;
+                while off < loc.raw_len as u64 {
+                    spots.push(ext.offset() + loc.offset as u64 + off);
+                    off += 2048;
+                }
+            }
+        }
+    }
+    assert!(!spots.is_empty(), "a shed buffer with runs");
+    for at in spots {
+        flip(&dev, at);
+    }
+    // Never a wrong answer: refused by a run's checksum, or by the buffer's own when loaded.
+    let (refused, by_run) = refusals(&e, 2 * n, "buffer", updated);
     assert!(
         by_run > 0,
-        "the damaged run was never read ({refused} refused)"
+        "no damaged buffer run was read ({refused} refused)"
     );
 }

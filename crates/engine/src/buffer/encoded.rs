@@ -515,6 +515,49 @@ impl EncodedBuffer {
         self.points.iter().map(|&off| self.key_at(off))
     }
 
+    /// Every point entry: its offset in the encoding and its key, in key order (the points
+    /// come last in the encoding: the last entry ends where it does).
+    pub(crate) fn point_entries(&self) -> impl Iterator<Item = (usize, &[u8])> + '_ {
+        self.points
+            .iter()
+            .map(|&off| (off as usize, self.key_at(off)))
+    }
+
+    /// The folded point messages of `key` in `run`, whole point entries cut from an encoding at
+    /// entry boundaries (`node/runs.rs`), or `None` when the run holds none for it. Everything
+    /// read is checked as indexing checks it (lengths, key order, message structure, no message
+    /// newer than `max_msn`): an error, never a wrong answer, for a damaged run.
+    pub(crate) fn find_in_run(
+        run: &[u8],
+        key: &[u8],
+        max_key: usize,
+        max_value: usize,
+        max_msn: Msn,
+    ) -> Result<Option<KeyMsgs>> {
+        let mut d = Dec::new(run, "message buffer run");
+        let mut prev: Option<&[u8]> = None;
+        while d.remaining() > 0 {
+            let k = d.bytes(max_key)?;
+            if prev.is_some_and(|p| p >= k) {
+                return Err(d.corrupt("buffer keys out of order"));
+            }
+            prev = Some(k);
+            let from = d.pos();
+            KeyMsgs::check(&mut d, max_value, max_msn)?;
+            match k.cmp(key) {
+                std::cmp::Ordering::Less => {}
+                std::cmp::Ordering::Equal => {
+                    let mut m = Dec::new(&run[from..d.pos()], "message buffer run");
+                    let km = KeyMsgs::decode(&mut m, max_value)?;
+                    m.finish()?;
+                    return Ok(Some(km));
+                }
+                std::cmp::Ordering::Greater => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+
     /// Every range delete (MSN, lo, hi), in `lo` order.
     pub(crate) fn range_deletes(&self) -> impl Iterator<Item = (Msn, &[u8], &[u8])> + '_ {
         (0..self.ranges.len()).map(|i| self.range_at(i))

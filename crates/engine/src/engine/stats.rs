@@ -41,6 +41,9 @@ pub struct Stats {
     /// Point queries answered by reading one run (about 4 KiB) of a shed partition instead of
     /// the whole partition.
     pub run_reads: u64,
+    /// Point queries that read one run (about 4 KiB) of a shed child buffer, whose summary said
+    /// it may hold the key, instead of the whole buffer.
+    pub buffer_run_reads: u64,
     /// Leaves read ahead for sequential scans.
     pub prefetch_loads: u64,
     /// Leaves read ahead that a scan then used.
@@ -237,6 +240,7 @@ impl Engine {
             partition_loads: cc.partition_loads.load(Ordering::Relaxed),
             buffer_loads: cc.buffer_loads.load(Ordering::Relaxed),
             run_reads: cc.run_reads.load(Ordering::Relaxed),
+            buffer_run_reads: cc.buffer_run_reads.load(Ordering::Relaxed),
             prefetch_loads: cc.prefetch_loads.load(Ordering::Relaxed),
             prefetch_hits: cc.prefetch_hits.load(Ordering::Relaxed),
             prefetch_shed: cc.prefetch_shed.load(Ordering::Relaxed),

@@ -12,17 +12,24 @@
 //! bytes as the whole partition), a query loads it whole instead, as renting past the price of
 //! buying: a partition in use costs at most about twice its load, one read once costs a run.
 //! Compressed partitions keep no runs (their stored bytes cannot be read in part).
+//!
+//! An internal node does the same for a child buffer it sheds while holding it in its encoding
+//! (`BufSlot::drop_if_written`): runs of its point entries (one entry holds all the messages of
+//! one key), beside the buffer's summary (`node/summary.rs`), which answers first. A query whose
+//! key the summary says the buffer may hold reads the one run that would hold its messages
+//! (`EncodedBuffer::find_in_run`) instead of the whole buffer (hundreds of KiB).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::SubLoc;
+use crate::buffer::EncodedBuffer;
 use crate::partition::Partition;
 
 /// A run ends at the first entry boundary at or past this many bytes from its start.
 pub(crate) const RUN_BYTES: usize = 4096;
 
 /// One run of a shed partition's entries.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Run {
     /// Offset of the run in the partition's bytes (an entry boundary).
     off: u32,
@@ -62,24 +69,55 @@ impl ShedRuns {
         if !loc.stored_raw() || p.is_empty() {
             return None;
         }
-        let raw = p.raw();
+        let runs = ShedRuns::cut(
+            p.raw(),
+            loc,
+            (0..p.len()).map(|i| (p.entry_offset(i), p.key(i))),
+        );
+        assert_eq!(runs.runs[0].off, 0, "the first run starts the partition");
+        Some(runs)
+    }
+
+    /// The runs of a child buffer's point entries (its range deletes are kept apart, in its
+    /// summary: `node/summary.rs`), stored uncompressed at `loc`; `None` when it is stored
+    /// compressed or holds no point message. The points come last in the encoding, so the runs
+    /// end where it does.
+    pub(crate) fn of_buffer(enc: &EncodedBuffer, loc: SubLoc) -> Option<ShedRuns> {
+        if !loc.stored_raw() || enc.counts().0 == 0 {
+            return None;
+        }
+        Some(ShedRuns::cut(enc.raw(), loc, enc.point_entries()))
+    }
+
+    /// Cuts `raw`, the bytes stored at `loc`, into runs at the boundaries of `entries` (offset,
+    /// key), which are in key order and reach to the end of `raw`.
+    fn cut<'a>(
+        raw: &[u8],
+        loc: SubLoc,
+        entries: impl Iterator<Item = (usize, &'a [u8])>,
+    ) -> ShedRuns {
         assert_eq!(
             raw.len(),
             loc.raw_len as usize,
-            "a shed partition's bytes are its image's"
+            "a shed sub-block's bytes are its image's"
         );
         let mut runs = Vec::new();
         let mut keys = Vec::new();
         let mut start = 0usize;
-        for i in 0..p.len() {
-            let o = p.entry_offset(i);
-            if i == 0 || o - start >= RUN_BYTES {
+        let mut prev: Option<&[u8]> = None;
+        for (o, k) in entries {
+            assert!(
+                prev.is_none_or(|p| p < k) && o < raw.len(),
+                "runs are cut at entries in key order"
+            );
+            prev = Some(k);
+            if runs.is_empty() || o - start >= RUN_BYTES {
                 if let Some(last) = runs.last_mut() {
                     close(last, raw, o);
                 }
                 start = o;
                 let key_start = keys.len() as u32;
-                keys.extend_from_slice(p.key(i));
+                keys.extend_from_slice(k);
                 runs.push(Run {
                     off: o as u32,
                     len: 0,
@@ -90,13 +128,26 @@ impl ShedRuns {
             }
         }
         close(runs.last_mut().expect("a run"), raw, raw.len());
-        assert_eq!(runs[0].off, 0, "the first run starts the partition");
-        Some(ShedRuns {
+        ShedRuns {
             loc,
             runs,
             keys,
             reads: AtomicU32::new(0),
-        })
+        }
+    }
+
+    /// Whether these are the runs of `raw` cut at `entries` (as [`ShedRuns::cut`] takes them):
+    /// what a load of the sub-block they were kept for checks before dropping them.
+    pub(crate) fn describes<'a>(
+        &self,
+        raw: &[u8],
+        entries: impl Iterator<Item = (usize, &'a [u8])>,
+    ) -> bool {
+        if raw.len() != self.loc.raw_len as usize {
+            return false;
+        }
+        let again = ShedRuns::cut(raw, self.loc, entries);
+        again.keys == self.keys && again.runs == self.runs
     }
 
     /// The place in the image these runs describe.

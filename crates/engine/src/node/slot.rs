@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::runs::{RunAt, ShedRuns};
 use super::summary::ShedSummary;
 use super::{longest_field, RekeyPlan, SubLoc, BUFFER_HEADER, LONGEST_UNKNOWN};
 use crate::buffer::{Buffer, EncodedBuffer, Taken};
@@ -131,12 +132,30 @@ impl Resident {
     }
 }
 
+/// What a child's buffer answers a point query ([`BufSlot::lookup`]).
+#[derive(Debug)]
+pub(crate) enum BufAnswer {
+    /// The MSN of the range delete covering the key, and the key's folded point messages.
+    Held(Option<Msn>, Option<KeyMsgs>),
+    /// The buffer is shed: the key's point messages, if it has any, lie in this run of the
+    /// buffer's place `loc` in its node's image (`node/runs.rs`), to be read and searched with
+    /// [`EncodedBuffer::find_in_run`]; `range` is the MSN of the range delete covering the key.
+    Run {
+        range: Option<Msn>,
+        loc: SubLoc,
+        at: RunAt,
+    },
+    /// The buffer is shed and must be read back to answer.
+    Load,
+}
+
 /// Residency and disk location of one child's message buffer.
 ///
 /// Invariants: `data` and `raw` are never both set (a buffer is held built or encoded, not
 /// twice); a pending re-key implies the messages are in memory (one form or the other) and have
 /// no place in an image; a summary implies the messages are not in memory and have a place in
-/// an image (the summary describes that image's messages).
+/// an image (the summary describes that image's messages); runs imply a summary and describe
+/// the same place.
 #[derive(Debug, Default)]
 struct BufState {
     /// The messages, built (with `pending`, in their form before that rewrite).
@@ -157,6 +176,9 @@ struct BufState {
     /// While the messages are shed: what a point query needs to know of them
     /// (`node/summary.rs`).
     summary: Option<Arc<ShedSummary>>,
+    /// While the messages are shed, if they were held in their encoding and are stored
+    /// uncompressed: the runs of their point entries (`node/runs.rs`).
+    runs: Option<Arc<ShedRuns>>,
 }
 
 impl BufState {
@@ -175,6 +197,12 @@ impl BufState {
             assert!(
                 self.loc.is_some() && self.data.is_none() && self.raw.is_none(),
                 "a buffer with a summary is shed and has a place in an image"
+            );
+        }
+        if let Some(runs) = &self.runs {
+            assert!(
+                self.summary.is_some() && self.loc == Some(runs.loc()),
+                "a buffer's runs go with its summary and describe its place"
             );
         }
     }
@@ -334,6 +362,7 @@ impl BufSlot {
                 loc: None,
                 splices: st.splices,
                 summary: None,
+                runs: None,
             }),
             longest: self.longest,
         }
@@ -377,6 +406,7 @@ impl BufSlot {
                 loc: None,
                 splices: st.splices,
                 summary: None,
+                runs: None,
             }),
             longest,
         }
@@ -671,28 +701,52 @@ impl BufSlot {
         st.data.as_ref().map_or(0, |b| b.mem())
             + st.raw.as_ref().map_or(0, |r| r.mem())
             + st.summary.as_ref().map_or(0, |s| s.mem())
+            + st.runs.as_ref().map_or(0, |r| r.mem())
             + 96
     }
 
     /// What the buffer holds for `key` (range-delete MSN, folded point messages), from the built
-    /// buffer or its encoding, or from the summary of the shed buffer when that says it holds no
-    /// point message for `key`; `None` when the buffer must be read to know.
-    pub fn lookup(&self, key: &[u8]) -> Result<Option<(Option<Msn>, Option<KeyMsgs>)>> {
+    /// buffer or its encoding, or, when it is shed, from its summary if that says it holds no
+    /// point message for `key`; else the run that would hold them, if the buffer kept runs and
+    /// has not been read this way often enough to be worth loading (`node/runs.rs`); else the
+    /// buffer must be read.
+    pub(crate) fn lookup(&self, key: &[u8]) -> Result<BufAnswer> {
         let mut st = self.state.lock();
         st.settle(self.bytes);
         let held = st.resident();
         let summary = st.summary.clone();
+        let runs = st.runs.clone();
         drop(st);
         match held {
-            None => Ok(summary
-                .filter(|s| !s.may_hold(key))
-                .map(|s| (s.range_covering(key), None))),
-            Some(Resident::Built(b)) => Ok(Some((
+            None => {
+                let Some(s) = summary else {
+                    return Ok(BufAnswer::Load);
+                };
+                let range = s.range_covering(key);
+                if !s.may_hold(key) {
+                    return Ok(BufAnswer::Held(range, None));
+                }
+                Ok(match runs.map(|r| (r.loc(), r.run_for(key))) {
+                    Some((_, Ok(None))) => BufAnswer::Held(range, None),
+                    Some((loc, Ok(Some(at)))) => BufAnswer::Run { range, loc, at },
+                    Some((_, Err(()))) | None => BufAnswer::Load,
+                })
+            }
+            Some(Resident::Built(b)) => Ok(BufAnswer::Held(
                 b.range_covering(key).map(|r| r.msn),
                 b.point(key).cloned(),
-            ))),
-            Some(Resident::Encoded(r)) => r.lookup(key).map(Some),
+            )),
+            Some(Resident::Encoded(r)) => {
+                let (range, point) = r.lookup(key)?;
+                Ok(BufAnswer::Held(range, point))
+            }
         }
+    }
+
+    /// Whether the buffer is shed with runs kept (`node/runs.rs`).
+    #[cfg(test)]
+    pub(crate) fn has_runs(&self) -> bool {
+        self.state.lock().runs.is_some()
     }
 
     /// Where the buffer lies in its node's image, when it is not in memory.
@@ -720,6 +774,12 @@ impl BufSlot {
                     "a shed buffer's summary describes the messages read back"
                 );
             }
+            if let Some(runs) = st.runs.take() {
+                assert!(
+                    Some(runs.loc()) == st.loc && runs.describes(enc.raw(), enc.point_entries()),
+                    "a shed buffer's runs describe the encoding read back"
+                );
+            }
             st.raw = Some(Arc::new(enc));
             st.check();
         }
@@ -734,7 +794,14 @@ impl BufSlot {
                 "a buffer with a pending re-key has a place in an image"
             );
             let held = st.resident().expect("resident");
+            let loc = st.loc.expect("checked above");
             st.summary = held.summary().map(Arc::new);
+            // Runs only of an encoding (a built buffer would have to be encoded again), and
+            // only beside a summary, which answers first.
+            st.runs = match (&held, &st.summary) {
+                (Resident::Encoded(enc), Some(_)) => ShedRuns::of_buffer(enc, loc).map(Arc::new),
+                _ => None,
+            };
             st.data = None;
             st.raw = None;
             st.check();
@@ -756,9 +823,10 @@ impl BufSlot {
 
 #[cfg(test)]
 mod tests {
-    use super::{BufSlot, Resident};
+    use super::{BufAnswer, BufSlot, Resident};
     use crate::buffer::testing::{encoding, key, random_messages, seeded_rng};
     use crate::buffer::Buffer;
+    use crate::buffer::EncodedBuffer;
     use crate::msg::{KeyMsgs, PointOp};
     use crate::node::RekeyPlan;
 
@@ -774,6 +842,14 @@ mod tests {
             msn += 1;
         }
         b
+    }
+
+    /// The answer of a buffer held in memory.
+    fn held(a: BufAnswer) -> (Option<crate::msg::Msn>, Option<KeyMsgs>) {
+        match a {
+            BufAnswer::Held(range, point) => (range, point),
+            other => panic!("a resident buffer answered {other:?}"),
+        }
     }
 
     fn keys_of(b: &Buffer) -> Vec<Vec<u8>> {
@@ -806,9 +882,9 @@ mod tests {
         );
         // The copy shares the messages and the rewrite, and applies it on its own.
         assert!(copy.rekey_pending());
-        let (_, found) = copy.lookup(b"xyz2").unwrap().unwrap();
+        let (_, found) = held(copy.lookup(b"xyz2").unwrap());
         assert!(matches!(found, Some(KeyMsgs::Put { msn: 2, .. })));
-        assert!(copy.lookup(b"ab2").unwrap().unwrap().1.is_none());
+        assert!(held(copy.lookup(b"ab2").unwrap()).1.is_none());
     }
 
     #[test]
@@ -882,7 +958,7 @@ mod tests {
         assert_eq!(moved.longest_point_in(b"xyz1", b"xyz2"), Some(4));
         let copy = moved.copy();
         // Asked: the re-key is applied to the encoding, which stays an encoding.
-        let (_, found) = moved.lookup(b"xyz2").unwrap().unwrap();
+        let (_, found) = held(moved.lookup(b"xyz2").unwrap());
         assert!(matches!(found, Some(KeyMsgs::Put { msn: 2, .. })));
         assert!(!moved.rekey_pending());
         assert!(matches!(moved.held(), Some(Resident::Encoded(_))));
@@ -928,44 +1004,89 @@ mod tests {
     }
 
     /// A shed buffer answers a point query from its summary when that says it holds no point
-    /// message for the key, with the same answer the buffer would give; otherwise the query must
-    /// read it (`None`). Read back, the summary goes. Random buffers, held built and encoded.
+    /// message for the key, with the same answer the buffer would give; otherwise, if it was
+    /// held in its encoding, it names the run of its image that holds the key's messages (read
+    /// and searched, exactly the buffer's answer); otherwise the query must read it. Read back,
+    /// the summary and the runs go. Random buffers, held built and encoded.
     #[test]
-    fn a_shed_buffer_answers_from_its_summary_exactly_when_it_holds_no_point_for_the_key() {
+    fn a_shed_buffer_answers_from_its_summary_or_one_run_exactly_as_the_buffer() {
         use rand::Rng;
         let mut rng = seeded_rng();
-        let (mut answered, mut asked) = (0, 0);
+        let (mut answered, mut from_runs, mut asked) = (0, 0, 0);
         for round in 0..200 {
             let mut msn = 0;
             let n = rng.gen_range(0..150);
+            // Up to 150 messages over 300 keys: buffers of one run to a few.
             let b = random_messages(&mut rng, &mut msn, n, 300);
+            let image = encoded(&b);
             let built = image_slot(&b);
             let _ = built.data(); // held built, with its place in the image
-            for slot in [image_slot(&b), built] {
+            for (was_encoded, slot) in [(true, image_slot(&b)), (false, built)] {
                 assert!(slot.drop_if_written());
                 for i in 0..310 {
                     let k = key(i);
                     asked += 1;
                     let want = (b.range_covering(&k).map(|r| r.msn), b.point(&k).cloned());
                     match slot.lookup(&k).unwrap() {
-                        Some(got) => {
+                        BufAnswer::Held(range, point) => {
                             answered += 1;
-                            assert!(want.1.is_none(), "round {round}: a key it holds answered");
-                            assert_eq!(got.0, want.0, "round {round}: range delete of {i}");
-                            assert!(got.1.is_none());
+                            assert_eq!(range, want.0, "round {round}: range delete of {i}");
+                            assert_eq!(point, want.1, "round {round}: points of {i}");
                         }
-                        None => assert!(slot.missing_at().is_some()),
+                        BufAnswer::Run { range, loc, at } => {
+                            assert!(was_encoded, "round {round}: runs of a built buffer");
+                            assert_eq!(Some(loc), slot.missing_at());
+                            from_runs += 1;
+                            let run = &image.raw()[at.off as usize..(at.off + at.len) as usize];
+                            assert!(run.len() < 2 * crate::node::RUN_BYTES + 400);
+                            assert_eq!(crc32c::crc32c(run), at.crc);
+                            let point = EncodedBuffer::find_in_run(run, &k, 100, 100, msn)
+                                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+                            assert_eq!((range, point), want, "round {round}: run of {i}");
+                        }
+                        BufAnswer::Load => assert!(slot.missing_at().is_some()),
+                    }
+                    if was_encoded {
+                        // Read back (its runs checked against it) and shed again: a run read
+                        // for every key it may hold, not only the first few before it is
+                        // worth loading whole.
+                        slot.keep_encoding(encoded(&b));
+                        assert!(slot.drop_if_written());
                     }
                 }
                 slot.keep_encoding(encoded(&b));
                 assert!(slot.is_resident());
-                assert_eq!(slot.mem(), encoded(&b).mem() + 96, "the summary is gone");
+                assert_eq!(
+                    slot.mem(),
+                    encoded(&b).mem() + 96,
+                    "the summary and runs are gone"
+                );
             }
         }
         assert!(
-            answered * 2 > asked,
-            "{answered} of {asked} answered from summaries"
+            answered * 2 > asked && from_runs * 20 > asked,
+            "{answered} of {asked} answered from summaries, {from_runs} from runs"
         );
+    }
+
+    /// A run that is not the one shed (a byte changed on the device) is refused by its
+    /// checksum in the read path; here, the search itself refuses damaged structure.
+    #[test]
+    fn a_damaged_buffer_run_is_refused_by_the_search() {
+        let b = buffer(&[b"k1", b"k2", b"k3"], &[]);
+        let enc = encoded(&b);
+        let (first, _) = enc.point_entries().next().unwrap();
+        let mut run = enc.raw()[first..].to_vec();
+        assert!(EncodedBuffer::find_in_run(&run, b"k2", 100, 100, 10)
+            .unwrap()
+            .is_some());
+        // A message newer than the node allows.
+        assert!(EncodedBuffer::find_in_run(&run, b"k2", 100, 100, 1).is_err());
+        run[0] = 0xff; // the first key's length
+        assert!(EncodedBuffer::find_in_run(&run, b"k2", 100, 100, 10).is_err());
+        let mut cut = enc.raw()[first..].to_vec();
+        cut.truncate(cut.len() - 1);
+        assert!(EncodedBuffer::find_in_run(&cut, b"k3", 100, 100, 10).is_err());
     }
 
     /// A summary that does not describe what is read back is caught.
