@@ -419,6 +419,20 @@ pub(crate) fn scan_tree(
     scan_tree_at(tree, ROOT_ID, lo, hi, f)
 }
 
+/// [`scan_tree`] of the live tree that, once it has walked one leaf's chunk whole (its second:
+/// the first may start anywhere in its leaf) and goes on into the next, has the leaves after
+/// that one read ahead in the background (`tree/readahead.rs`, up to the read-ahead window), so
+/// that the device reads while the scan walks. A scan that ends within its first three leaves
+/// (a directory listing that stops when its buffer is full) reads nothing ahead.
+pub(crate) fn scan_tree_reading_ahead(
+    tree: &Tree,
+    lo: &[u8],
+    hi: Option<&[u8]>,
+    f: &mut dyn FnMut(&[u8], Stored<'_>) -> bool,
+) -> Result<()> {
+    scan_tree_by(tree, ROOT_ID, lo, hi, usize::MAX, true, f)
+}
+
 /// [`scan_tree`] in the tree under `root` (the live root or a snapshot's).
 pub(crate) fn scan_tree_at(
     tree: &Tree,
@@ -427,7 +441,7 @@ pub(crate) fn scan_tree_at(
     hi: Option<&[u8]>,
     f: &mut dyn FnMut(&[u8], Stored<'_>) -> bool,
 ) -> Result<()> {
-    scan_tree_by(tree, root, lo, hi, usize::MAX, f)
+    scan_tree_by(tree, root, lo, hi, usize::MAX, false, f)
 }
 
 /// [`scan_tree`] `parts` leaf partitions at a time: for a scan that usually stops early, which
@@ -440,7 +454,7 @@ pub(crate) fn scan_tree_stepwise(
     parts: usize,
     f: &mut dyn FnMut(&[u8], Stored<'_>) -> bool,
 ) -> Result<()> {
-    scan_tree_by(tree, ROOT_ID, lo, hi, parts, f)
+    scan_tree_by(tree, ROOT_ID, lo, hi, parts, false, f)
 }
 
 fn scan_tree_by(
@@ -449,11 +463,19 @@ fn scan_tree_by(
     lo: &[u8],
     hi: Option<&[u8]>,
     max_parts: usize,
+    read_ahead: bool,
     f: &mut dyn FnMut(&[u8], Stored<'_>) -> bool,
 ) -> Result<()> {
     let mut cursor = lo.to_vec();
+    let mut chunks = 0usize;
     loop {
         let chunk = tree.chunk_at_most(root, Target::AtOrAfter(&cursor), &cursor, hi, max_parts)?;
+        chunks += 1;
+        if read_ahead && chunks >= 3 {
+            if let Some(h) = chunk.hi.as_deref().filter(|h| hi.is_none_or(|e| *h < e)) {
+                tree.read_ahead_from(h);
+            }
+        }
         if !chunk.walk(&cursor, hi, true, f) {
             return Ok(());
         }

@@ -176,3 +176,38 @@ fn read_ahead_makes_room_only_from_leaves_behind_the_readers() {
     }
     e.close().unwrap();
 }
+
+/// One scan over many leaves reads ahead by itself once it has walked a leaf whole and goes on
+/// (it need not continue an earlier scan): the leaves after the one it enters are queued. A scan
+/// over at most three leaves (a listing that stops early) queues nothing.
+#[test]
+fn a_long_scan_reads_ahead_by_itself_after_a_whole_leaf() {
+    let e = cold_engine();
+    let tree = e.tree();
+    let pivots = root_pivots(&e);
+    assert!(pivots.len() >= 9, "{} leaves", pivots.len() + 1);
+    let children = {
+        let cn = tree.cache.get(ROOT_ID).unwrap();
+        let g = cn.read();
+        let Body::Internal(n) = &g.body else {
+            unreachable!()
+        };
+        n.children.clone()
+    };
+    // Three leaves, from the middle of the first: nothing read ahead.
+    assert!(scan(&e, &key(1), &pivots[2]) > 0);
+    assert_eq!(tree.readahead.queued(), Vec::new());
+    // Six leaves, not continuing the last scan: from its third leaf on, the leaves after the one
+    // it enters are queued (this test has no workers: the reader loads the ones it reaches).
+    let all = scan(&e, &key(1), &pivots[5]);
+    let want = (1..1200u32).filter(|&i| key(i) < pivots[5]).count();
+    assert_eq!(all, want);
+    let queued = tree.readahead.queued();
+    assert!(!queued.is_empty());
+    assert_eq!(queued[0], children[6], "{queued:?}");
+    assert!(
+        queued.iter().all(|id| children[6..].contains(id)),
+        "only leaves past the scan's end: {queued:?}"
+    );
+    e.close().unwrap();
+}

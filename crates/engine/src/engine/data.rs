@@ -10,7 +10,7 @@ use amaranth_device::{AlignedBuf, BLOCK_SIZE};
 
 use super::range::normalize;
 use super::{Engine, Inner};
-use crate::apply::scan_tree_at;
+use crate::apply::{scan_tree_at, scan_tree_reading_ahead};
 use crate::dataref::{DataRef, Stored, StoredBuf, Val};
 use crate::error::{Error, Result};
 use crate::node::{NodeId, ROOT_ID};
@@ -273,7 +273,12 @@ impl Inner {
         let tree = &self.tree;
         // Read-ahead follows the live tree's leaves: not for a snapshot's.
         let sequential = root == ROOT_ID && tree.note_scan(&lo, hi.as_deref());
-        self.seen(scan_tree_at(tree, root, &lo, hi.as_deref(), f))?;
+        // A scan of the live tree longer than two leaves reads the next ones ahead itself.
+        if root == ROOT_ID {
+            self.seen(scan_tree_reading_ahead(tree, &lo, hi.as_deref(), f))?;
+        } else {
+            self.seen(scan_tree_at(tree, root, &lo, hi.as_deref(), f))?;
+        }
         if let (true, Some(h)) = (sequential, &hi) {
             tree.read_ahead_from(h);
         }
