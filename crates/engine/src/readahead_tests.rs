@@ -53,6 +53,16 @@ fn root_pivots(e: &Engine) -> Vec<Vec<u8>> {
     n.pivots.clone()
 }
 
+/// The root's children (the leaves, in a two-level tree), in key order.
+fn root_children(e: &Engine) -> Vec<crate::node::NodeId> {
+    let cn = e.tree().cache.get(ROOT_ID).unwrap();
+    let g = cn.read();
+    let Body::Internal(n) = &g.body else {
+        unreachable!("the root of a two-level tree is internal")
+    };
+    n.children.clone()
+}
+
 /// Scans `[lo, hi)` as a reader does; returns the number of entries.
 fn scan(e: &Engine, lo: &[u8], hi: &[u8]) -> usize {
     let mut n = 0;
@@ -137,14 +147,7 @@ fn read_ahead_makes_room_only_from_leaves_behind_the_readers() {
     let tree = e.tree();
     let pivots = root_pivots(&e);
     assert!(pivots.len() >= 10, "{} leaves", pivots.len() + 1);
-    let leaves: Vec<crate::node::NodeId> = {
-        let cn = tree.cache.get(ROOT_ID).unwrap();
-        let g = cn.read();
-        let Body::Internal(n) = &g.body else {
-            unreachable!()
-        };
-        n.children.clone()
-    };
+    let leaves = root_children(&e);
     // A reader reads the first six leaves in order, one scan per leaf (each continues the last).
     assert!(scan(&e, &key(0), &pivots[0]) > 0);
     for i in 0..5 {
@@ -186,14 +189,7 @@ fn a_long_scan_reads_ahead_by_itself_after_a_whole_leaf() {
     let tree = e.tree();
     let pivots = root_pivots(&e);
     assert!(pivots.len() >= 9, "{} leaves", pivots.len() + 1);
-    let children = {
-        let cn = tree.cache.get(ROOT_ID).unwrap();
-        let g = cn.read();
-        let Body::Internal(n) = &g.body else {
-            unreachable!()
-        };
-        n.children.clone()
-    };
+    let children = root_children(&e);
     // Three leaves, from the middle of the first: nothing read ahead.
     assert!(scan(&e, &key(1), &pivots[2]) > 0);
     assert_eq!(tree.readahead.queued(), Vec::new());
