@@ -215,13 +215,13 @@ pub fn run_child(cfg: &Cfg, a: &ChildArgs) -> Res<()> {
     let mut store: Box<dyn Store> = match a.store.as_str() {
         "amaranth" => {
             // The allocator as the daemon sets it (`amaranth_cli::memlimit::bound_allocator`):
-            // two arenas, and blocks of 64 KiB and more mapped on their own, so that memory the
+            // eight arenas, and blocks of 64 KiB and more mapped on their own, so that memory the
             // engine frees goes back (with glibc's defaults a process per-CPU arenas and a
             // sliding mmap threshold keep freed partitions in its heaps). Set before the engine
             // starts its threads.
             // SAFETY: mallopt only changes allocator parameters.
             unsafe {
-                libc::mallopt(libc::M_ARENA_MAX, 2);
+                libc::mallopt(libc::M_ARENA_MAX, 8);
                 libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 10);
             }
             let c = Compression::from_name(&a.compression)

@@ -22,10 +22,22 @@ pub const DAEMON_OVERHEAD: u64 = 128 << 20;
 /// Blocks of this size or more are mapped and unmapped on their own (`M_MMAP_THRESHOLD`).
 const MMAP_THRESHOLD: libc::c_int = 64 << 10;
 
+/// glibc arenas (`M_ARENA_MAX`). Eight, not two: glibc's arena lock does not spin, so two threads
+/// allocating in one arena (a writer and the cleaner that frees what the writer allocated) put
+/// each other to sleep, and on a VM every such sleep halts a vCPU. Which threads share an arena
+/// depends on the order of their first allocations once the limit is reached. In the engine
+/// benchmark's random inserts (10 M keys, 256 MiB cache; its process has eight threads) runs with
+/// two arenas made 277,000-296,000 voluntary context switches in 3 of 4 runs (traced: nearly all
+/// in `__lll_lock_wait_private` under malloc and free) and 68-94 s of CPU; with four, 2 runs of 8
+/// did; with eight, none of 4 (47,000-51,000 switches, 61-67 s of CPU). The daemon's memory: 120,000
+/// files created and read back with a 256 MiB cache peaked at 292-305 MiB VmHWM with eight against
+/// 289-292 MiB with two (two runs each). docs/DESIGN.md, the daemon's memory bound.
+pub const ARENAS: libc::c_int = 8;
+
 /// Sets glibc's malloc for the daemon's memory bound:
-/// - at most two arenas: the many FUSE threads otherwise each grow an arena of their own, and
-///   freed node images scattered over them keep the resident size far above the cache bound
-///   (measured: peak RSS -13% at the same throughput);
+/// - at most [`ARENAS`] arenas: the many FUSE threads otherwise each grow an arena of their own,
+///   and freed node images scattered over them keep the resident size far above the cache bound
+///   (measured with glibc's default of 8 per CPU: peak RSS -13% at the same throughput with two);
 /// - a fixed mmap threshold below the engine's partition size, so partition and node buffers go
 ///   back to the system when freed (a fixed value also stops glibc from raising the threshold
 ///   after each freed mapping, which moved those buffers into heaps that freed memory in their
@@ -38,7 +50,7 @@ pub fn bound_allocator() {
     // SAFETY: mallopt only changes allocator parameters; called before other threads exist.
     // A refusal (return value 0) only costs memory: nothing to do about it here.
     unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 2);
+        libc::mallopt(libc::M_ARENA_MAX, ARENAS);
         libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
     }
 }

@@ -53,7 +53,7 @@ fn main() {
     if env("MALLOPT", 1) == 1 {
         // SAFETY: as the daemon does (cli memlimit.rs), before the engine's threads start.
         unsafe {
-            libc::mallopt(libc::M_ARENA_MAX, 2);
+            libc::mallopt(libc::M_ARENA_MAX, 8);
             libc::mallopt(libc::M_MMAP_THRESHOLD, 64 << 10);
         }
     }

@@ -489,9 +489,23 @@ fn deliver(
                     per_child[c].0.push(RangeDel { msn: r.msn, lo, hi });
                 }
             }
-            for (k, km) in points {
-                per_child[child_index(&n.pivots, &k)].1.push((k, km));
+            // Points come in key order (a taken buffer's; stripping the prefix its bounds share
+            // keeps the order), so each child's points are one run: its start is found by one
+            // search per pivot, not one per point, and the runs are split off from the back
+            // (each point moved once, each child's vector allocated at its size).
+            assert!(
+                points.windows(2).all(|w| w[0].0 < w[1].0),
+                "delivered points out of key order"
+            );
+            let starts: Vec<usize> = n
+                .pivots
+                .iter()
+                .map(|p| points.partition_point(|(k, _)| k < p))
+                .collect();
+            for (c, &start) in starts.iter().enumerate().rev() {
+                per_child[c + 1].1 = points.split_off(start);
             }
+            per_child[0].1 = points;
             for (c, (rs, ps)) in per_child.into_iter().enumerate() {
                 if !rs.is_empty() || !ps.is_empty() {
                     released.extend(n.buffers[c].deliver(rs, ps));
