@@ -163,7 +163,7 @@ fn load(
             value(i, 0, vlen, &mut v);
             items.push((key(set, i).to_vec(), v.clone()));
         }
-        s.put_batch(&items)?;
+        s.put_batch(&mut items)?;
         j = end;
         progress(&ctx.label(), phase, j, n, t0, &mut last);
     }
@@ -191,7 +191,7 @@ fn load(
                 i += 1;
             }
             if !items.is_empty() {
-                s.put_batch(&items)?;
+                s.put_batch(&mut items)?;
             }
             progress(&ctx.label(), "fill", i, n, tf, &mut last);
         }
