@@ -14,8 +14,10 @@ use crate::util::{self, human};
 /// [`bound_allocator`] in effect: 25-30 MiB above the cache at the peak of a 120,000-file create
 /// and read-back, 59-62 MiB during four concurrent 768 MiB writes with 64M or 256M caches
 /// (2026-11-25; without it glibc kept 92-136 MiB above the cache for the files, freed 128 KiB
-/// partitions stranded in its heaps, and the daemon was OOM-killed in a 384 MiB cgroup). The
-/// bound is twice the largest peak measured. See docs/DESIGN.md (the daemon's
+/// partitions stranded in its heaps, and the daemon was OOM-killed in a 384 MiB cgroup). With
+/// [`ARENAS`] at eight (2026-12-07) the file test peaked 36-49 MiB above the cache size (VmHWM
+/// 292-305 MiB; 33-36 with two arenas the same hour); the concurrent writes were not measured
+/// again. The bound is twice the largest peak measured. See docs/DESIGN.md (the daemon's
 /// memory bound).
 pub const DAEMON_OVERHEAD: u64 = 128 << 20;
 
