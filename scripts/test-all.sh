@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The mount tests ran in `cargo test` on the default transport (FUSE-over-io_uring where the kernel
-# has it); the POSIX suite runs again on the /dev/fuse fallback.
+# has it); the POSIX suite runs again on /dev/fuse (with the fuse module's wake_here where the
+# kernel has it).
 AMARANTH_TEST_TRANSPORT=dev cargo test --release -p amaranth-cli --test posix
 bench/smoke.sh  # benchmark harness: unit tests + `python3 -m bench --quick --check`, 4 file systems (~3 min, root)
 # The mount tests (crates/cli/tests: integrity, posix, programs, concurrency, crash_mount) ran in

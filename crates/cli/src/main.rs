@@ -104,18 +104,22 @@ enum Command {
         /// Engine cache size (default: 1/4 of RAM, at most 2 GiB and 1/4 of the image).
         #[arg(long, value_parser = parse_size)]
         cache_size: Option<u64>,
-        /// Threads serving FUSE requests over /dev/fuse (default: the number of cores).
+        /// Threads serving FUSE requests over /dev/fuse (default: 16).
         #[arg(long)]
         threads: Option<usize>,
         /// How FUSE requests travel: `uring` (FUSE-over-io_uring, one queue per CPU; fails when
         /// the kernel lacks it), `dev` (/dev/fuse), or `auto` (uring when available; default).
-        /// As root, `uring` and `auto` turn on the fuse module's enable_uring parameter.
+        /// As root, `uring` and `auto` turn on the fuse module's enable_uring parameter, and
+        /// /dev/fuse turns on its wake_here parameter where the kernel has one (faster for one
+        /// program calling in a loop, slower for several at once: docs/DESIGN.md §3).
         #[arg(long, value_name = "uring|dev|auto")]
         transport: Option<String>,
         /// Also write the daemon's pid to this file.
         #[arg(long)]
         pid_file: Option<PathBuf>,
-        /// Log file of the background daemon (default /var/log/amaranth-<mountpoint>.log).
+        /// Log file of the background daemon (default: /var/log/amaranth-NAME.log as root, NAME.log
+        /// in the run directory otherwise; NAME is the mount point's path with its slashes as
+        /// dashes, e.g. mnt-data for /mnt/data).
         #[arg(long)]
         log_file: Option<PathBuf>,
         /// Mount options: ro, rw, dev, nodev, suid, nosuid, exec, noexec, noatime, relatime,

@@ -278,12 +278,7 @@ fn plan(args: MountArgs) -> CliResult<Plan> {
     let log_file = parsed.log_file.or(args.log_file).map(|p| from_caller(&p));
     let pid_file = parsed.pid_file.or(args.pid_file).map(|p| from_caller(&p));
     let foreground = parsed.foreground || args.foreground;
-    let threads = threads.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2)
-            .clamp(1, 8)
-    });
+    let threads = threads.unwrap_or(amaranth_fuse::DEFAULT_DEV_THREADS);
     if threads == 0 || threads > 64 {
         return Err(Failure::new("threads must be between 1 and 64"));
     }

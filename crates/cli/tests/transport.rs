@@ -162,6 +162,49 @@ fn dev_fallback_when_uring_is_unavailable() {
     s.finish(m);
 }
 
+/// Over /dev/fuse the daemon turns on the fuse module's `wake_here` where the kernel has it (as
+/// root), says so in the log, and reads a large out-of-line file back whole through the READ
+/// buffer of each thread's own; with the test hook it leaves the parameter as it is.
+#[test]
+fn dev_turns_on_wake_here_and_reads_through_its_own_buffer() {
+    if !mount_env_ok() {
+        return;
+    }
+    let param = Path::new("/sys/module/fuse/parameters/wake_here");
+    let _g = serial();
+    let s = Scratch::new("wh");
+    let img = s.mkfs("a.img", "1G");
+    let m = s.mount(&img, "mnt", &with_transport("dev"));
+    assert_eq!(stat_json(&s, &m.mp)["fuse"]["transport"], "dev");
+    if param.exists() {
+        assert_eq!(fs::read_to_string(param).unwrap().trim(), "Y");
+        assert!(m.session_log().contains("wake_here is on"));
+    } else {
+        eprintln!("(this kernel has no wake_here parameter)");
+    }
+    // 3 MiB + 5 KiB of patterned data: whole blocks go out of line, each READ of 1 MiB is read
+    // straight into the thread's buffer, the tail is inline.
+    let data: Vec<u8> = (0..(3u32 << 20) + 5 * 1024)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    fs::write(m.p("big"), &data).unwrap();
+    s.finish(m);
+    let o = MountOpts {
+        env: vec![(amaranth_fuse::NO_WAKE_HERE_ENV.to_string(), "1".to_string())],
+        ..with_transport("dev")
+    };
+    let m = s.mount(&img, "mnt", &o);
+    assert!(m.session_log().contains("without"), "no word on wake_here");
+    assert_eq!(fs::read(m.p("big")).unwrap(), data);
+    let f = File::open(m.p("big")).unwrap();
+    let at = (1 << 20) + 4096 * 3 + 100;
+    let mut part = vec![0u8; 8192];
+    f.read_exact_at(&mut part, at as u64).unwrap();
+    assert_eq!(part, data[at..at + 8192]);
+    drop(f);
+    s.finish(m);
+}
+
 /// `kill -9` of the daemon while clients have requests in flight on the ring: the clients get
 /// errors (not a hang), the dead mount detaches, the image is consistent, and a remount sees
 /// every file that an fsync acknowledged.

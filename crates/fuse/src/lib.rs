@@ -3,12 +3,16 @@
 //! The adapter is thin on purpose: each request becomes one call on [`Fs`](amaranth_fs::Fs) and
 //! one reply, whichever transport carried it. Two transports speak the FUSE protocol (this crate
 //! implements it; no FUSE library is used):
-//! - FUSE-over-io_uring ([`Transport::Uring`]): one ring queue per CPU, served by threads pinned
-//!   to that CPU, so a request is answered on the CPU that issued it (a wake-up across vCPUs costs
-//!   30–80 µs on the VMs measured, `shared/notes/fuse.md`); several threads per queue, so a
-//!   request that blocks does not hold up the others of its CPU;
+//! - FUSE-over-io_uring ([`Transport::Uring`], the default where the kernel offers it): one ring
+//!   queue per CPU, served by threads pinned to that CPU, so a request is answered on the CPU that
+//!   issued it (a wake-up across vCPUs costs 30–80 µs on the VMs measured,
+//!   `shared/notes/fuse.md`); several threads per queue, so a request that blocks does not hold
+//!   up the others of its CPU;
 //! - `/dev/fuse` ([`Transport::Dev`]): threads reading requests and writing replies, the fallback
-//!   when the kernel does not offer io_uring. FORGET, INTERRUPT and notifications use it always.
+//!   when the kernel does not offer io_uring, and the faster choice for one program calling in a
+//!   loop where the kernel's fuse module has the `wake_here` parameter (turned on when this
+//!   transport is used: a request wakes its thread on the calling CPU and the reply wakes the
+//!   caller there). FORGET, INTERRUPT and notifications use it always.
 //!
 //! The public surface is [`mount`], [`MountOptions`], [`MountHandle`] and [`Unmounter`].
 //!
@@ -67,6 +71,22 @@ const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 /// Test hook: with this environment variable set to 1 the daemon acts as if the kernel had no
 /// FUSE-over-io_uring (to test the fallback on kernels that have it).
 pub const NO_URING_ENV: &str = "AMARANTH_FUSE_NO_URING";
+
+/// The kernel module parameter (present in some kernels, this machine's among them) that has a
+/// `/dev/fuse` request wake the daemon thread on the requesting CPU and the reply wake the
+/// requester on the daemon thread's, so that a call and its reply stay on one CPU.
+const WAKE_HERE: &str = "/sys/module/fuse/parameters/wake_here";
+
+/// Test hook: with this environment variable set to 1 the daemon acts as if the kernel had no
+/// `wake_here` parameter (the /dev/fuse transport then runs as on kernels without it).
+pub const NO_WAKE_HERE_ENV: &str = "AMARANTH_FUSE_NO_WAKE_HERE";
+
+/// Threads serving `/dev/fuse` by default: each request that waits for the device (a READ, an
+/// fsync) holds one, and a sequential reader keeps 16 READs of 1 MiB in flight (`read_ahead_kb`
+/// 16 MiB); only two of them wait for requests at once (`dev.rs` `READERS`). With two threads in
+/// all, 16 random readers went 8,300-9,300 reads/s against 14,700-15,200 (docs/BENCHMARKS.md,
+/// "Calls kept on their CPU").
+pub const DEFAULT_DEV_THREADS: usize = 16;
 
 /// Test hook: with this environment variable naming a path, every FSYNC, FSYNCDIR and SYNCFS
 /// waits (at most a minute) while that path exists before it syncs: a request that blocks in the
@@ -133,8 +153,9 @@ pub struct MountOptions {
     pub fsname: String,
     /// Type shown as `fuse.SUBTYPE` (`amaranth`, or `amaranth-NAME`).
     pub subtype: String,
-    /// Threads serving `/dev/fuse` (each with its own descriptor when more than one); with
-    /// io_uring, `ring_threads` threads per CPU serve the ring and one thread `/dev/fuse`.
+    /// Threads serving `/dev/fuse` (each with its own descriptor when more than one; default
+    /// [`DEFAULT_DEV_THREADS`]); with io_uring, `ring_threads` threads per CPU serve the ring and
+    /// one thread `/dev/fuse`.
     pub threads: usize,
     /// Which transport to use.
     pub transport: Transport,
@@ -192,7 +213,7 @@ impl Default for MountOptions {
         MountOptions {
             fsname: "amaranth".into(),
             subtype: SUBTYPE.into(),
-            threads: 2,
+            threads: DEFAULT_DEV_THREADS,
             transport: Transport::Auto,
             ring_threads: 16,
             ring_pinned: true,
@@ -237,22 +258,34 @@ pub struct Unmounter {
 /// Whether FUSE-over-io_uring may be used: the module parameter is on, or we (root) turn it on.
 /// Returns why not otherwise.
 fn uring_available() -> Result<(), String> {
-    if std::env::var(NO_URING_ENV).as_deref() == Ok("1") {
-        return Err(format!("{NO_URING_ENV}=1"));
+    module_switch_on(ENABLE_URING, NO_URING_ENV, "FUSE-over-io_uring")
+}
+
+/// Whether `/dev/fuse` requests and replies wake their thread on the CPU that sent them: the
+/// module's `wake_here` parameter is on, or we (root) turn it on. Returns why not otherwise.
+/// The parameter is the fuse module's, so it applies to every FUSE mount of the machine; it
+/// changes where a woken thread runs, nothing a request does.
+fn wake_here_available() -> Result<(), String> {
+    module_switch_on(WAKE_HERE, NO_WAKE_HERE_ENV, "wake_here")
+}
+
+/// Turns on the fuse module's boolean parameter at `path` (`what` names it in messages) unless
+/// it is on already; `test_hook` set to 1 in the environment acts as if the kernel lacked it.
+fn module_switch_on(path: &str, test_hook: &str, what: &str) -> Result<(), String> {
+    if std::env::var(test_hook).as_deref() == Ok("1") {
+        return Err(format!("{test_hook}=1"));
     }
-    let v = std::fs::read_to_string(ENABLE_URING)
-        .map_err(|e| format!("the kernel has no FUSE-over-io_uring ({ENABLE_URING}: {e})"))?;
+    let v = std::fs::read_to_string(path)
+        .map_err(|e| format!("the kernel has no {what} ({path}: {e})"))?;
     if v.trim() == "Y" {
         return Ok(());
     }
-    match std::fs::write(ENABLE_URING, "Y") {
+    match std::fs::write(path, "Y") {
         Ok(()) => {
-            log::info!("amaranth: turned on {ENABLE_URING}");
+            log::info!("amaranth: turned on {path}");
             Ok(())
         }
-        Err(e) => Err(format!(
-            "{ENABLE_URING} is off and cannot be turned on: {e}"
-        )),
+        Err(e) => Err(format!("{path} is off and cannot be turned on: {e}")),
     }
 }
 
@@ -273,6 +306,17 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Resu
             }
         },
     };
+    if !want_uring {
+        // Over /dev/fuse a call's request and reply then wake their threads on one CPU
+        // (docs/BENCHMARKS.md "Calls kept on their CPU").
+        match wake_here_available() {
+            Ok(()) => log::info!("amaranth: {WAKE_HERE} is on"),
+            Err(why) => log::info!(
+                "amaranth: /dev/fuse without {WAKE_HERE} ({why}): a call may wake a thread on \
+                 another CPU"
+            ),
+        }
+    }
     // SAFETY: geteuid has no preconditions.
     let direct = unsafe { libc::geteuid() } == 0;
     let fd = if direct {
@@ -319,7 +363,12 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Resu
     }
     if negotiated.uring() {
         // The /dev/fuse thread first: it serves whatever comes before the ring is complete.
-        threads.push(spawn_dev(fd.clone(), adapter.clone(), 0)?);
+        threads.push(spawn_dev(
+            fd.clone(),
+            adapter.clone(),
+            Arc::new(dev::Gate::new(1)),
+            0,
+        )?);
         let payload = (negotiated.max_write as usize).max(session::MAX_REQUEST as usize);
         match uring::start(
             fd.clone(),
@@ -342,13 +391,14 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Resu
             }
         }
     }
+    let gate = Arc::new(dev::Gate::new(dev::READERS));
     for i in 0..dev_threads {
         let f = if threads.is_empty() {
             fd.clone()
         } else {
             Arc::new(dev::clone_fd(&fd).map_err(detach)?)
         };
-        threads.push(spawn_dev(f, adapter.clone(), i)?);
+        threads.push(spawn_dev(f, adapter.clone(), gate.clone(), i)?);
     }
     log::info!(
         "amaranth: serving requests over {} ({} threads)",
@@ -381,11 +431,12 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Resu
 fn spawn_dev(
     fd: Arc<OwnedFd>,
     adapter: Arc<Adapter>,
+    gate: Arc<dev::Gate>,
     i: usize,
 ) -> io::Result<JoinHandle<io::Result<()>>> {
     std::thread::Builder::new()
         .name(format!("amaranth-dev{i}"))
-        .spawn(move || dev::serve(fd, adapter))
+        .spawn(move || dev::serve(fd, adapter, gate))
 }
 
 fn umount_any(mountpoint: &Path, direct: bool) -> io::Result<()> {
