@@ -91,9 +91,10 @@ impl Gate {
         st.reading -= 1;
     }
 
-    /// This thread is about to serve a request that may wait for the device (a READ, an
-    /// fsync): a parked thread is woken to read in its place, so that requests arriving
-    /// meanwhile (a reader's other READs) find a reader and their device reads go out at once.
+    /// This thread is about to serve a request that may wait for the device (a READ, an fsync)
+    /// or for another request (an fsync waiting for an atomic group's commit): a parked thread
+    /// is woken to read in its place, so that requests arriving meanwhile (a reader's other
+    /// READs, the group owner's commit) find a reader.
     /// Other requests wake nobody: they are short, and the queue they leave in the kernel is
     /// taken by the readers as they come back, without a wake-up.
     fn may_block(&self) {
@@ -172,10 +173,14 @@ fn serve_turns(fd: &OwnedFd, adapter: &Adapter, gate: &Gate) -> io::Result<()> {
         let body = &msg[header..];
         let split = arg_size(h.opcode).min(body.len());
         let (a, p) = body.split_at(split);
+        // Requests that may wait for the device, or for another request: an fsync (and, on a
+        // `sync` mount, every change) waits for an open atomic group's commit, which its owner
+        // sends as an IOCTL that a reader must be there to take.
         if matches!(
             h.opcode,
-            op::READ | op::FSYNC | op::FSYNCDIR | op::SYNCFS | op::COPY_FILE_RANGE
-        ) {
+            op::READ | op::FSYNC | op::FSYNCDIR | op::SYNCFS | op::COPY_FILE_RANGE | op::IOCTL
+        ) || adapter.fs.modes().sync
+        {
             gate.may_block();
         }
         if h.opcode == op::READ {
