@@ -192,21 +192,16 @@ fn serve_turns(fd: &OwnedFd, adapter: &Adapter, gate: &Gate) -> io::Result<()> {
             reply.finish();
             let external = reply.external();
             assert!(external <= out.len(), "a READ reply larger than its buffer");
-            let (first, second) = if external > 0 {
-                (reply.header(), &out[..external])
+            let head = reply.header();
+            let payload = if external > 0 {
+                &out[..external]
             } else {
-                (reply.header(), reply.payload())
+                reply.payload()
             };
-            let iov = [
-                libc::iovec {
-                    iov_base: first.as_ptr() as *mut libc::c_void,
-                    iov_len: first.len(),
-                },
-                libc::iovec {
-                    iov_base: second.as_ptr() as *mut libc::c_void,
-                    iov_len: second.len(),
-                },
-            ];
+            let iov = [head, payload].map(|b| libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            });
             // SAFETY: writes two valid buffers to our own descriptor.
             let w = unsafe { libc::writev(fd.as_raw_fd(), iov.as_ptr(), 2) };
             if w < 0 {
