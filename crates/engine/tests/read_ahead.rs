@@ -485,10 +485,21 @@ fn every_leaf_read_ahead_is_used_by_readers_that_do_not_wait() {
             st.prefetch_shed,
             read as f64 / (blocks * BLOCK as u64) as f64
         );
-        assert_eq!(st.prefetch_shed, 0, "leaves read ahead and shed before use");
-        assert_eq!(
-            st.prefetch_hits, st.prefetch_loads,
-            "leaves read ahead and never used"
+        // One reader never needs the room of a leaf read ahead for it. Several readers pin
+        // and window more of the 12 leaves, and a reader's own miss sheds to 90% of the bound
+        // (`Tree::make_room`), leaves read ahead and unused last: when a thread is descheduled
+        // (CI saw one such leaf in 52) that can leave nothing else to shed. The bound wins over
+        // read-ahead; what this test guards is the ranking, which before shed 18 of 57.
+        let slack = if readers == 1 { 0 } else { 2 };
+        assert!(
+            st.prefetch_shed <= slack,
+            "{} leaves read ahead and shed before use",
+            st.prefetch_shed
+        );
+        assert!(
+            st.prefetch_loads.saturating_sub(st.prefetch_hits) <= slack,
+            "{} leaves read ahead and never used",
+            st.prefetch_loads.saturating_sub(st.prefetch_hits)
         );
         assert!(
             st.prefetch_hits >= leaves / 2,
