@@ -19,8 +19,10 @@
  *   unlink   unlink(DIR/c.I)           rename rename(DIR/c.I, DIR/c.I.r) (needs create first)
  *   readdir  opendir + readdir to the end + closedir of DIR/rd (32 files)
  *   setup    writes DIR/op.file (1 MiB), fsyncs and reads it (warm), makes DIR/rd; not timed
- * Prints JSON: {"op": ..., "n": N, "mean_ns": ..., "median_ns": ..., "p99_ns": ..., "slow_share": ...}
- * (slow_share: the fraction of the total time spent in calls that took over twice the median).
+ * Prints JSON: {"op": ..., "n": N, "mean_ns": ..., "median_ns": ..., "p99_ns": ..., "slow_share": ...,
+ * "migrations": ...} (slow_share: the fraction of the total time spent in calls that took over twice
+ * the median; migrations: how often the scheduler moved this process to another CPU during the
+ * timed calls, from /proc/self/sched, -1 where the kernel does not show it).
  */
 #include "common.h"
 #include <fcntl.h>
@@ -36,6 +38,22 @@ static int cmp_u64(const void *a, const void *b) {
 }
 
 static const size_t FSZ = 1 << 20;
+
+/* se.nr_migrations of this process (/proc/self/sched), or -1. */
+static long long migrations(void) {
+    FILE *f = fopen("/proc/self/sched", "r");
+    if (!f) return -1;
+    char line[256];
+    long long v = -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "se.nr_migrations", 16)) {
+            char *colon = strchr(line, ':');
+            if (colon) v = atoll(colon + 1);
+            break;
+        }
+    fclose(f);
+    return v;
+}
 
 int main(int argc, char **argv) {
     if (argc != 4) {
@@ -74,6 +92,7 @@ int main(int argc, char **argv) {
     struct statfs sfs;
     struct termios tio;
     char kind = !strcmp(op, "mkdir") || !strcmp(op, "rmdir") ? 'd' : 'c';
+    long long moved0 = migrations();
     for (unsigned long long i = 0; i < n; i++) {
         snprintf(path, sizeof path, "%s/%c.%llu", dir, kind, i);
         uint64_t s = now_ns(), e;
@@ -131,6 +150,8 @@ int main(int argc, char **argv) {
         if (rc < 0) die("%s %s", op, path);
         lat[i] = e - s;
     }
+    long long moved1 = migrations();
+    long long moved = moved0 < 0 || moved1 < 0 ? -1 : moved1 - moved0;
     long double sum = 0, slow = 0;
     for (unsigned long long i = 0; i < n; i++) sum += lat[i];
     qsort(lat, n, sizeof *lat, cmp_u64);
@@ -139,9 +160,10 @@ int main(int argc, char **argv) {
     for (unsigned long long i = 0; i < n; i++)
         if (lat[i] > 2 * median) slow += lat[i];
     printf("{\"op\": \"%s\", \"n\": %llu, \"mean_ns\": %.1f, \"median_ns\": %llu, \"p99_ns\": %llu, "
-           "\"slow_share\": %.4f}\n",
+           "\"slow_share\": %.4f, \"migrations\": %lld}\n",
            op, n, n ? (double)(sum / n) : 0.0, (unsigned long long)median,
-           n ? (unsigned long long)lat[(n * 99) / 100] : 0ull, sum > 0 ? (double)(slow / sum) : 0.0);
+           n ? (unsigned long long)lat[(n * 99) / 100] : 0ull, sum > 0 ? (double)(slow / sum) : 0.0,
+           moved);
     close(fd);
     return 0;
 }

@@ -11,7 +11,8 @@ system (``--ref DIR``, e.g. on ext4) for comparison.
 Per operation it prints: µs per call (mean, median, 99th percentile), the slow share (the fraction
 of the total time spent in calls over twice the median: on a shared machine a few calls that wait
 for a CPU, milliseconds each, often hold most of the time, so the mean can be 2-3x the median;
-compare means with means, medians with medians), FUSE requests per call, the daemon's handler
+compare means with means, medians with medians), how often per call the scheduler moved the
+caller to another CPU (each move on this VM wakes a halted vCPU), FUSE requests per call, the daemon's handler
 time per call (from the request in hand to the reply built), the daemon's CPU per call (all its
 threads, kernel time included), and the floor: µs per call minus handler time, i.e. what the call
 would cost if the daemon's handlers took no time (kernel VFS + FUSE transport + task switches).
@@ -117,6 +118,7 @@ def main():
             "median_us": res["median_ns"] / 1e3,
             "p99_us": res["p99_ns"] / 1e3,
             "slow_share": res.get("slow_share", 0.0),
+            "moves": res.get("migrations", -1) / n if res.get("migrations", -1) >= 0 else None,
             "requests": sum(reqs.values()) / n,
             "by_opcode": {k: v / n for k, v in reqs.items()},
             "handler_us": max(handler, 0) / n / 1e3,
@@ -135,9 +137,9 @@ def main():
     if ref:
         shutil.rmtree(ref)
     os.unlink(helper)
-    hdr = ("| op | µs mean / median / p99 | slow share | requests | handler µs | daemon CPU µs "
-           "| floor µs (mean − handler) |")
-    sep = "|---|---|---|---|---|---|---|"
+    hdr = ("| op | µs mean / median / p99 | slow share | caller CPU moves | requests | handler µs "
+           "| daemon CPU µs | floor µs (mean − handler) |")
+    sep = "|---|---|---|---|---|---|---|---|"
     if ref:
         hdr += " reference µs mean / median | reference slow share |"
         sep += "---|---|"
@@ -145,8 +147,10 @@ def main():
     print(sep)
     for r in rows:
         detail = ", ".join(f"{k} {v:.2f}".replace(".00", "") for k, v in sorted(r["by_opcode"].items(), key=lambda kv: -kv[1]))
+        moves = "–" if r["moves"] is None else f"{r['moves']:.2f}"
         line = (f"| {r['op']} | {r['mean_us']:.2f} / {r['median_us']:.2f} / {r['p99_us']:.1f} | "
-                f"{r['slow_share']:.0%} | {r['requests']:.2f} ({detail}) | "
+                f"{r['slow_share']:.0%} | {moves} | "
+                f"{r['requests']:.2f} ({detail}) | "
                 f"{r['handler_us']:.2f} | {r['daemon_cpu_us']:.2f} | {r['floor_us']:.2f} |")
         if ref:
             line += f" {r['ref_mean_us']:.2f} / {r['ref_median_us']:.2f} | {r['ref_slow_share']:.0%} |"

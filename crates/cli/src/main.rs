@@ -124,8 +124,8 @@ enum Command {
         log_file: Option<PathBuf>,
         /// Mount options: ro, rw, dev, nodev, suid, nosuid, exec, noexec, noatime, relatime,
         /// strictatime, lazytime, sync, dirsync, allow_other, default_permissions, cache_size=,
-        /// threads=, ring_threads=, ring_affinity=cpu|any, read_ahead_kb=, out_of_line_min=, log=, pid_file=; unknown ones
-        /// are refused.
+        /// threads=, ring_threads=, ring_affinity=cpu|any, ring_wake=cpu|any, read_ahead_kb=,
+        /// out_of_line_min=, log=, pid_file=; unknown ones are refused.
         #[arg(short = 'o', value_name = "OPTIONS")]
         options: Vec<String>,
     },

@@ -164,6 +164,18 @@ impl Parsed {
                     }
                 }
             }
+            "ring_wake" => {
+                m.ring_wake_here = match need(key, val)? {
+                    "cpu" => true,
+                    "any" => false,
+                    v => {
+                        return Err(Failure::new(format!(
+                            "ring_wake={v}: use ring_wake=cpu (a reply wakes its caller on the \
+                             serving CPU) or ring_wake=any"
+                        )))
+                    }
+                }
+            }
             "out_of_line_min" => {
                 self.out_of_line_min =
                     Some(parse_size(need(key, val)?).map_err(Failure::new)? as usize)
@@ -317,6 +329,14 @@ mod tests {
                 .ring_pinned
         );
         assert!(parse(Origin::Cli, "ring_affinity=some").is_err());
+        assert!(parse(Origin::Cli, "rw").unwrap().mount.ring_wake_here);
+        assert!(
+            !parse(Origin::Cli, "ring_wake=any")
+                .unwrap()
+                .mount
+                .ring_wake_here
+        );
+        assert!(parse(Origin::Cli, "ring_wake=here").is_err());
         let p = parse(Origin::Cli, "noatime,strictatime").unwrap();
         assert!(!p.mount.noatime && p.mount.strictatime);
         let p = parse(Origin::Cli, "strictatime,relatime,dirsync").unwrap();

@@ -205,6 +205,100 @@ fn dev_turns_on_wake_here_and_reads_through_its_own_buffer() {
     s.finish(m);
 }
 
+/// The scheduling policies of the daemon's ring threads (`amaranth-q*`), by thread name.
+fn ring_thread_policies(pid: i32) -> Vec<(String, i32)> {
+    let mut out = Vec::new();
+    for t in fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let Ok(stat) = fs::read_to_string(t.unwrap().path().join("stat")) else {
+            continue; // a thread that ended
+        };
+        let (open, close) = (stat.find('(').unwrap(), stat.rfind(')').unwrap());
+        let name = &stat[open + 1..close];
+        if !name.starts_with("amaranth-q") {
+            continue;
+        }
+        // Field 41 is the policy; field 3 follows the name.
+        let policy = stat[close + 2..].split(' ').nth(41 - 3).unwrap();
+        out.push((name.to_string(), policy.parse().unwrap()));
+    }
+    out
+}
+
+/// On io_uring, as root, ring threads commit their replies at SCHED_IDLE (so that a caller wakes
+/// on the serving CPU) and are back at their own policy before they wait for the next request:
+/// once the callers have gone quiet, no ring thread is left idle-policy. `-o ring_wake=any`
+/// commits plainly and says so.
+#[test]
+fn uring_replies_wake_callers_here_and_no_ring_thread_stays_idle_policy() {
+    if !mount_env_ok() || !uring_in_kernel() {
+        return;
+    }
+    let _g = serial();
+    let s = Scratch::new("rw");
+    let img = s.mkfs("a.img", "1G");
+    let m = s.mount(&img, "mnt", &with_transport("uring"));
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let log = m.session_log();
+    if root {
+        assert!(
+            log.contains("ring replies wake their callers on the serving CPU"),
+            "{log}"
+        );
+    } else {
+        assert!(log.contains("ring replies leave the caller's CPU"), "{log}");
+    }
+    // Serial calls and concurrent ones (both CPUs' queues, several threads of each).
+    fs::create_dir(m.p("d")).unwrap();
+    std::thread::scope(|sc| {
+        for t in 0..4 {
+            let m = &m;
+            sc.spawn(move || {
+                for i in 0..300 {
+                    let p = m.p(&format!("d/f{t}-{i}"));
+                    fs::write(&p, [t as u8; 100]).unwrap();
+                    let mut perm = fs::metadata(&p).unwrap().permissions();
+                    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o600);
+                    fs::set_permissions(&p, perm).unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(fs::read_dir(m.p("d")).unwrap().count(), 1200);
+    // A thread preempted right after its commit is idle-policy until it next runs: give it time.
+    let mut policies = ring_thread_policies(m.pid());
+    for _ in 0..50 {
+        if policies.iter().all(|(_, p)| *p == libc::SCHED_OTHER) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(40));
+        policies = ring_thread_policies(m.pid());
+    }
+    assert!(!policies.is_empty(), "no ring threads found");
+    let idle: Vec<_> = policies
+        .iter()
+        .filter(|(_, p)| *p != libc::SCHED_OTHER)
+        .collect();
+    assert!(
+        idle.is_empty(),
+        "ring threads not at SCHED_OTHER while quiet: {idle:?}"
+    );
+    s.finish(m);
+    let o = MountOpts {
+        extra: vec![
+            "--transport".into(),
+            "uring".into(),
+            "-o".into(),
+            "ring_wake=any".into(),
+        ],
+        ..MountOpts::default()
+    };
+    let m = s.mount(&img, "mnt", &o);
+    assert!(m.session_log().contains("(ring_wake=any)"));
+    assert_eq!(fs::read(m.p("d/f3-299")).unwrap(), [3u8; 100]);
+    s.finish(m);
+}
+
 /// `kill -9` of the daemon while clients have requests in flight on the ring: the clients get
 /// errors (not a hang), the dead mount detaches, the image is consistent, and a remount sees
 /// every file that an fsync acknowledged.

@@ -43,6 +43,7 @@ mod reply;
 mod session;
 pub mod snapshot_ioctl;
 mod uring;
+mod wake;
 
 pub use counters::RequestCounts;
 
@@ -175,6 +176,12 @@ pub struct MountOptions {
     /// machine (untar 1.3x, chmod 1.7-4.9x), where the caller then moves between the two CPUs
     /// (docs/BENCHMARKS.md, "Ring threads that wait on their CPU").
     pub ring_pinned: bool,
+    /// Whether ring threads commit replies at `SCHED_IDLE` so that the caller wakes on the
+    /// serving CPU (`true`, the default, where the daemon may return from that policy: as root;
+    /// `-o ring_wake=any` leaves the caller's CPU to the scheduler). A serial caller otherwise
+    /// moves between the CPUs on every reply once it has moved once (`wake.rs`; untar 1.4-1.5x
+    /// faster, docs/BENCHMARKS.md "Replies that keep the caller on its CPU").
+    pub ring_wake_here: bool,
     /// Let other users use the mount (`allow_other`).
     pub allow_other: bool,
     /// Let the kernel check permissions from the mode bits (`default_permissions`).
@@ -217,6 +224,7 @@ impl Default for MountOptions {
             transport: Transport::Auto,
             ring_threads: 16,
             ring_pinned: true,
+            ring_wake_here: true,
             allow_other: true,
             default_permissions: true,
             read_only: false,
@@ -267,6 +275,30 @@ fn uring_available() -> Result<(), String> {
 /// changes where a woken thread runs, nothing a request does.
 fn wake_here_available() -> Result<(), String> {
     module_switch_on(WAKE_HERE, NO_WAKE_HERE_ENV, "wake_here")
+}
+
+/// How ring threads commit replies (`wake.rs`): on the caller's CPU when `-o ring_wake=cpu` (the
+/// default) and the daemon may return from `SCHED_IDLE`; says which in the log.
+fn reply_wake(options: &MountOptions) -> wake::ReplyWake {
+    if !options.ring_wake_here {
+        log::info!(
+            "amaranth: ring replies leave the caller's CPU to the scheduler (ring_wake=any)"
+        );
+        return wake::ReplyWake::plain();
+    }
+    match wake::probe() {
+        Ok(w) => {
+            log::info!("amaranth: ring replies wake their callers on the serving CPU");
+            w
+        }
+        Err(why) => {
+            log::info!(
+                "amaranth: ring replies leave the caller's CPU to the scheduler ({why}): a caller \
+                 may move between CPUs on every reply"
+            );
+            wake::ReplyWake::plain()
+        }
+    }
 }
 
 /// Turns on the fuse module's boolean parameter at `path` (`what` names it in messages) unless
@@ -375,6 +407,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Resu
             adapter.clone(),
             options.ring_threads.max(1),
             options.ring_pinned,
+            reply_wake(options),
             payload,
         ) {
             Ok(t) => {

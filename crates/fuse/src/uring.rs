@@ -28,6 +28,7 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use crate::abi::{self, op, InHeader, OutHeader};
 use crate::adapter::{arg_size, Adapter};
 use crate::reply::Reply;
+use crate::wake::ReplyWake;
 
 const CMD_REGISTER: u32 = 1;
 const CMD_COMMIT_AND_FETCH: u32 = 2;
@@ -318,13 +319,14 @@ impl QueueLoad {
 
 /// Starts `per_queue` threads per possible CPU (pinned to it while they wait if `pinned`, see
 /// [`QueueLoad`]), each registering its entries with payload
-/// buffers of `payload_len` bytes. Returns once every thread has registered (or the first error:
+/// buffers of `payload_len` bytes and committing replies as `wake` says. Returns once every thread has registered (or the first error:
 /// then the threads that started wind down when the connection ends).
 pub(crate) fn start(
     fd: Arc<OwnedFd>,
     adapter: Arc<Adapter>,
     per_queue: usize,
     pinned: bool,
+    wake: ReplyWake,
     payload_len: usize,
 ) -> io::Result<Vec<JoinHandle<io::Result<()>>>> {
     assert!(per_queue >= 1);
@@ -351,7 +353,8 @@ pub(crate) fn start(
                 .spawn(move || {
                     load.pin();
                     let slots = (k * ENTRIES_PER_THREAD, arena);
-                    serve_queue(&fd, &adapter, qid as u16, slots, &load, payload_len, &tx)
+                    let q = (qid as u16, &*load, wake);
+                    serve_queue(&fd, &adapter, q, slots, payload_len, &tx)
                 })?;
             threads.push(t);
         }
@@ -372,9 +375,8 @@ pub(crate) fn start(
 fn serve_queue(
     fd: &OwnedFd,
     adapter: &Adapter,
-    qid: u16,
+    (qid, load, mut wake): (u16, &QueueLoad, ReplyWake),
     slots: (usize, Arc<Arena>),
-    load: &QueueLoad,
     payload_len: usize,
     ready: &mpsc::Sender<io::Result<()>>,
 ) -> io::Result<()> {
@@ -451,6 +453,15 @@ fn serve_queue(
         }
         if live == 0 {
             break;
+        }
+        if wake.here() && !ring.submission().is_empty() {
+            // The commits first, at SCHED_IDLE (their callers wake on this CPU), then the wait
+            // at the thread's own policy (`wake.rs`).
+            match wake.commit(|| ring.submit()) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => return Err(e),
+            }
         }
         match ring.submit_and_wait(1) {
             Ok(_) => {}
