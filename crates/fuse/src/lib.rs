@@ -172,9 +172,10 @@ pub struct MountOptions {
     /// busy queue may still run anywhere, see `uring.rs` `QueueLoad`) or run wherever the
     /// scheduler puts them (`-o ring_affinity=any`). Pinned serves requests on the CPU that made
     /// them; measured faster where several processes use the mount (rsync 1.4-2.2x, IMAP 1.2x,
-    /// TokuBench 1.15x) and slower for one process issuing calls in a loop on an otherwise idle
-    /// machine (untar 1.3x, chmod 1.7-4.9x), where the caller then moves between the two CPUs
-    /// (docs/BENCHMARKS.md, "Ring threads that wait on their CPU").
+    /// TokuBench 1.15x); it was slower for one process issuing calls in a loop on an otherwise
+    /// idle machine (untar 1.3x, chmod 1.7-4.9x), where the caller then moved between the two
+    /// CPUs, until replies kept the caller on the serving CPU ([`MountOptions::ring_wake_here`];
+    /// docs/BENCHMARKS.md, "Ring threads that wait on their CPU").
     pub ring_pinned: bool,
     /// Whether ring threads commit replies at `SCHED_IDLE` so that the caller wakes on the
     /// serving CPU (`true`, the default, where the daemon may return from that policy: as root;
