@@ -110,8 +110,7 @@ enum Command {
         /// How FUSE requests travel: `uring` (FUSE-over-io_uring, one queue per CPU; fails when
         /// the kernel lacks it), `dev` (/dev/fuse), or `auto` (uring when available; default).
         /// As root, `uring` and `auto` turn on the fuse module's enable_uring parameter, and
-        /// /dev/fuse turns on its wake_here parameter where the kernel has one (faster for one
-        /// program calling in a loop, slower for several at once: docs/DESIGN.md §3).
+        /// /dev/fuse turns on its wake_here parameter where the kernel has one (docs/DESIGN.md §3).
         #[arg(long, value_name = "uring|dev|auto")]
         transport: Option<String>,
         /// Also write the daemon's pid to this file.
