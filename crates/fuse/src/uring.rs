@@ -454,10 +454,10 @@ fn serve_queue(
         if live == 0 {
             break;
         }
-        if wake.here() && !ring.submission().is_empty() {
+        if !ring.submission().is_empty() && wake.wanted() {
             // The commits first, at SCHED_IDLE (their callers wake on this CPU), then the wait
             // at the thread's own policy (`wake.rs`).
-            match wake.commit(|| ring.submit()) {
+            match wake.commit_idle(|| ring.submit()) {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
                 Err(e) => return Err(e),
