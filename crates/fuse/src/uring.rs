@@ -425,6 +425,9 @@ fn serve_queue(
     let mut reply = Reply::with_capacity(payload_len);
     let header = std::mem::size_of::<InHeader>();
     while live > 0 {
+        // Whether this round's replies include one other than a READ's (`wake.rs`: READ replies
+        // are committed plainly).
+        let mut not_reads = false;
         for (idx, res) in pending.drain(..) {
             if res < 0 {
                 live -= 1;
@@ -437,6 +440,8 @@ fn serve_queue(
                 continue;
             }
             let ent = &mut entries[idx as usize];
+            not_reads |= abi::read::<InHeader>(&ent.header.in_out[..header])
+                .is_none_or(|h| h.opcode != op::READ);
             load.enter(&mut wide);
             let commit_id = serve_entry(adapter, ent, header, &mut reply);
             load.leave();
@@ -454,7 +459,7 @@ fn serve_queue(
         if live == 0 {
             break;
         }
-        if !ring.submission().is_empty() && wake.wanted() {
+        if not_reads && !ring.submission().is_empty() && wake.wanted() {
             // The commits first, at SCHED_IDLE (their callers wake on this CPU), then the wait
             // at the thread's own policy (`wake.rs`).
             match wake.commit_idle(|| ring.submit()) {
