@@ -180,8 +180,9 @@ pub struct MountOptions {
     /// Whether ring threads commit replies at `SCHED_IDLE` so that the caller wakes on the
     /// serving CPU (`true`, the default, where the daemon may return from that policy: as root;
     /// `-o ring_wake=any` leaves the caller's CPU to the scheduler). A serial caller otherwise
-    /// moves between the CPUs on every reply once it has moved once (`wake.rs`; untar 1.4-1.5x
-    /// faster, docs/BENCHMARKS.md "Replies that keep the caller on its CPU").
+    /// moves between the CPUs on every reply once it has moved once (`wake.rs`; untar and
+    /// `git clone` 2x faster in the harness, docs/BENCHMARKS.md "Replies that keep the caller on
+    /// its CPU").
     pub ring_wake_here: bool,
     /// Let other users use the mount (`allow_other`).
     pub allow_other: bool,

@@ -319,8 +319,9 @@ impl QueueLoad {
 
 /// Starts `per_queue` threads per possible CPU (pinned to it while they wait if `pinned`, see
 /// [`QueueLoad`]), each registering its entries with payload
-/// buffers of `payload_len` bytes and committing replies as `wake` says. Returns once every thread has registered (or the first error:
-/// then the threads that started wind down when the connection ends).
+/// buffers of `payload_len` bytes and committing replies as `wake` says. Returns once every
+/// thread has registered (or the first error: then the threads that started wind down when the
+/// connection ends).
 pub(crate) fn start(
     fd: Arc<OwnedFd>,
     adapter: Arc<Adapter>,
@@ -440,11 +441,10 @@ fn serve_queue(
                 continue;
             }
             let ent = &mut entries[idx as usize];
-            not_reads |= abi::read::<InHeader>(&ent.header.in_out[..header])
-                .is_none_or(|h| h.opcode != op::READ);
             load.enter(&mut wide);
-            let commit_id = serve_entry(adapter, ent, header, &mut reply);
+            let (commit_id, read) = serve_entry(adapter, ent, header, &mut reply);
             load.leave();
+            not_reads |= !read;
             let e = sqe(
                 raw,
                 CMD_COMMIT_AND_FETCH,
@@ -478,11 +478,19 @@ fn serve_queue(
     Ok(())
 }
 
-/// Serves the request in `ent` and writes the reply into it; returns the commit id.
-fn serve_entry(adapter: &Adapter, ent: &mut Entry, header: usize, reply: &mut Reply) -> u64 {
+/// Serves the request in `ent` and writes the reply into it; returns the commit id and whether
+/// the request was a READ.
+fn serve_entry(
+    adapter: &Adapter,
+    ent: &mut Entry,
+    header: usize,
+    reply: &mut Reply,
+) -> (u64, bool) {
     let commit_id = ent.header.commit_id;
     let len = (ent.header.payload_sz as usize).min(ent.payload.len);
-    match abi::read::<InHeader>(&ent.header.in_out[..header]) {
+    let request = abi::read::<InHeader>(&ent.header.in_out[..header]);
+    let read = request.as_ref().is_some_and(|h| h.opcode == op::READ);
+    match request {
         // A READ carries no payload in: its data is written straight into the payload mapping,
         // which the kernel copies from (no copy out of the reply buffer; 1 MiB per READ).
         Some(h) if h.opcode == op::READ => {
@@ -521,7 +529,7 @@ fn serve_entry(adapter: &Adapter, ent: &mut Entry, header: usize, reply: &mut Re
     ent.header.in_out[..hb.len()].copy_from_slice(hb);
     debug_assert_eq!(hb.len(), std::mem::size_of::<OutHeader>());
     ent.header.payload_sz = n as u32;
-    commit_id
+    (commit_id, read)
 }
 
 #[cfg(test)]
