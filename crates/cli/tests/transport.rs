@@ -205,23 +205,31 @@ fn dev_turns_on_wake_here_and_reads_through_its_own_buffer() {
     s.finish(m);
 }
 
-/// The scheduling policies of the daemon's ring threads (`amaranth-q*`), by thread name.
+/// The daemon's ring threads (`amaranth-q*`): their names and `/proc` directories.
+fn ring_threads(pid: i32) -> Vec<(String, std::path::PathBuf)> {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| {
+            let dir = t.ok()?.path();
+            let comm = fs::read_to_string(dir.join("comm")).ok()?; // gone: a thread that ended
+            let name = comm.trim();
+            name.starts_with("amaranth-q")
+                .then(|| (name.to_string(), dir))
+        })
+        .collect()
+}
+
+/// The scheduling policies of the daemon's ring threads, by thread name.
 fn ring_thread_policies(pid: i32) -> Vec<(String, i32)> {
-    let mut out = Vec::new();
-    for t in fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-        let Ok(stat) = fs::read_to_string(t.unwrap().path().join("stat")) else {
-            continue; // a thread that ended
-        };
-        let (open, close) = (stat.find('(').unwrap(), stat.rfind(')').unwrap());
-        let name = &stat[open + 1..close];
-        if !name.starts_with("amaranth-q") {
-            continue;
-        }
-        // Field 41 is the policy; field 3 follows the name.
-        let policy = stat[close + 2..].split(' ').nth(41 - 3).unwrap();
-        out.push((name.to_string(), policy.parse().unwrap()));
-    }
-    out
+    ring_threads(pid)
+        .into_iter()
+        .filter_map(|(name, dir)| {
+            let stat = fs::read_to_string(dir.join("stat")).ok()?;
+            // Field 41 is the policy; field 3 follows the command name in parentheses.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            Some((name, rest.split(' ').nth(41 - 3)?.parse().ok()?))
+        })
+        .collect()
 }
 
 /// On io_uring, as root, ring threads commit their replies at SCHED_IDLE (so that a caller wakes
@@ -523,12 +531,10 @@ fn cpus_allowed(status: impl AsRef<Path>) -> Option<String> {
 /// The daemon's threads that serve ring queue 0: (thread number in the queue, the CPUs it may
 /// run on, as `Cpus_allowed_list` gives them).
 fn queue0_threads(pid: i32) -> Vec<(usize, String)> {
-    let mut out: Vec<(usize, String)> = fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .filter_map(|t| {
-            let dir = t.ok()?.path();
-            let comm = fs::read_to_string(dir.join("comm")).ok()?;
-            let k = comm.trim().strip_prefix("amaranth-q0-")?.parse().ok()?;
+    let mut out: Vec<(usize, String)> = ring_threads(pid)
+        .into_iter()
+        .filter_map(|(name, dir)| {
+            let k = name.strip_prefix("amaranth-q0-")?.parse().ok()?;
             Some((k, cpus_allowed(dir.join("status"))?))
         })
         .collect();
