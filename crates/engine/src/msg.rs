@@ -455,6 +455,56 @@ impl RangeDel {
     }
 }
 
+/// The union of some range deletes, asked about keys in ascending order: whether a range covers
+/// each. The ranges are sorted and joined once (`R log R`), and each question moves a cursor
+/// forward, so a partition of `E` entries merged with `R` ranges costs `E + R log R` comparisons
+/// rather than `E × R` (a batch deleting 256 files carries 1,024 ranges: the linear test took
+/// 10% of the time of an unlink loop).
+pub(crate) struct Cover<'a> {
+    /// Disjoint, in ascending order, none empty.
+    spans: Vec<(&'a [u8], &'a [u8])>,
+    at: usize,
+    last: Option<&'a [u8]>,
+}
+
+impl<'a> Cover<'a> {
+    pub(crate) fn new(ranges: &[&'a RangeDel]) -> Cover<'a> {
+        let mut sorted: Vec<(&[u8], &[u8])> = ranges
+            .iter()
+            .filter(|r| r.lo < r.hi)
+            .map(|r| (r.lo.as_slice(), r.hi.as_slice()))
+            .collect();
+        sorted.sort_unstable();
+        let mut spans: Vec<(&[u8], &[u8])> = Vec::with_capacity(sorted.len());
+        for (lo, hi) in sorted {
+            match spans.last_mut() {
+                Some(last) if lo <= last.1 => last.1 = last.1.max(hi),
+                _ => spans.push((lo, hi)),
+            }
+        }
+        Cover {
+            spans,
+            at: 0,
+            last: None,
+        }
+    }
+
+    /// Whether a range covers `key`; `key` is not below the key asked about before.
+    pub(crate) fn covers(&mut self, key: &'a [u8]) -> bool {
+        if self.spans.is_empty() {
+            return false;
+        }
+        if let Some(last) = self.last {
+            assert!(last <= key, "range cover asked about keys out of order");
+        }
+        self.last = Some(key);
+        while self.at < self.spans.len() && self.spans[self.at].1 <= key {
+            self.at += 1;
+        }
+        self.at < self.spans.len() && self.spans[self.at].0 <= key
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -465,6 +515,51 @@ pub(crate) mod tests {
             offset,
             data: data.to_vec(),
         }
+    }
+
+    /// The cursor over joined ranges answers as the linear test does, for random (overlapping,
+    /// nested, empty, adjacent) ranges and ascending keys with repeats.
+    #[test]
+    fn range_cover_agrees_with_the_linear_test() {
+        use rand::{Rng, SeedableRng};
+        let seed = rand::random::<u64>();
+        println!("seed {seed}");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let key = |rng: &mut rand::rngs::StdRng| -> Vec<u8> {
+            (0..rng.gen_range(0..3))
+                .map(|_| rng.gen_range(0..4u8))
+                .collect()
+        };
+        for _ in 0..2000 {
+            let ranges: Vec<RangeDel> = (0..rng.gen_range(0..6))
+                .map(|_| RangeDel {
+                    msn: 0,
+                    lo: key(&mut rng),
+                    hi: key(&mut rng),
+                })
+                .collect();
+            let refs: Vec<&RangeDel> = ranges.iter().collect();
+            let mut keys: Vec<Vec<u8>> = (0..rng.gen_range(0..12)).map(|_| key(&mut rng)).collect();
+            keys.sort();
+            let mut cover = Cover::new(&refs);
+            for k in &keys {
+                let linear = ranges.iter().any(|r| r.covers(k));
+                assert_eq!(cover.covers(k), linear, "seed {seed}: {k:?} in {ranges:?}");
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "out of order")]
+    fn range_cover_refuses_keys_out_of_order() {
+        let r = RangeDel {
+            msn: 0,
+            lo: b"a".to_vec(),
+            hi: b"c".to_vec(),
+        };
+        let mut cover = Cover::new(&[&r]);
+        cover.covers(b"b");
+        cover.covers(b"a");
     }
 
     #[test]

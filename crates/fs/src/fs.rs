@@ -7,6 +7,7 @@
 //! copy_file_range and the batch builders `write_ops`/`zero_ops`), `attr.rs` (getattr, setattr,
 //! xattrs), `limits.rs` (the space and key-length policies, statfs), `readdir.rs` (opendir,
 //! readdir, releasedir), `times.rs` (access times), `orphans.rs` (files unlinked while held),
+//! `doomed.rs` (those the kernel forgot, deleted together later),
 //! `handles.rs` (inodes by number), `links.rs` (the names of hard-linked files, and moving a file
 //! back from its home), `clone_dir.rs` (`amaranth clone`: a directory tree or a file cloned under
 //! a new name) and `upgrade.rs` (schema upgrades).
@@ -43,6 +44,7 @@ use crate::table::{Table, ROOT_INO};
 mod attr;
 mod clone_dir;
 mod data;
+mod doomed;
 mod handles;
 mod limits;
 mod links;
@@ -62,6 +64,7 @@ mod upgrade;
 
 pub use clone_dir::{Caller, Cloned};
 pub use data::{write_ops, zero_ops};
+pub use doomed::DOOMED_MAX;
 pub use times::Modes;
 
 pub(crate) use orphans::parked_path;
@@ -293,6 +296,9 @@ pub struct Fs {
     /// until the kernel forgets them (see `fs/orphans.rs`), and how many there are.
     parked: Mutex<orphans::Parked>,
     parked_count: std::sync::atomic::AtomicUsize,
+    /// Files the kernel forgot after their last name went, waiting to be deleted together
+    /// (see `fs/doomed.rs`).
+    doomed: doomed::Doomed,
     next_fh: AtomicU64,
     /// When space was last reclaimed, the deletion count then, and the bytes it freed.
     last_reclaim: Mutex<(Option<Instant>, u64, u64)>,
@@ -399,6 +405,7 @@ impl Fs {
             files: Mutex::new(HashMap::new()),
             parked: Mutex::new(orphans::Parked::default()),
             parked_count: std::sync::atomic::AtomicUsize::new(0),
+            doomed: Default::default(),
             next_fh: AtomicU64::new(1),
             last_reclaim: Mutex::new((None, 0, 0)),
             deletions: AtomicU64::new(0),

@@ -26,9 +26,9 @@ mod table;
 pub use error::{Errno, Result};
 pub use fs::{
     write_ops, zero_ops, Caller, Cloned, Ctx, DirEntry, Fs, FsCounters, FsOptions, Modes, SetAttr,
-    SetTime, StatFs, COPY_MAX, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE,
-    NAME_MAX, OUT_OF_LINE_MIN, RENAME_COPY_MAX, RENAME_EXCHANGE, RENAME_NOREPLACE, SCHEMA_VERSION,
-    SYMLINK_MAX, XATTR_VALUE_MAX,
+    SetTime, StatFs, COPY_MAX, DOOMED_MAX, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE,
+    FALLOC_FL_ZERO_RANGE, NAME_MAX, OUT_OF_LINE_MIN, RENAME_COPY_MAX, RENAME_EXCHANGE,
+    RENAME_NOREPLACE, SCHEMA_VERSION, SYMLINK_MAX, XATTR_VALUE_MAX,
 };
 pub use inode::{Inode, Kind, Meta, Reserved, Time};
 pub use memory::TABLE_UNCHARGED;

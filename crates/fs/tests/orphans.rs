@@ -11,32 +11,10 @@ use amaranth_device::MemDevice;
 use amaranth_engine::Engine;
 use amaranth_fs::check::{self, Class};
 use amaranth_fs::{Ctx, Errno, Fs, ROOT_INO};
-use common::{engine_options, format, fs_options};
-
-fn new_fs() -> (Arc<MemDevice>, Fs) {
-    let dev = Arc::new(MemDevice::new(64 << 20));
-    let engine = Engine::create(dev.clone(), format(), engine_options()).unwrap();
-    Fs::mkfs(&engine, 0, 0).unwrap();
-    (dev, Fs::new(Arc::new(engine), fs_options()).unwrap())
-}
-
-/// Creates `name` in `dir` holding `data`; the creation's lookup stays held (as the kernel's).
-fn file(fs: &Fs, dir: u64, name: &str, data: &[u8]) -> u64 {
-    let (i, fh) = fs
-        .create(dir, name.as_bytes(), 0o644, libc::O_RDWR, Ctx::default())
-        .unwrap();
-    fs.write(i.ino, fh, 0, data, false).unwrap();
-    fs.release(i.ino, fh).unwrap();
-    i.ino
-}
-
-fn problems(fs: &Fs) -> Vec<Class> {
-    check::check(fs.engine(), false, |_| {})
-        .problems
-        .into_iter()
-        .map(|p| p.class)
-        .collect()
-}
+use common::{
+    engine_options, format, fs_options, held_file as file, new_mem_fs as new_fs,
+    problem_classes as problems, set_size,
+};
 
 fn used_inodes(fs: &Fs) -> u64 {
     let s = fs.statfs();
@@ -85,15 +63,7 @@ fn a_new_file_at_a_parked_path_starts_empty_and_the_parked_one_keeps_its_data() 
     fs.unlink(ROOT_INO, b"f").unwrap();
     // The same name again: the parked file's data moves to its home first.
     let new = file(&fs, ROOT_INO, "f", b"");
-    fs.setattr(
-        new,
-        &amaranth_fs::SetAttr {
-            size: Some(9000),
-            ..Default::default()
-        },
-        Ctx::default(),
-    )
-    .unwrap();
+    set_size(&fs, new, 9000);
     assert_eq!(fs.read(new, 0, 9000).unwrap(), vec![0u8; 9000]);
     assert_eq!(fs.read(old, 0, 9000).unwrap(), vec![1u8; 9000]);
     fs.write_at(old, 0, b"old", false, false).unwrap();
@@ -171,15 +141,7 @@ fn after_a_crash_the_mount_deletes_parked_files_and_their_data() {
     assert_eq!(fs.read(k.ino, 0, 3000).unwrap(), vec![4u8; 3000]);
     // A new file at the old name sees none of the old data.
     let n = file(&fs, ROOT_INO, "gone", b"");
-    fs.setattr(
-        n,
-        &amaranth_fs::SetAttr {
-            size: Some(20_000),
-            ..Default::default()
-        },
-        Ctx::default(),
-    )
-    .unwrap();
+    set_size(&fs, n, 20_000);
     assert_eq!(fs.read(n, 0, 20_000).unwrap(), vec![0u8; 20_000]);
     assert_eq!(fs.listxattr(n).unwrap(), b"");
 }

@@ -39,6 +39,7 @@ mod counters;
 mod dev;
 mod forget;
 pub mod pg_ioctl;
+mod reaper;
 mod reply;
 mod session;
 pub mod snapshot_ioctl;
@@ -255,6 +256,8 @@ pub struct MountHandle {
     direct: bool,
     /// Keeps the inode table within its memory limit (stopped before `join` returns).
     forgetter: Option<forget::Forgetter>,
+    /// Deletes the files the kernel forgot, in batches (stopped before `join` returns).
+    reaper: Option<reaper::Reaper>,
 }
 
 /// Unmounts a mount from any thread (for example a signal handler thread).
@@ -444,6 +447,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Resu
         threads.len()
     );
     let forgetter = forget::Forgetter::start(fs.clone(), fd.clone());
+    let reaper = reaper::Reaper::start(fs.clone());
     let dev = find_mount(&mountpoint).map(|m| m.dev);
     let handle = MountHandle {
         mountpoint,
@@ -453,6 +457,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, options: &MountOptions) -> io::Resu
         threads,
         direct,
         forgetter: Some(forgetter),
+        reaper: Some(reaper),
     };
     if let (Some(kb), Some((major, minor))) = (options.read_ahead_kb, dev) {
         let path = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
@@ -703,6 +708,7 @@ impl MountHandle {
             }
         }
         drop(self.forgetter.take());
+        drop(self.reaper.take());
         result
     }
 }

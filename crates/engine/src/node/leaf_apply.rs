@@ -13,7 +13,7 @@ use std::sync::Arc;
 use super::{separator, Leaf, PartSlot};
 use crate::config::Format;
 use crate::dataref::{Stored, Val};
-use crate::msg::{KeyMsgs, RangeDel};
+use crate::msg::{Cover, KeyMsgs, RangeDel};
 use crate::partition::{entry_size, Partition, PartitionBuilder};
 
 /// The encoded size of an entry holding `v`.
@@ -360,7 +360,7 @@ impl LeafBuilder {
     ) {
         self.seal();
         self.last_key = None;
-        let covered = |k: &[u8]| ranges.iter().any(|r| r.covers(k));
+        let mut cover = Cover::new(ranges);
         let empty = Partition::empty();
         let base = base.unwrap_or(&empty);
         // A partition that overflows is split into parts filled to about three quarters, not
@@ -383,7 +383,7 @@ impl LeafBuilder {
                 pi >= points.len() || (bi < base.len() && base.key(bi) < points[pi].0.as_slice());
             if take_base {
                 let k = base.key(bi);
-                if covered(k) {
+                if cover.covers(k) {
                     self.released.extend(base.value(bi).block());
                 } else {
                     self.push_entry(range_lo, k, base.value(bi));
@@ -395,10 +395,11 @@ impl LeafBuilder {
                 let old = if bi < base.len() && base.key(bi) == k.as_slice() {
                     bi += 1;
                     let v = base.value(bi - 1);
-                    if covered(k) || km.replaces() {
+                    let covered = cover.covers(k);
+                    if covered || km.replaces() {
                         self.released.extend(v.block());
                     }
-                    (!covered(k)).then(|| v.to_val())
+                    (!covered).then(|| v.to_val())
                 } else {
                     None
                 };
@@ -512,12 +513,9 @@ fn patched_size(
 ) -> (usize, Vec<Option<Val>>) {
     let mut size = base.bytes() - cut;
     let mut values = Vec::with_capacity(points.len());
+    let mut cover = Cover::new(ranges);
     for (k, km) in points {
-        let old = if ranges.iter().any(|r| r.covers(k)) {
-            None
-        } else {
-            base.get(k)
-        };
+        let old = if cover.covers(k) { None } else { base.get(k) };
         if let Some(o) = old {
             size -= entry_size(k, o);
             if km.replaces() {

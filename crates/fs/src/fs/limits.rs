@@ -140,6 +140,8 @@ impl Fs {
     /// counted at the size they will be written (see DESIGN.md, Space), and what is available
     /// beyond the reserve.
     pub fn statfs(&self) -> StatFs {
+        // What the kernel forgot is gone before it is counted.
+        self.reap_forgotten();
         let blocks = self.engine.space_use().total / BLOCK;
         let (free, reserve) = self.free_and_reserve();
         let (bfree, bavail) = (free / BLOCK, free.saturating_sub(reserve) / BLOCK);

@@ -94,7 +94,7 @@ impl Fs {
         let mut b = Batch::new();
         let evicted = if exclusive {
             self.evict_parked_ops(&mut b, &key, false)
-        } else if self.is_parked_at(&key) {
+        } else if self.is_parked_at(&key) && !self.clear_doomed_at(&key) {
             return Ok(None);
         } else {
             Vec::new()

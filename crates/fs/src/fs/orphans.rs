@@ -116,8 +116,22 @@ impl Fs {
 
     /// Whether a file is parked at exactly `path`.
     pub(super) fn is_parked_at(&self, path: &[u8]) -> bool {
-        self.parked_count.load(Ordering::Relaxed) != 0
-            && self.parked.lock().by_path.contains_key(path)
+        self.parked_ino_at(path).is_some()
+    }
+
+    /// The file parked at exactly `path`, if one is.
+    pub(super) fn parked_ino_at(&self, path: &[u8]) -> Option<u64> {
+        if self.parked_count.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        self.parked.lock().by_path.get(path).copied()
+    }
+
+    /// `ino` is no longer parked (deleted, or evicted to its home).
+    pub(super) fn note_unparked(&self, ino: u64) {
+        if self.parked.lock().remove(ino).is_some() {
+            self.parked_count.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Whether the kernel holds `ino` (its lookup count is not zero).
@@ -143,7 +157,8 @@ impl Fs {
     }
 
     /// Adds to `b` the eviction of every file parked at `path` (or below the directory at `path`,
-    /// with `subtree`): data and extended attributes to its home, the back pointer cleared.
+    /// with `subtree`): data and extended attributes to its home, the back pointer cleared; or,
+    /// for a file the kernel forgot that waits to be deleted (`fs/doomed.rs`), its deletion.
     /// Returns the evicted inodes, for [`Fs::note_evicted`] once the batch is committed. The
     /// caller holds the namespace lock exclusively.
     pub(super) fn evict_parked_ops(&self, b: &mut Batch, path: &[u8], subtree: bool) -> Vec<u64> {
@@ -153,6 +168,15 @@ impl Fs {
         let found = self.parked.lock().under(path, subtree);
         let mut out = Vec::new();
         for (p, ino) in found {
+            if let Some(doomed) = self.doomed_inode(ino) {
+                let inode = doomed.lock().clone();
+                assert_eq!(parked_path(&inode), Some(&p[..]), "doomed inode {ino}");
+                self.forgotten_ops(b, &inode);
+                out.push(ino);
+                continue;
+            }
+            // Not held by the table: a FORGET found the file system read-only, or failed to
+            // commit; the next writable mount deletes it.
             let Some(shared) = self.table.lock().inode(ino) else {
                 continue;
             };
@@ -169,9 +193,12 @@ impl Fs {
     /// After the batch of [`Fs::evict_parked_ops`] is committed: the files live at their homes.
     pub(super) fn note_evicted(&self, evicted: &[u64]) {
         for &ino in evicted {
-            if self.parked.lock().remove(ino).is_some() {
-                self.parked_count.fetch_sub(1, Ordering::Relaxed);
+            // Stable: the caller still holds the namespace lock exclusively.
+            if self.doomed_inode(ino).is_some() {
+                self.note_doomed_deleted(ino);
+                continue;
             }
+            self.note_unparked(ino);
             if let Some(shared) = self.table.lock().inode(ino) {
                 shared.lock().target.clear();
             }
@@ -226,15 +253,13 @@ impl Fs {
             // The next writable mount deletes it (its home says link count 0).
             return;
         }
-        let mut b = Batch::new();
-        let home = keys::home_key(ino);
-        let data_at = parked_path(&inode).map(<[u8]>::to_vec);
-        self.delete_file_ops(&mut b, &home, &inode);
-        if let Some(p) = &data_at {
-            self.delete_data_ops(&mut b, p);
+        if self.deletions_deferred() {
+            drop(inode);
+            self.doom(ino, shared);
+            return;
         }
-        handles::index_drop(&mut b, ino);
-        self.count_inodes(&mut b, -1);
+        let mut b = Batch::new();
+        self.forgotten_ops(&mut b, &inode);
         match self.commit(&mut b) {
             Ok(()) => {
                 inode.homed = false;
@@ -244,15 +269,14 @@ impl Fs {
             Err(e) => log::warn!("amaranth: deleting unlinked inode {ino}: {e}"),
         }
         drop(inode);
-        if self.parked.lock().remove(ino).is_some() {
-            self.parked_count.fetch_sub(1, Ordering::Relaxed);
-        }
+        self.note_unparked(ino);
     }
 
     /// The FUSE session ended (unmounted: the kernel holds nothing any more, and its last
     /// FORGETs may never have been delivered): deletes the files whose last name is gone.
     pub fn end_session(&self) -> Result<()> {
         let _ns = self.ns.write();
+        self.delete_doomed();
         if !self.engine.is_read_only() {
             self.remove_orphans(false)?;
         }

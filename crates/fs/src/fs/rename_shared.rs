@@ -124,7 +124,7 @@ impl Fs {
                 _ => return Ok(false),
             }
         }
-        if self.is_parked_at(&dst_key) {
+        if self.is_parked_at(&dst_key) && !self.clear_doomed_at(&dst_key) {
             return Ok(false);
         }
         self.check_move_fits(&src, &dst_key)?;

@@ -141,6 +141,7 @@ impl Fs {
     /// (a device opened read-only, known damage that needs `amaranth fsck --repair`).
     pub fn set_read_only(&self, read_only: bool) -> amaranth_engine::Result<()> {
         if read_only {
+            self.reap_forgotten();
             self.write_lazy_atimes();
             return self.engine.set_read_only(true);
         }
@@ -160,9 +161,11 @@ impl Fs {
 }
 
 impl Drop for Fs {
-    /// Access times kept in memory (`lazytime`) are written before the engine can be closed.
+    /// Files waiting to be deleted (`fs/doomed.rs`) are deleted and access times kept in memory
+    /// (`lazytime`) written before the engine can be closed.
     fn drop(&mut self) {
         if !self.engine.is_read_only() {
+            self.reap_forgotten();
             self.write_lazy_atimes();
         }
     }

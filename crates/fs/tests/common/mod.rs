@@ -97,6 +97,42 @@ pub fn close_engine(fs: Fs) {
 
 /// The test options: no reserve, no access times, and every rename's ranges moved by tree
 /// surgery (the default crossover would copy all of this format's small ranges).
+/// A new file system on a 64 MiB memory device.
+pub fn new_mem_fs() -> (Arc<MemDevice>, Fs) {
+    let dev = Arc::new(MemDevice::new(64 << 20));
+    let engine = Engine::create(dev.clone(), format(), engine_options()).unwrap();
+    Fs::mkfs(&engine, 0, 0).unwrap();
+    (dev, Fs::new(Arc::new(engine), fs_options()).unwrap())
+}
+
+/// Creates `name` in `dir` holding `data`; the creation's lookup stays held (as the kernel's).
+pub fn held_file(fs: &Fs, dir: u64, name: impl AsRef<[u8]>, data: &[u8]) -> u64 {
+    let (i, fh) = fs
+        .create(dir, name.as_ref(), 0o644, libc::O_RDWR, Ctx::default())
+        .unwrap();
+    fs.write(i.ino, fh, 0, data, false).unwrap();
+    fs.release(i.ino, fh).unwrap();
+    i.ino
+}
+
+/// Sets the size of `ino` (truncating or extending with zeros).
+pub fn set_size(fs: &Fs, ino: u64, size: u64) {
+    let a = SetAttr {
+        size: Some(size),
+        ..Default::default()
+    };
+    fs.setattr(ino, &a, Ctx::default()).unwrap();
+}
+
+/// The classes of the problems fsck finds in the mounted file system.
+pub fn problem_classes(fs: &Fs) -> Vec<Class> {
+    check::check(fs.engine(), false, |_| {})
+        .problems
+        .into_iter()
+        .map(|p| p.class)
+        .collect()
+}
+
 pub fn fs_options() -> FsOptions {
     FsOptions {
         reserve_bytes: 0,
