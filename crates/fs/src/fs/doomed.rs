@@ -8,9 +8,10 @@
 //! deferral on ([`Fs::defer_deletions`], which the FUSE session turns on and drives with a thread
 //! of its own), the last FORGET only *dooms* the file: it joins a set that [`Fs::reap_forgotten`]
 //! deletes a moment later in batches of [`BATCH_FILES`] (or the FORGET itself, once
-//! [`DOOMED_MAX`] files wait). Measured (same run, deleting at each FORGET → deferred): an
-//! unlink loop 77 → 57 µs a call, the daemon's CPU 78 → 50 µs a call; `rm -rf` of the Linux tree
-//! 12.3 → 9.4 s.
+//! [`DOOMED_MAX`] files wait). Measured (same runs, deleting at each FORGET → deferred): an
+//! unlink loop 52-74 → 39-43 µs a call (the slowest 1%: 0.12-0.21 → 0.25-0.33 ms, a request
+//! waiting for a batch), the daemon's CPU 51-72 → 31-38 µs a call; the harness's `rm -rf` of the
+//! Linux tree 5.9-6.7 → 3.9-4.8 s.
 //!
 //! A doomed file is what it was before the FORGET on disk (a home with link count 0, its data at
 //! its parked path if it has one), and gone from the table: nothing but this set knows it. What it
@@ -44,9 +45,9 @@ use crate::patchgroup::CallerScope;
 /// Most doomed files waiting: the FORGET that dooms one more deletes them all itself (memory
 /// stays bounded however slow the reaper is).
 pub const DOOMED_MAX: usize = 1024;
-/// Most files deleted by one batch: the batch holds the engine's root while it is applied (about
-/// 10-20 µs a file), and requests wait meanwhile (measured on an unlink loop: the slowest 1% of
-/// unlinks took 0.4-0.5 ms with batches of 24 files, 0.6-0.9 ms with 64; the mean the same).
+/// Most files deleted by one batch: the batch holds the engine's root while it is applied, and
+/// requests wait meanwhile (measured on an unlink loop: the slowest 1% of unlinks took 0.20-0.28
+/// ms with batches of 16 files, 0.25-0.33 with 32, 0.6-0.9 with 64; the mean level).
 const BATCH_FILES: usize = 32;
 
 /// The doomed files, and whether FORGETs doom at all.
@@ -162,9 +163,17 @@ impl Fs {
     /// Operations deleting the forgotten file `inode` (link count 0, at its home): its home
     /// record, data and extended attributes wherever they are, its index entry and its count.
     pub(super) fn forgotten_ops(&self, b: &mut Batch, inode: &Inode) {
-        self.delete_file_ops(b, &keys::home_key(inode.ino), inode);
-        if let Some(p) = orphans::parked_path(inode) {
-            self.delete_data_ops(b, p);
+        let home = keys::home_key(inode.ino);
+        match orphans::parked_path(inode) {
+            // A parked file's data and extended attributes are all at its parked path (writes
+            // find them there, and an eviction moves them home and clears the path), so its
+            // home holds only the record: two range deletes fewer for every file of an `rm`.
+            Some(p) => {
+                self.count_reserved(b, -(inode.reserved_holes() as i64));
+                b.delete(keys::meta_key(&home));
+                self.delete_data_ops(b, p);
+            }
+            None => self.delete_file_ops(b, &home, inode),
         }
         handles::index_drop(b, inode.ino);
         self.count_inodes(b, -1);
