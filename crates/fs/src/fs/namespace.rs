@@ -59,7 +59,9 @@ impl Fs {
     /// the name is free until the table knows the new name, orders the changes to one directory.
     /// Nothing else puts a name at the new path meanwhile (every other change of a name holds the
     /// namespace lock exclusively), except a file parked at that path by an earlier unlink: its
-    /// eviction moves another inode's data, so such a make starts over with the lock exclusive.
+    /// eviction moves another inode's data, so such a make starts over with the lock exclusive
+    /// (unless the kernel forgot the file and it waits to be deleted: then the deletion comes
+    /// first, `fs/doomed.rs`).
     fn make(&self, parent: u64, name: &[u8], new: NewNode<'_>, ctx: Ctx) -> Result<Inode> {
         check_name(name)?;
         {
