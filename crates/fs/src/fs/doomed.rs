@@ -6,12 +6,12 @@
 //! with the next request for the engine (measured on an unlink loop: 43 µs per UNLINK handler
 //! beside 43 µs per FORGET, against 10.6 µs per UNLINK when the FORGET deleted nothing). With
 //! deferral on ([`Fs::defer_deletions`], which the FUSE session turns on and drives with a thread
-//! of its own), the last FORGET only *dooms* the file: it joins a set that [`Fs::reap_forgotten`]
-//! deletes a moment later in batches of [`BATCH_FILES`] (or the FORGET itself, once
-//! [`DOOMED_MAX`] files wait). Measured (same runs, deleting at each FORGET → deferred): an
-//! unlink loop 52-74 → 39-43 µs a call (the slowest 1%: 0.12-0.21 → 0.25-0.33 ms, a request
-//! waiting for a batch), the daemon's CPU 51-72 → 31-38 µs a call; the harness's `rm -rf` of the
-//! Linux tree 5.9-6.7 → 3.9-4.8 s.
+//! of its own), the last FORGET only *dooms* the file: it joins a set that the session's thread
+//! deletes a moment later in batches of [`BATCH_FILES`] ([`Fs::reap_forgotten_batch`]), or the
+//! FORGET itself once [`DOOMED_MAX`] files wait. Measured (same runs, deleting at each FORGET → deferred): an
+//! unlink loop 52-74 → 39-43 µs a call, the daemon's CPU 51-72 → 31-38 µs a call; the harness's
+//! `rm -rf` of the Linux tree 5.9-6.7 → 3.9-4.8 s (batches of 32; the slowest 1%, a request
+//! waiting for a batch, is why they are now smaller and paced: [`BATCH_FILES`]).
 //!
 //! A doomed file is what it was before the FORGET on disk (a home with link count 0, its data at
 //! its parked path if it has one), and gone from the table: nothing but this set knows it. What it
@@ -46,9 +46,11 @@ use crate::patchgroup::CallerScope;
 /// stays bounded however slow the reaper is).
 pub const DOOMED_MAX: usize = 1024;
 /// Most files deleted by one batch: the batch holds the engine's root while it is applied, and
-/// requests wait meanwhile (measured on an unlink loop: the slowest 1% of unlinks took 0.20-0.28
-/// ms with batches of 16 files, 0.25-0.33 with 32, 0.6-0.9 with 64; the mean level).
-const BATCH_FILES: usize = 32;
+/// requests wait meanwhile. Measured on an unlink loop, the reaper deleting everything that waits
+/// in batches of 32: the slowest 1% of unlinks took 0.33-0.40 ms; batches of 16 with 50 µs
+/// between them ([`Fs::reap_forgotten_batch`]): 0.17-0.22 ms, the mean 46-59 µs against 58-59
+/// (batches of 8: 0.18-0.24 ms, the mean 59-68; batches of 64: 0.6-0.9 ms); `rm -rf` level.
+const BATCH_FILES: usize = 16;
 
 /// The doomed files, and whether FORGETs doom at all.
 #[derive(Debug, Default)]
@@ -62,10 +64,19 @@ pub(super) struct Doomed {
 }
 
 impl Doomed {
-    fn take(&self) -> Vec<(u64, Arc<Mutex<Inode>>)> {
+    /// Takes up to `max` doomed files out of the set.
+    fn take(&self, max: usize) -> Vec<(u64, Arc<Mutex<Inode>>)> {
         let mut s = self.set.lock();
-        self.count.store(0, Ordering::Relaxed);
-        s.drain().collect()
+        let taken: Vec<(u64, Arc<Mutex<Inode>>)> = if max >= s.len() {
+            s.drain().collect()
+        } else {
+            let keys: Vec<u64> = s.keys().take(max).copied().collect();
+            keys.into_iter()
+                .map(|k| (k, s.remove(&k).expect("a key of the set")))
+                .collect()
+        };
+        self.count.store(s.len(), Ordering::Relaxed);
+        taken
     }
 }
 
@@ -82,11 +93,22 @@ impl Fs {
 
     /// Deletes the files waiting since the kernel forgot them; returns how many.
     pub fn reap_forgotten(&self) -> usize {
+        self.reap_some_forgotten(usize::MAX)
+    }
+
+    /// Deletes one batch (16 files) of the files waiting since the kernel forgot them;
+    /// returns how many. Between two calls, requests find the engine's root free (a batch holds
+    /// it while it is applied) and the namespace lock not held.
+    pub fn reap_forgotten_batch(&self) -> usize {
+        self.reap_some_forgotten(BATCH_FILES)
+    }
+
+    fn reap_some_forgotten(&self, max: usize) -> usize {
         if self.doomed.count.load(Ordering::Relaxed) == 0 {
             return 0;
         }
         let _ns = self.ns.read();
-        self.delete_doomed()
+        self.delete_some_doomed(max)
     }
 
     /// Waits until a file is waiting to be deleted or `timeout` passes; returns how many wait.
@@ -198,7 +220,12 @@ impl Fs {
     /// (either mode). A batch that fails to commit leaves its files to the next writable mount
     /// (their homes say link count 0), as an unfinished FORGET does.
     pub(super) fn delete_doomed(&self) -> usize {
-        let taken = self.doomed.take();
+        self.delete_some_doomed(usize::MAX)
+    }
+
+    /// [`Fs::delete_doomed`] for at most `max` files.
+    fn delete_some_doomed(&self, max: usize) -> usize {
+        let taken = self.doomed.take(max);
         if taken.is_empty() {
             return 0;
         }
