@@ -1,7 +1,8 @@
 //! Deletes the files the kernel forgot after their last name went, a few milliseconds after the
-//! FORGET and many in one batch (`Fs::defer_deletions`, `fs/doomed.rs` of the file-system crate):
-//! a FORGET then costs no commit of its own, and no contention with the next request for the
-//! engine.
+//! FORGET and in batches (`Fs::defer_deletions`, `fs/doomed.rs` of the file-system crate): a
+//! FORGET then costs no commit of its own, and no contention with the next request for the
+//! engine. Once it starts, the thread deletes batch after batch, 50 µs apart, until a batch
+//! finds nothing, then waits for the next FORGET.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
